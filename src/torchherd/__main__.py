@@ -1,0 +1,5 @@
+"""`python -m torchherd` is the `herd` command."""
+
+from .cli import run
+
+run()

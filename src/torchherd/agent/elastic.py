@@ -1,0 +1,98 @@
+"""`python -m torchherd.agent.elastic [torchrun arguments]`: torchrun, with a failure record.
+
+This is torchrun itself (torch.distributed.run), with two additions the node agent needs:
+per-rank logs default to the job's node directory, and a failure is also written as JSON
+(global rank, local rank, exit code or signal, message) to $HERD_FAILURE_FILE, so the launcher
+reports the first failure exactly instead of parsing torchrun's text.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import traceback
+from typing import Any
+
+FAILURE_FILE_VAR = "HERD_FAILURE_FILE"
+NODE_DIR_VAR = "HERD_NODE_DIR"
+
+# Errors raised before any worker starts, with what usually causes them.
+_REMEDIES = {
+    "RendezvousTimeoutError": "not every node joined the rendezvous in time: run `herd doctor` "
+    "to find the node that cannot reach the rendezvous host",
+    "RendezvousConnectionError": "this node cannot reach the rendezvous store: check the "
+    "rendezvous address and port are reachable from here (`herd doctor`)",
+    "RendezvousClosedError": "the rendezvous was closed by another node (a job ended or failed)",
+}
+
+
+def main(argv: list[str]) -> int:
+    try:
+        from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+        from torch.distributed.run import parse_args, run
+    except ImportError as exc:
+        _write_record(
+            {
+                "kind": "launcher",
+                "error": type(exc).__name__,
+                "message": f"cannot import torch with {sys.executable}: {exc}",
+                "remedy": "install torch in this interpreter on the node, or point [cluster] "
+                "python (or the node's python) at one that has it",
+            }
+        )
+        print(f"torchherd: cannot import torch with {sys.executable}: {exc}", file=sys.stderr)
+        return 3
+
+    args = parse_args(argv)
+    node_dir = os.environ.get(NODE_DIR_VAR)
+    if node_dir and not args.log_dir:
+        args.log_dir = os.path.join(node_dir, "torchrun")
+    try:
+        run(args)
+    except ChildFailedError as exc:
+        _write_record({"kind": "workers", "failures": [_failure(r, f) for r, f in exc.failures.items()]})
+        print(f"torchherd: workers failed: {exc.get_first_failure()[1].message}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:  # any other torchrun error: record it with the remedy we know
+        name = type(exc).__name__
+        traceback.print_exc()
+        _write_record(
+            {"kind": "launcher", "error": name, "message": str(exc), "remedy": _REMEDIES.get(name, "")}
+        )
+        return 1
+    return 0
+
+
+def _failure(global_rank: int, failure: Any) -> dict[str, Any]:
+    signal = failure.signal_name() if failure.exitcode < 0 else None
+    message = failure.message if isinstance(failure.message, str) else json.dumps(failure.message)
+    return {
+        "rank": global_rank,
+        "local_rank": failure.local_rank,
+        "pid": failure.pid,
+        "exitcode": failure.exitcode,
+        "signal": signal,
+        "message": message,
+        "timestamp": failure.timestamp or int(time.time()),
+        # An error file exists only where the worker recorded its own exception (@record);
+        # such a failure is a cause, not a worker killed because another one failed.
+        "recorded": bool(failure.error_file) and os.path.isfile(failure.error_file),
+    }
+
+
+def _write_record(record: dict[str, Any]) -> None:
+    path = os.environ.get(FAILURE_FILE_VAR)
+    if not path:
+        return
+    temporary = path + ".tmp"
+    with open(temporary, "w") as handle:
+        json.dump(record, handle)
+    os.replace(temporary, path)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,173 @@
+"""`python -m torchherd.agent probe`: facts about this node, as one JSON object on stdout.
+
+The quick probe (what every launch runs) reads only cheap facts with the standard library:
+names, addresses, routes, versions from package metadata, a free port. It never imports torch.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import importlib.metadata
+import ipaddress
+import os
+import random
+import socket
+import struct
+import sys
+from typing import Any
+
+# ioctl request numbers from <linux/sockios.h>
+_SIOCGIFADDR = 0x8915
+_SIOCGIFNETMASK = 0x891B
+_SIOCGIFFLAGS = 0x8913
+_IFF_UP = 0x1
+_IFF_LOOPBACK = 0x8
+
+# Where a free rendezvous port is looked for: torchrun's usual neighbourhood, away from the
+# kernel's ephemeral range (32768+) so an outgoing connection does not take it first.
+PORT_RANGE = (29400, 29999)
+
+
+def collect(request: dict[str, Any]) -> dict[str, Any]:
+    """The quick facts; ``request`` may ask for a port check and a workdir check."""
+    facts: dict[str, Any] = {
+        "hostname": socket.gethostname(),
+        "hostname_addresses": _resolve(socket.gethostname()),
+        "ssh_server_addr": _ssh_server_addr(),
+        "interfaces": interfaces(),
+        "routes": routes(),
+        "python": sys.executable,
+        "python_version": ".".join(str(v) for v in sys.version_info[:3]),
+        "torch_version": _version("torch"),
+        "torchherd_version": _version("torchherd"),
+        "gpu_count": gpu_count(),
+        "cpu_count": _cpu_count(),
+        "env": {
+            key: os.environ[key]
+            for key in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "CUDA_VISIBLE_DEVICES")
+            if key in os.environ
+        },
+        "pid": os.getpid(),
+    }
+    workdir = request.get("workdir")
+    if workdir:
+        path = os.path.expanduser(workdir)
+        facts["workdir"] = path
+        facts["workdir_exists"] = os.path.isdir(path)
+    if "port" in request:
+        facts["port"] = check_port(int(request["port"] or 0))
+    return facts
+
+
+def _resolve(name: str) -> list[str]:
+    try:
+        infos = socket.getaddrinfo(name, None, proto=socket.IPPROTO_TCP)
+    except OSError:
+        return []
+    return sorted({str(info[4][0]) for info in infos})
+
+
+def _ssh_server_addr() -> str | None:
+    # SSH_CONNECTION = "client_ip client_port server_ip server_port": the address the launcher
+    # reached this node at, the best first guess for where other nodes reach it too.
+    parts = os.environ.get("SSH_CONNECTION", "").split()
+    return parts[2] if len(parts) == 4 else None
+
+
+def _version(package: str) -> str | None:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _cpu_count() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def gpu_count() -> int:
+    """NVIDIA GPUs this node's workers would see, without loading CUDA (cheap)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    try:
+        devices = [name for name in os.listdir("/dev") if name[6:].isdigit() and name.startswith("nvidia")]
+    except OSError:
+        devices = []
+    if visible is not None:
+        entries = [entry for entry in visible.split(",") if entry.strip() and entry.strip() != "-1"]
+        return min(len(entries), len(devices)) if devices else 0
+    return len(devices)
+
+
+def interfaces() -> list[dict[str, Any]]:
+    """IPv4 interfaces: name, address, prefix length, up, loopback."""
+    found = []
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        for _, name in socket.if_nameindex():
+            packed = struct.pack("256s", name.encode()[:15])
+            try:
+                addr = socket.inet_ntoa(fcntl.ioctl(sock.fileno(), _SIOCGIFADDR, packed)[20:24])
+                mask = socket.inet_ntoa(fcntl.ioctl(sock.fileno(), _SIOCGIFNETMASK, packed)[20:24])
+                flags = struct.unpack("H", fcntl.ioctl(sock.fileno(), _SIOCGIFFLAGS, packed)[16:18])[0]
+            except OSError:
+                continue  # no IPv4 address on this interface
+            found.append(
+                {
+                    "name": name,
+                    "addr": addr,
+                    "prefixlen": ipaddress.IPv4Network(f"0.0.0.0/{mask}").prefixlen,
+                    "up": bool(flags & _IFF_UP),
+                    "loopback": bool(flags & _IFF_LOOPBACK),
+                }
+            )
+    return found
+
+
+def routes() -> list[dict[str, Any]]:
+    """The IPv4 routing table from /proc/net/route: iface, destination network, gateway."""
+    found = []
+    try:
+        with open("/proc/net/route") as table:
+            next(table)
+            for line in table:
+                fields = line.split()
+                if len(fields) < 8:
+                    continue
+                dest, gateway, mask = (
+                    socket.inet_ntoa(struct.pack("<I", int(value, 16)))
+                    for value in (fields[1], fields[2], fields[7])
+                )
+                prefix = ipaddress.IPv4Network(f"0.0.0.0/{mask}").prefixlen
+                metric = int(fields[6])
+                found.append(
+                    {"iface": fields[0], "dest": f"{dest}/{prefix}", "gateway": gateway, "metric": metric}
+                )
+    except OSError:
+        pass
+    return found
+
+
+def check_port(port: int) -> dict[str, Any]:
+    """Is ``port`` free here? With 0, find a free one in PORT_RANGE."""
+    if port:
+        return {"port": port, "free": _is_free(port)}
+    candidates = list(range(*PORT_RANGE))
+    # A random start makes two jobs launched at the same moment unlikely to pick the same port.
+    start = random.randrange(len(candidates))
+    for candidate in candidates[start:] + candidates[:start]:
+        if _is_free(candidate):
+            return {"port": candidate, "free": True}
+    return {"port": 0, "free": False}
+
+
+def _is_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("", port))
+        except OSError:
+            return False
+    return True
+
+

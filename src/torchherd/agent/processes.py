@@ -1,0 +1,77 @@
+"""Finding and ending a job's processes on this node, by job id (never by process name).
+
+Every process of a job inherits HERD_JOB_ID and HERD_NODE from the agent, including workers
+that torchrun puts in sessions of their own, so a scan of /proc finds all of them and nothing
+of any other job. Only processes of the current user are considered.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import time
+from collections.abc import Iterable
+
+from .protocol import JOB_ID_VAR, NODE_VAR
+
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+def become_subreaper() -> None:
+    """Adopt orphaned descendants (Linux), so a worker whose parent died is still ours to end."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def job_processes(job_id: str, node: str | None = None) -> list[int]:
+    """Pids of this user's processes tagged with the job (and node, when given)."""
+    wanted = {f"{JOB_ID_VAR}={job_id}".encode()}
+    if node is not None:
+        wanted.add(f"{NODE_VAR}={node}".encode())
+    me, uid = os.getpid(), os.getuid()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == me:
+            continue
+        try:
+            if os.stat(f"/proc/{entry}").st_uid != uid:
+                continue
+            with open(f"/proc/{entry}/environ", "rb") as handle:
+                variables = set(handle.read().split(b"\0"))
+        except OSError:
+            continue  # gone, or not ours to read
+        if wanted <= variables:
+            found.append(int(entry))
+    return found
+
+
+def signal_all(pids: Iterable[int], sig: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def end_job(job_id: str, node: str | None, grace: float) -> list[int]:
+    """SIGTERM every process of the job, SIGKILL what is left after ``grace``; return survivors.
+
+    Exited processes (zombies) have no environment to read, so they no longer count.
+    """
+    pids = job_processes(job_id, node)
+    signal_all(pids, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while pids and time.monotonic() < deadline:
+        time.sleep(0.1)
+        pids = job_processes(job_id, node)
+    signal_all(pids, signal.SIGKILL)
+    deadline = time.monotonic() + 5
+    while pids and time.monotonic() < deadline:
+        time.sleep(0.05)
+        pids = job_processes(job_id, node)
+    return pids
+

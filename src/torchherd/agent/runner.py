@@ -1,0 +1,231 @@
+"""`python -m torchherd.agent run`: run one node's share of a job and report on it.
+
+The agent reads the job request (argv, env, secrets) as the first JSON line of stdin, starts the
+command (the torchrun wrapper) in a session of its own, streams every output line back as an
+event, and ends the whole job on this node when:
+  - stdin closes (the launcher died or its ssh link dropped),
+  - it is told to ({"cmd": "stop"}), or it gets SIGTERM, SIGINT or SIGHUP,
+  - the command exits (leftovers of the job are swept).
+Ending = SIGTERM to torchrun (which stops its workers), then after the grace period SIGKILL to
+every process tagged with this job and node. Its last event says how the command ended.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+from typing import IO, Any
+
+from . import processes
+from .elastic import FAILURE_FILE_VAR, NODE_DIR_VAR
+from .protocol import JOB_ID_VAR, LINE_PREFIX_TEMPLATE, NODE_VAR, encode, split_prefix
+
+Emit = Callable[[dict[str, Any]], None]
+
+# Lines of stderr kept per rank for the failure summary.
+STDERR_TAIL = 20
+
+
+def herd_home(env: dict[str, str]) -> str:
+    return os.path.expanduser(env.get("HERD_HOME") or os.environ.get("HERD_HOME") or "~/.herd")
+
+
+class NodeJob:
+    """One node's part of one job: the process, its output pumps and its teardown."""
+
+    def __init__(self, request: dict[str, Any], emit: Emit) -> None:
+        self.request = request
+        self.emit = emit
+        self.job_id: str = request["job_id"]
+        self.node: str = request["node"]
+        self.grace: float = float(request.get("grace", 10))
+        self.process: subprocess.Popen[bytes] | None = None
+        self.stop_requested = threading.Event()
+        self.stderr_tails: dict[int | None, collections.deque[str]] = collections.defaultdict(
+            lambda: collections.deque(maxlen=STDERR_TAIL)
+        )
+        env = dict(request.get("env", {}))
+        self.node_dir = os.path.join(herd_home(env), "nodes", self.job_id, self.node)
+        self.failure_file = os.path.join(self.node_dir, "failure.json")
+
+    def run(self) -> int:
+        workdir = self.request.get("workdir")
+        if workdir:
+            path = os.path.expanduser(workdir)
+            if not os.path.isdir(path):
+                self.emit(
+                    {
+                        "e": "error",
+                        "message": f"working directory {path} does not exist on {self.node}",
+                        "remedy": "copy the project there with `herd sync`, or set [cluster] "
+                        "workdir to a directory that exists on every node",
+                    }
+                )
+                return 3
+            os.chdir(path)
+        os.makedirs(self.node_dir, exist_ok=True)
+        processes.become_subreaper()
+        try:
+            self.process = subprocess.Popen(
+                self.request["argv"],
+                env=self._environment(),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+            )
+        except OSError as exc:
+            self.emit(
+                {
+                    "e": "error",
+                    "message": f"cannot start {self.request['argv'][0]} on {self.node}: {exc}",
+                    "remedy": "check [cluster] python (or the node's python) in herd.toml",
+                }
+            )
+            return 3
+        self.emit({"e": "started", "host": self.node, "pid": self.process.pid, "node_dir": self.node_dir})
+        pumps = [
+            threading.Thread(target=self._pump, args=(self.process.stdout, "o"), daemon=True),
+            threading.Thread(target=self._pump, args=(self.process.stderr, "e"), daemon=True),
+        ]
+        for pump in pumps:
+            pump.start()
+        threading.Thread(target=self._stop_when_asked, daemon=True).start()
+        code = self.process.wait()
+        for pump in pumps:
+            pump.join(timeout=5)
+        survivors = processes.end_job(self.job_id, self.node, grace=min(self.grace, 5))
+        self.emit(self._exit_event(code, survivors))
+        return 130 if self.stop_requested.is_set() else (0 if code == 0 else 1)
+
+    def _environment(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(self.request.get("env", {}))
+        env.update(self.request.get("secret_env", {}))
+        env.update(
+            {
+                JOB_ID_VAR: self.job_id,
+                NODE_VAR: self.node,
+                NODE_DIR_VAR: self.node_dir,
+                FAILURE_FILE_VAR: self.failure_file,
+                "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": LINE_PREFIX_TEMPLATE,
+            }
+        )
+        # Worker output goes through files (torchrun's tee): unbuffered, or lines arrive late.
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        return env
+
+    def _pump(self, stream: IO[bytes] | None, name: str) -> None:
+        assert stream is not None
+        for raw in iter(stream.readline, b""):
+            text = raw.decode(errors="replace").rstrip("\r\n")
+            rank, local_rank, text = split_prefix(text)
+            if name == "e":
+                self.stderr_tails[rank].append(text)
+            self.emit({"e": "line", "r": rank, "l": local_rank, "s": name, "t": text})
+
+    def _stop_when_asked(self) -> None:
+        self.stop_requested.wait()
+        process = self.process
+        if process is None or process.poll() is not None:
+            return
+        _signal_group(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=self.grace)
+        except subprocess.TimeoutExpired:
+            _signal_group(process.pid, signal.SIGKILL)
+        processes.end_job(self.job_id, self.node, grace=0)
+
+    def request_stop(self) -> None:
+        self.stop_requested.set()
+
+    def _exit_event(self, code: int, survivors: list[int]) -> dict[str, Any]:
+        record: dict[str, Any] = {}
+        try:
+            with open(self.failure_file) as handle:
+                record = json.load(handle)
+        except (OSError, ValueError):
+            pass
+        failures = record.get("failures", [])
+        for failure in failures:
+            failure["last_stderr"] = list(self.stderr_tails.get(failure["rank"], []))
+        event: dict[str, Any] = {
+            "e": "exit",
+            "host": self.node,
+            "code": code,
+            "signal": signal.Signals(-code).name if code < 0 else None,
+            "failures": failures,
+            "stopped": self.stop_requested.is_set(),
+            "survivors": survivors,
+        }
+        if record.get("kind") == "launcher":
+            event["error"] = {k: record.get(k, "") for k in ("error", "message", "remedy")}
+            event["last_stderr"] = list(self.stderr_tails.get(None, []))
+        return event
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+class StdoutEmitter:
+    """Writes events to stdout; a broken pipe means the launcher is gone, so the job stops."""
+
+    def __init__(self, on_broken: Callable[[], None]) -> None:
+        self._lock = threading.Lock()
+        self._on_broken = on_broken
+        self._broken = False
+
+    def __call__(self, event: dict[str, Any]) -> None:
+        data = encode(event)
+        with self._lock:
+            if self._broken:
+                return
+            try:
+                sys.stdout.buffer.write(data)
+                sys.stdout.buffer.flush()
+            except (BrokenPipeError, OSError):
+                self._broken = True
+                self._on_broken()
+
+
+def main() -> int:
+    first = sys.stdin.buffer.readline()
+    try:
+        request = json.loads(first)
+    except ValueError:
+        print("torchherd agent: expected a JSON job request on stdin", file=sys.stderr)
+        return 2
+    job: NodeJob | None = None
+
+    def stop(*_: object) -> None:
+        if job is not None:
+            job.request_stop()
+
+    emitter = StdoutEmitter(on_broken=stop)
+    job = NodeJob(request, emitter)
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, stop)
+    # SIGPIPE stays ignored (Python's default), so a dead launcher shows up as BrokenPipeError.
+
+    def watch_stdin() -> None:
+        for line in sys.stdin.buffer:
+            try:
+                command = json.loads(line).get("cmd")
+            except (ValueError, AttributeError):
+                continue
+            if command == "stop":
+                break
+        stop()  # "stop", or stdin closed: the launcher is gone
+
+    threading.Thread(target=watch_stdin, daemon=True).start()
+    return job.run()

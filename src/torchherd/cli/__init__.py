@@ -1,0 +1,60 @@
+"""The `herd` command: a thin shell around the library (parse -> call -> render).
+
+Each command group lives in its own module and registers itself on ``app``. ``main(argv)``
+returns an exit code instead of exiting, so tests call it directly.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import click
+import typer
+
+from ..errors import EXIT_INTERRUPTED, EXIT_USAGE, HerdError
+from .app import app, state
+
+# Command modules: importing one registers its commands on `app`.
+from . import launch as _launch  # noqa: E402,F401
+from . import demo as _demo  # noqa: E402,F401
+
+__all__ = ["app", "main", "run"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run herd with ``argv``; return the exit code (0 ok, 1 job failed, 2 usage, 3 node)."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    state.debug = "--debug" in args
+    try:
+        result = app(args=args, prog_name="herd", standalone_mode=False)
+    except click.exceptions.Exit as exc:
+        return int(exc.exit_code)
+    except click.exceptions.Abort:
+        print("herd: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except click.ClickException as exc:
+        exc.show()
+        return EXIT_USAGE if exc.exit_code == 2 else exc.exit_code
+    except HerdError as exc:
+        if state.debug:
+            raise
+        print_error(exc)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("herd: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    return int(result or 0)
+
+
+def print_error(exc: HerdError) -> None:
+    print(f"error: {exc.message}", file=sys.stderr)
+    if exc.remedy:
+        print(f"  fix: {exc.remedy}", file=sys.stderr)
+
+
+def run() -> None:
+    """Console-script entry point."""
+    sys.exit(main())
+
+
+typer_app = app

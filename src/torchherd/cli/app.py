@@ -1,0 +1,49 @@
+"""The typer application every command module registers on, and options they share."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import typer
+
+from .. import __version__
+
+app = typer.Typer(
+    name="herd",
+    help="Run one PyTorch training job across many machines as easily as on one.\n\n"
+    "Start with `herd demo`. A cluster is described by ./herd.toml (or -c FILE); "
+    "without one, commands run on this machine alone.",
+    no_args_is_help=True,
+    add_completion=False,
+    rich_markup_mode="rich",
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+@dataclass
+class State:
+    debug: bool = False
+
+
+state = State()
+
+
+def _version(value: bool) -> None:
+    if value:
+        print(f"torchherd {__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def root(
+    debug: bool = typer.Option(False, "--debug", help="Show tracebacks for errors."),
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
+    ),
+) -> None:
+    """Run one PyTorch training job across many machines as easily as on one."""
+    state.debug = debug
+
+
+CLUSTER_HELP = "Cluster file (herd.toml or a hostfile); default: ./herd.toml, else this machine."

@@ -1,0 +1,65 @@
+"""`herd launch`: run a training script with torchrun on every node."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import typer
+
+from ..errors import UsageError
+from ..launch import LaunchOptions, launch
+from ..plan import JobSpec, LaunchPlan
+from .app import CLUSTER_HELP, app
+from .common import cluster_for
+
+
+@app.command(
+    "launch",
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True,
+                      "allow_interspersed_args": False},
+)
+def launch_command(
+    ctx: typer.Context,
+    script: str = typer.Argument(None, help="Training script (or module with -m), then its arguments.", show_default=False),
+    config: str = typer.Option(None, "-c", "--config", help=CLUSTER_HELP),
+    hosts: str = typer.Option(None, "-H", "--hosts", help="Hosts instead of a file: gpu1:4,gpu2:4."),
+    module: str = typer.Option(None, "-m", "--module", help="Run a module (like python -m) instead of a script."),
+    nproc: int = typer.Option(None, "--nproc", min=1, help="Workers per node (default: GPUs, or 1)."),
+    max_restarts: int = typer.Option(0, "--max-restarts", min=0, help="Restarts of all workers after a failure."),
+    log_dir: Path = typer.Option(None, "--log-dir", help="Per-rank logs here (default: ~/.herd/jobs/<job-id>/)."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print what would run on each node (secrets masked); start nothing."),
+    no_preflight: bool = typer.Option(False, "--no-preflight", help="Start even when a fast check fails."),
+    grace: float = typer.Option(10.0, "--grace", min=0, help="Seconds workers get to exit after SIGTERM."),
+) -> int:
+    """Run SCRIPT [ARGS...] (or -m MODULE [ARGS...]) with torchrun on every node.
+
+    Output of every worker is prefixed with host:rank; per-rank logs are kept; Ctrl-C stops
+    the job on every node. Exit: 0 success, 1 job failed, 2 usage/config, 3 node not ready,
+    130 interrupted.
+    """
+    args = list(ctx.args)
+    if module:
+        if script is not None:
+            args.insert(0, script)
+        entry, is_module = (module, *args), True
+    else:
+        if script is None:
+            raise UsageError("no training script given", "herd launch train.py [ARGS...], or -m MODULE")
+        if not script.endswith(".py") and not Path(script).exists():
+            pass  # a path on the nodes only; the nodes will say if it is missing
+        if not Path(script).exists() and not os.path.isabs(script):
+            raise UsageError(
+                f"training script {script} not found in {os.getcwd()}",
+                "give its path relative to the working directory (herd sync copies it to the nodes)",
+            )
+        entry, is_module = (script, *args), False
+    cluster = cluster_for(config, hosts, nproc=nproc)
+    job = JobSpec(entry=tuple(entry), module=is_module, nproc=nproc, max_restarts=max_restarts, grace=grace)
+    result = launch(cluster, job, LaunchOptions(dry_run=dry_run, log_dir=log_dir, preflight=not no_preflight))
+    if isinstance(result, LaunchPlan):
+        sys.stdout.write(result.render() + "\n")
+        return 0
+    return result.exit_code
+

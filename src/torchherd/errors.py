@@ -1,0 +1,60 @@
+"""The HerdError tree: every error a user can cause or meet carries a remedy and an exit code.
+
+The CLI prints ``error: <message>`` and ``  fix: <remedy>`` and exits with ``exit_code``; a
+traceback is shown only with ``--debug``. Library code raises these instead of calling sys.exit.
+"""
+
+from __future__ import annotations
+
+# Exit codes shared by every command.
+EXIT_OK = 0
+EXIT_JOB_FAILED = 1
+EXIT_USAGE = 2
+EXIT_NODE_NOT_READY = 3
+EXIT_INTERRUPTED = 130
+
+
+class HerdError(Exception):
+    """Base class: a message for people, a remedy line and the process exit code."""
+
+    exit_code = EXIT_JOB_FAILED
+
+    def __init__(self, message: str, remedy: str = "") -> None:
+        super().__init__(message)
+        self.message = message
+        self.remedy = remedy
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class ConfigError(HerdError):
+    """A cluster file, hostfile, host list or command line is wrong (exit 2)."""
+
+    exit_code = EXIT_USAGE
+
+
+class UsageError(ConfigError):
+    """The command line itself is wrong: a missing script, a conflicting option (exit 2)."""
+
+
+class NodeNotReady(HerdError):
+    """One or more nodes cannot run the job: unreachable, no python, no torch (exit 3)."""
+
+    exit_code = EXIT_NODE_NOT_READY
+
+    def __init__(self, message: str, remedy: str = "", hosts: tuple[str, ...] = ()) -> None:
+        super().__init__(message, remedy)
+        self.hosts = hosts
+
+
+class JobFailed(HerdError):
+    """The job ran and failed (exit 1)."""
+
+    exit_code = EXIT_JOB_FAILED
+
+
+class Interrupted(HerdError):
+    """The user interrupted the command; everything started has been stopped (exit 130)."""
+
+    exit_code = EXIT_INTERRUPTED

@@ -1,0 +1,320 @@
+"""`herd launch` as a library call: connect, probe, check, plan, supervise, tear down.
+
+    cluster -> connect every node (one ssh master each, in parallel)
+            -> quick probe (NodeFacts) -> fast preflight -> LaunchPlan -> Supervisor -> RunResult
+Teardown (closing ssh masters) runs in ``finally`` on every path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import sys
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TextIO
+
+from . import __version__
+from .errors import ConfigError, Interrupted, NodeNotReady
+from .facts import NodeFacts
+from .jobs import JobRecord, job_dir
+from .logs import JobOutput, RunResult, render_summary
+from .plan import JobSpec, LaunchPlan, make_plan
+from .redact import redact_text
+from .spec import ClusterSpec, NodeSpec, read_env_file
+from .transport import Transport, for_cluster
+
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class LaunchOptions:
+    """How to launch, beyond what to run."""
+
+    dry_run: bool = False
+    """Print the plan and start nothing."""
+    log_dir: Path | None = None
+    """Where per-rank logs go; default: the job directory."""
+    preflight: bool = True
+    """Refuse to start when a fast check fails (unreachable, no torch, versions, port)."""
+    color: bool | None = None
+    """Colour the prefixes; default: when stdout is a terminal."""
+
+
+async def connect_all(cluster: ClusterSpec, transport: Transport) -> None:
+    """Open a link to every node in parallel; NodeNotReady naming each unreachable node."""
+    results = await transport.each(cluster.nodes, transport.connect)
+    failures = [r for r in results if r is not None]
+    if failures:
+        lines = "\n".join(f"  {f.describe()}\n    fix: {f.remedy}" for f in failures)
+        raise NodeNotReady(
+            f"{len(failures)} of {len(cluster.nodes)} node(s) unreachable:\n{lines}",
+            "fix the nodes above, or leave them out of the cluster file",
+            hosts=tuple(f.host for f in failures),
+        )
+
+
+async def probe_all(
+    cluster: ClusterSpec,
+    transport: Transport,
+    *,
+    workdir: str | None = None,
+    port_on_first: int | None = None,
+    full: bool = False,
+    timeout: float = 60,
+) -> dict[str, NodeFacts]:
+    """Run the quick probe on every node in parallel. NodeNotReady when a node cannot answer."""
+
+    async def probe(node: NodeSpec) -> NodeFacts | str:
+        request: dict[str, object] = {"full": full}
+        if workdir:
+            request["workdir"] = workdir
+        if node is cluster.rendezvous_node and port_on_first is not None:
+            request["port"] = port_on_first
+        python = cluster.python_for(node)
+        result = await transport.run(
+            node,
+            [python, "-m", "torchherd.agent", "probe"],
+            input=json.dumps(request).encode(),
+            timeout=timeout,
+        )
+        if result.ok:
+            try:
+                return NodeFacts.from_probe(node.host, json.loads(result.stdout))
+            except (ValueError, TypeError, KeyError):
+                return f"{node.host}: the probe answered with something that is not JSON"
+        return explain_probe_failure(node, python, result.returncode, result.stderr, result)
+
+    results = await transport.each(cluster.nodes, probe)
+    problems = [r for r in results if isinstance(r, str)]
+    if problems:
+        raise NodeNotReady(
+            "some nodes cannot run torchherd:\n" + "\n".join(f"  {p}" for p in problems),
+            "fix each node as said above, then run `herd doctor`",
+            hosts=tuple(p.split(":", 1)[0] for p in problems),
+        )
+    return {facts.host: facts for facts in results if isinstance(facts, NodeFacts)}
+
+
+def explain_probe_failure(node: NodeSpec, python: str, code: int, stderr: str, result: object) -> str:
+    """One line (host first) saying why the probe failed on a node, with the fix."""
+    unreachable = getattr(result, "unreachable", None)
+    if unreachable is not None:
+        return f"{unreachable.describe()}; fix: {unreachable.remedy}"
+    if getattr(result, "timed_out", False):
+        return f"{node.host}: the probe did not answer in time; fix: check the node's load and disk"
+    if code == 127 or "not found" in stderr and "No module" not in stderr:
+        return (
+            f"{node.host}: {python} not found; fix: install Python 3.11+ there or set python "
+            "in [cluster] (or for this [[node]]) to its interpreter's full path"
+        )
+    if "No module named torchherd" in stderr:
+        return (
+            f"{node.host}: torchherd is not installed for {python}; fix: pip install torchherd "
+            "there (`herd exec -- python3 -m pip install torchherd`)"
+        )
+    last = stderr.strip().splitlines()[-1] if stderr.strip() else f"exit code {code}"
+    return f"{node.host}: the probe failed: {last}"
+
+
+def fast_preflight(cluster: ClusterSpec, facts: Mapping[str, NodeFacts]) -> list[str]:
+    """The checks that make a launch fail for sure, as problem lines (empty: go ahead)."""
+    problems = []
+    for node in cluster.nodes:
+        node_facts = facts[node.host]
+        if node_facts.torch_version is None:
+            problems.append(
+                f"{node.host}: torch is not installed for {node_facts.python}; fix: install it "
+                "there, or point python at an environment that has it"
+            )
+        if node_facts.workdir_exists is False:
+            problems.append(
+                f"{node.host}: working directory {node_facts.workdir} does not exist; fix: "
+                "`herd sync` the project there, or set [cluster] workdir"
+            )
+    versions = {
+        (facts[n.host].torch_version, facts[n.host].python_version.rsplit(".", 1)[0])
+        for n in cluster.nodes
+        if facts[n.host].torch_version
+    }
+    if len(versions) > 1:
+        table = ", ".join(
+            f"{n.host}: torch {facts[n.host].torch_version} python {facts[n.host].python_version}"
+            for n in cluster.nodes
+        )
+        problems.append(
+            f"versions differ between nodes ({table}); fix: install the same torch and Python "
+            "everywhere (`herd doctor` shows the table)"
+        )
+    first = cluster.rendezvous_node
+    if cluster.transport == "ssh" and facts[first.host].port_free is False:
+        problems.append(
+            f"{first.host}: rendezvous port {facts[first.host].port} is in use; fix: set "
+            "[cluster] rdzv_port to a free port, or leave it out to let herd pick one"
+        )
+    return problems
+
+
+async def prepare(
+    cluster: ClusterSpec,
+    job: JobSpec,
+    transport: Transport,
+    *,
+    preflight: bool = True,
+    progress: Progress | None = None,
+) -> LaunchPlan:
+    """Connect, probe and check every node, then make the plan."""
+    say = progress or (lambda _: None)
+    secrets = read_env_file(cluster.env_file) if cluster.env_file else {}
+    say(f"connecting to {len(cluster.nodes)} node(s)")
+    await connect_all(cluster, transport)
+    say("probing nodes")
+    facts = await probe_all(
+        cluster,
+        transport,
+        workdir=cluster.workdir,
+        port_on_first=cluster.rdzv_port or 0,
+    )
+    problems = fast_preflight(cluster, facts)
+    if problems and preflight:
+        raise NodeNotReady(
+            "preflight found problems:\n" + "\n".join(f"  {p}" for p in problems),
+            "fix them, or launch anyway with --no-preflight",
+            hosts=tuple(p.split(":", 1)[0] for p in problems),
+        )
+    return make_plan(cluster, job, facts, secrets)
+
+
+def banner(plan: LaunchPlan, cluster: ClusterSpec) -> str:
+    where = f"rendezvous {plan.rdzv_endpoint}" if plan.rdzv_endpoint else "standalone on this machine"
+    nodes = ", ".join(f"{n.host}×{n.nproc}" for n in plan.nodes)
+    return (
+        f"herd {__version__}: job {plan.job_id} on {len(plan.nodes)} node(s) [{nodes}], "
+        f"world size {plan.world_size}, {where}"
+    )
+
+
+def launch(
+    cluster: ClusterSpec,
+    job: JobSpec,
+    options: LaunchOptions | None = None,
+    *,
+    stream: TextIO | None = None,
+    err: TextIO | None = None,
+    transport: Transport | None = None,
+) -> RunResult | LaunchPlan:
+    """Run the job to its end and return its result (or the plan, for a dry run)."""
+    options = options or LaunchOptions()
+    return asyncio.run(_launch(cluster, job, options, stream or sys.stdout, err or sys.stderr, transport))
+
+
+async def _launch(
+    cluster: ClusterSpec,
+    job: JobSpec,
+    options: LaunchOptions,
+    stream: TextIO,
+    err: TextIO,
+    transport: Transport | None,
+) -> RunResult | LaunchPlan:
+    transport = transport or for_cluster(cluster)
+    interrupted = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    try:
+        preparing = asyncio.create_task(
+            prepare(cluster, job, transport, preflight=options.preflight, progress=_progress(err))
+        )
+        _on_signals(loop, lambda: (interrupted.set(), preparing.cancel()))
+        try:
+            plan = await preparing
+        except asyncio.CancelledError:
+            raise Interrupted("interrupted before the job started; nothing was started") from None
+        if options.dry_run:
+            return plan
+        return await _supervise(cluster, plan, transport, options, stream, loop)
+    finally:
+        _restore_signals(loop)
+        await transport.close()
+
+
+async def _supervise(
+    cluster: ClusterSpec,
+    plan: LaunchPlan,
+    transport: Transport,
+    options: LaunchOptions,
+    stream: TextIO,
+    loop: asyncio.AbstractEventLoop,
+) -> RunResult:
+    from .supervise import Supervisor
+
+    log_dir = options.log_dir or job_dir(plan.job_id)
+    secrets = list(plan.secret_env.values())
+    output = JobOutput(
+        log_dir, [n.host for n in plan.nodes], plan.world_size, stream=stream,
+        color=options.color, secrets=secrets,
+    )
+    record = JobRecord(
+        id=plan.job_id,
+        state="running",
+        started=time.time(),
+        source=cluster.source,
+        nodes=[{"host": n.host, "nproc": n.nproc} for n in plan.nodes],
+        world_size=plan.world_size,
+        command=[redact_text(a, secrets) for a in plan.nodes[0].argv],
+        rdzv_endpoint=plan.rdzv_endpoint,
+        log_dir=str(log_dir),
+    )
+    record.save()
+    output.note(banner(plan, cluster))
+    supervisor = Supervisor(plan, cluster, transport, output)
+    _on_signals(loop, supervisor.interrupt)
+    try:
+        result = await supervisor.run()
+    finally:
+        output.flush()
+    output.note(render_summary(result))
+    output.close()
+    record.state = {0: "succeeded", 130: "stopped"}.get(result.exit_code, "failed")
+    record.ended = time.time()
+    record.exit_code = result.exit_code
+    if result.first_failure is not None:
+        failure = result.first_failure
+        record.first_failure = {
+            "host": failure.host,
+            "rank": failure.rank,
+            "exitcode": failure.exitcode,
+            "signal": failure.signal,
+            "message": redact_text(failure.message, secrets),
+        }
+    record.save()
+    return result
+
+
+def _progress(err: TextIO) -> Progress:
+    def say(text: str) -> None:
+        if err.isatty():
+            err.write(f"\r\x1b[2K{text}...")
+        err.flush()
+
+    return say
+
+
+def _on_signals(loop: asyncio.AbstractEventLoop, handler: Callable[[], object]) -> None:
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            loop.add_signal_handler(sig, handler)
+        except (NotImplementedError, RuntimeError, ValueError):
+            pass  # not the main thread, or not POSIX
+
+
+def _restore_signals(loop: asyncio.AbstractEventLoop) -> None:
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            loop.remove_signal_handler(sig)
+        except (NotImplementedError, RuntimeError, ValueError):
+            pass
+
+
+__all__ = ["LaunchOptions", "launch", "prepare", "probe_all", "connect_all", "ConfigError"]

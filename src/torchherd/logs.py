@@ -1,0 +1,142 @@
+"""Worker output: ``host:rank`` prefixes on the console, per-rank log files, the final summary.
+
+The launcher does one thing per worker line: prefix it and write it (console and files). No
+parsing, no buffering beyond the line, so thousands of lines per second stay cheap.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, TextIO
+
+from .redact import redact_text
+
+# ANSI colours cycled per node on a terminal; plain text everywhere else.
+_PALETTE = ("36", "33", "35", "32", "34", "91", "96", "93", "95", "92")
+_DIM = "2"
+
+
+@dataclass(frozen=True)
+class Failure:
+    """The first failure of a job: where, what, and the last words of the failing rank."""
+
+    host: str
+    rank: int | None
+    exitcode: int | None
+    signal: str | None
+    message: str
+    last_stderr: tuple[str, ...] = ()
+    remedy: str = ""
+
+    def headline(self) -> str:
+        where = f"{self.host} rank {self.rank}" if self.rank is not None else self.host
+        if self.signal:
+            how = f"killed by {self.signal}"
+        elif self.exitcode is not None:
+            how = f"exit code {self.exitcode}"
+        else:
+            how = self.message
+        return f"{where}: {how}"
+
+
+@dataclass
+class RunResult:
+    job_id: str
+    exit_code: int
+    node_status: dict[str, str] = field(default_factory=dict)
+    """host -> succeeded, failed, stopped, lost, not started."""
+    first_failure: Failure | None = None
+    duration: float = 0.0
+    log_dir: Path | None = None
+
+
+class JobOutput:
+    """Prints prefixed worker lines and keeps one log file per rank (plus one per node)."""
+
+    def __init__(
+        self,
+        log_dir: Path,
+        hosts: Iterable[str],
+        world_size: int,
+        *,
+        stream: TextIO | None = None,
+        color: bool | None = None,
+        secrets: Iterable[str] = (),
+    ) -> None:
+        self.log_dir = log_dir
+        log_dir.mkdir(parents=True, exist_ok=True)
+        self.stream = stream or sys.stdout
+        self.color = self.stream.isatty() if color is None else color
+        hosts = list(hosts)
+        self._colors = {host: _PALETTE[i % len(_PALETTE)] for i, host in enumerate(hosts)}
+        self.width = max(len(h) for h in hosts) + 1 + len(str(max(world_size - 1, 0)))
+        self._secrets = [s for s in secrets if s]
+        self._files: dict[str, IO[str]] = {}
+        self._merged = open(log_dir / "output.log", "a", encoding="utf-8")
+
+    def prefix(self, host: str, rank: int | None) -> str:
+        label = f"{host}:{rank}" if rank is not None else host
+        return label.ljust(self.width)
+
+    def line(self, host: str, rank: int | None, text: str) -> None:
+        if self._secrets:
+            text = redact_text(text, self._secrets)
+        label = self.prefix(host, rank)
+        if self.color:
+            code = self._colors.get(host, "0") if rank is not None else _DIM
+            shown = f"\x1b[{code}m{label}\x1b[0m | {text}"
+        else:
+            shown = f"{label} | {text}"
+        self.stream.write(shown + "\n")
+        self._merged.write(f"{label} | {text}\n")
+        self._file(host, rank).write(text + "\n")
+
+    def note(self, text: str) -> None:
+        """herd's own words (banner, restarts, summary): console and merged log."""
+        self.stream.write(text + "\n")
+        self._merged.write(text + "\n")
+        self.stream.flush()
+
+    def flush(self) -> None:
+        self.stream.flush()
+        self._merged.flush()
+        for handle in self._files.values():
+            handle.flush()
+
+    def _file(self, host: str, rank: int | None) -> IO[str]:
+        name = f"rank-{rank}.log" if rank is not None else f"node-{host}.log"
+        handle = self._files.get(name)
+        if handle is None:
+            handle = self._files[name] = open(self.log_dir / name, "a", encoding="utf-8")
+        return handle
+
+    def close(self) -> None:
+        self.flush()
+        for handle in self._files.values():
+            handle.close()
+        self._merged.close()
+
+
+def render_summary(result: RunResult) -> str:
+    """The closing block: status per node and the first failure with its last stderr lines."""
+    state = {0: "succeeded", 130: "interrupted"}.get(result.exit_code, "failed")
+    lines = [f"job {result.job_id} {state} in {result.duration:.1f} s"]
+    width = max((len(h) for h in result.node_status), default=0)
+    for host, status in result.node_status.items():
+        lines.append(f"  {host.ljust(width)}  {status}")
+    failure = result.first_failure
+    if failure is not None:
+        lines.append(f"first failure: {failure.headline()}")
+        if failure.message and failure.message not in failure.headline():
+            lines.append(f"  {failure.message}")
+        if failure.last_stderr:
+            lines.append("  last lines of its stderr:")
+            lines.extend(f"    {text}" for text in failure.last_stderr[-10:])
+        if failure.remedy:
+            lines.append(f"  fix: {failure.remedy}")
+    if result.log_dir is not None:
+        lines.append(f"logs: {result.log_dir}")
+    return "\n".join(lines)

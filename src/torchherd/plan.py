@@ -1,0 +1,259 @@
+"""LaunchPlan: exactly what runs on each node. A pure function of spec, job and facts.
+
+The plan never trusts name resolution (the most common multi-node failure): every node gets
+explicit addresses and interfaces, found from its own routing table:
+  - c10d rendezvous on the first node, ``is_host=1`` there and ``is_host=0`` elsewhere, so no
+    node has to guess whether it hosts the store (a guess that fails for secondary NICs);
+  - ``--local-addr`` on every node, so MASTER_ADDR is never a name resolving to 127.0.1.1;
+  - NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME per node, the NIC on the route to the rendezvous
+    host, unless the user set them (names differ per host, so no global value fits);
+  - a unique rendezvous id per job and a port checked free on the rendezvous node.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import secrets as random_secrets
+import shlex
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from .errors import ConfigError, NodeNotReady
+from .facts import NodeFacts
+from .redact import MASK, redact_env
+from .spec import ClusterSpec, NodeSpec
+
+IFNAME_VARS = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """What the user asked to run, independent of where."""
+
+    entry: tuple[str, ...]
+    """The script and its arguments, or the module and its arguments when ``module``."""
+    module: bool = False
+    """Run ``entry[0]`` as a module (like python -m)."""
+    nproc: int | None = None
+    """Workers on every node, overriding the cluster file and the GPU count."""
+    max_restarts: int = 0
+    """Times torchrun restarts the workers after a failure before the job fails."""
+    job_id: str = field(default_factory=lambda: new_job_id())
+    """Unique id: rendezvous id, job directory name and the tag on every process."""
+    grace: float = 10.0
+    """Seconds workers get to exit after SIGTERM before SIGKILL."""
+
+
+def new_job_id() -> str:
+    return time.strftime("%m%d-%H%M%S") + "-" + random_secrets.token_hex(2)
+
+
+@dataclass(frozen=True)
+class NodePlan:
+    """One node's part: its command line and environment."""
+
+    host: str
+    name: str
+    python: str
+    nproc: int
+    local_addr: str | None
+    iface: str | None
+    is_host: bool
+    argv: tuple[str, ...]
+    env: Mapping[str, str]
+    """Exported into the job on this node (no secrets: those travel separately)."""
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    job_id: str
+    rdzv_endpoint: str | None
+    """host:port of the c10d store; None for a standalone (single machine) run."""
+    world_size: int
+    nodes: tuple[NodePlan, ...]
+    workdir: str | None
+    grace: float
+    secret_env: Mapping[str, str] = field(default_factory=dict, repr=False)
+    """Secrets from env_file: sent over stdin to the agents, never printed."""
+
+    def render(self) -> str:
+        """The plan as text for `herd launch --dry-run`; secrets are masked."""
+        lines = [
+            f"job {self.job_id}: {len(self.nodes)} node(s), world size {self.world_size}, "
+            + (f"rendezvous c10d at {self.rdzv_endpoint}" if self.rdzv_endpoint else "standalone"),
+            f"workdir: {self.workdir or '(launcher current directory)'}",
+        ]
+        if self.secret_env:
+            lines.append("secrets (env_file): " + ", ".join(f"{k}={MASK}" for k in self.secret_env))
+        for node in self.nodes:
+            role = "rendezvous host" if node.is_host else "worker node"
+            lines.append("")
+            lines.append(f"[{node.host}] {role}, {node.nproc} worker(s)")
+            if node.local_addr:
+                lines.append(f"  address:   {node.local_addr}")
+            if node.iface:
+                lines.append(f"  interface: {node.iface}")
+            shown = redact_env(node.env, self.secret_env.values())
+            for key, value in sorted(shown.items()):
+                lines.append(f"  env:       {key}={value}")
+            lines.append("  command:   " + shlex.join(node.argv))
+        return "\n".join(lines)
+
+
+def make_plan(
+    cluster: ClusterSpec,
+    job: JobSpec,
+    facts: Mapping[str, NodeFacts],
+    secret_env: Mapping[str, str] | None = None,
+) -> LaunchPlan:
+    """Build the plan; raises ConfigError/NodeNotReady when no correct plan exists."""
+    secret_env = dict(secret_env or {})
+    if cluster.transport == "local":
+        return _standalone_plan(cluster, job, facts, secret_env)
+
+    first = cluster.rendezvous_node
+    rdzv_addr = _rendezvous_address(cluster, facts[first.host])
+    port = cluster.rdzv_port or facts[first.host].port
+    if not port:
+        raise NodeNotReady(
+            f"no free port for the rendezvous on {first.host}",
+            "set [cluster] rdzv_port to a port that is free there",
+            hosts=(first.host,),
+        )
+    endpoint = f"[{rdzv_addr}]:{port}" if ":" in rdzv_addr else f"{rdzv_addr}:{port}"
+    plans = []
+    for node in cluster.nodes:
+        node_facts = facts[node.host]
+        is_host = node is first
+        local_addr, iface = _address_and_iface(node, node_facts, rdzv_addr, is_host)
+        nproc = _nproc(node, job, node_facts)
+        env = dict(cluster.env)
+        user_set = set(cluster.env) | set(node_facts.env)
+        if iface:
+            for name in IFNAME_VARS:
+                if name not in user_set:
+                    env[name] = iface
+        argv = (
+            cluster.python_for(node),
+            "-m",
+            "torchherd.agent.elastic",
+            f"--nnodes={len(cluster.nodes)}",
+            f"--nproc-per-node={nproc}",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint={endpoint}",
+            f"--rdzv-id={job.job_id}",
+            f"--rdzv-conf=is_host={1 if is_host else 0}",
+            f"--local-addr={local_addr}",
+            f"--max-restarts={job.max_restarts}",
+            "--tee=3",
+            *_entry_args(job),
+        )
+        plans.append(
+            NodePlan(
+                host=node.host,
+                name=node.name,
+                python=cluster.python_for(node),
+                nproc=nproc,
+                local_addr=local_addr,
+                iface=iface,
+                is_host=is_host,
+                argv=argv,
+                env=env,
+            )
+        )
+    return LaunchPlan(
+        job_id=job.job_id,
+        rdzv_endpoint=endpoint,
+        world_size=sum(p.nproc for p in plans),
+        nodes=tuple(plans),
+        workdir=cluster.workdir,
+        grace=job.grace,
+        secret_env=secret_env,
+    )
+
+
+def _standalone_plan(
+    cluster: ClusterSpec, job: JobSpec, facts: Mapping[str, NodeFacts], secret_env: dict[str, str]
+) -> LaunchPlan:
+    node = cluster.nodes[0]
+    nproc = _nproc(node, job, facts[node.host])
+    argv = (
+        cluster.python_for(node),
+        "-m",
+        "torchherd.agent.elastic",
+        "--standalone",
+        f"--nproc-per-node={nproc}",
+        f"--max-restarts={job.max_restarts}",
+        "--tee=3",
+        *_entry_args(job),
+    )
+    plan = NodePlan(
+        host=node.host,
+        name=node.name,
+        python=cluster.python_for(node),
+        nproc=nproc,
+        local_addr=None,
+        iface=None,
+        is_host=True,
+        argv=argv,
+        env=dict(cluster.env),
+    )
+    return LaunchPlan(
+        job_id=job.job_id,
+        rdzv_endpoint=None,
+        world_size=nproc,
+        nodes=(plan,),
+        workdir=cluster.workdir,
+        grace=job.grace,
+        secret_env=secret_env,
+    )
+
+
+def _entry_args(job: JobSpec) -> tuple[str, ...]:
+    if not job.entry:
+        raise ConfigError("nothing to run", "give a script (herd launch train.py) or -m MODULE")
+    return ("--module", *job.entry) if job.module else job.entry
+
+
+def _nproc(node: NodeSpec, job: JobSpec, facts: NodeFacts) -> int:
+    return job.nproc or node.nproc or facts.gpu_count or 1
+
+
+def _rendezvous_address(cluster: ClusterSpec, facts: NodeFacts) -> str:
+    """Where every node reaches the store: the first node's addr, else where ssh reached it."""
+    first = cluster.rendezvous_node
+    addr = first.addr or facts.ssh_server_addr
+    if addr is None:
+        raise ConfigError(
+            f"cannot tell which address the other nodes should use to reach {first.host}",
+            f'set addr = "<its address>" in the first [[node]] of {cluster.source}',
+        )
+    if ipaddress.ip_address(addr).is_loopback and len(cluster.nodes) > 1:
+        raise ConfigError(
+            f"{first.host} was reached at {addr}, a loopback address the other nodes cannot use",
+            f'set addr = "<its LAN address>" in the first [[node]] of {cluster.source}',
+        )
+    return addr
+
+
+def _address_and_iface(
+    node: NodeSpec, facts: NodeFacts, rdzv_addr: str, is_host: bool
+) -> tuple[str, str | None]:
+    if is_host:
+        local_addr = node.addr or rdzv_addr
+        own = facts.interface_with(local_addr)
+        return local_addr, node.iface or (own.name if own else None)
+    route = facts.route_to(rdzv_addr)
+    if node.addr:
+        own = facts.interface_with(node.addr)
+        return node.addr, node.iface or (own.name if own else (route[0] if route else None))
+    if route is None:
+        raise NodeNotReady(
+            f"{node.host} has no route to the rendezvous address {rdzv_addr}",
+            f'give {node.host} an addr (and iface) in the cluster file, or fix its network; '
+            "`herd doctor` shows its interfaces and routes",
+            hosts=(node.host,),
+        )
+    iface, source = route
+    return source, node.iface or iface

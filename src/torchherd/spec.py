@@ -1,0 +1,503 @@
+"""What the cluster is: ClusterSpec / NodeSpec and their loaders.
+
+Sources: ``herd.toml``, DeepSpeed/MPI hostfiles (``host slots=N``), Horovod-style host lists
+(``h1:4,h2:2``) and Slurm node lists (``gpu[01-04,07]``). Every loader returns a validated,
+immutable ClusterSpec or raises ConfigError naming the file, the line or field, and the fix.
+"""
+
+from __future__ import annotations
+
+import difflib
+import ipaddress
+import os
+import re
+import tomllib
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from .errors import ConfigError
+
+DEFAULT_CLUSTER_FILE = "herd.toml"
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+IFACE_NAME = re.compile(r"^[A-Za-z0-9_.:@-]{1,15}$")
+
+
+class NodeSpec(BaseModel):
+    """One machine of the cluster, as the user described it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    host: str
+    """ssh destination: an alias from ssh_config, a name or an address; user@host allowed."""
+    nproc: int | None = Field(default=None, ge=1, le=1024)
+    """Workers on this node; default: its GPU count (1 if none)."""
+    addr: str | None = None
+    """Address the other nodes reach this node at; default: found by probing."""
+    iface: str | None = None
+    """NIC for NCCL/Gloo; default: the one on the route to the rendezvous host."""
+    python: str | None = None
+    """Interpreter on this node, where it differs from [cluster] python."""
+
+    @field_validator("host")
+    @classmethod
+    def _host_is_a_destination(cls, value: str) -> str:
+        value = value.strip()
+        if not value or any(ch.isspace() for ch in value) or value.startswith("-"):
+            raise ValueError("must be an ssh destination such as gpu1, 10.0.0.7 or alice@gpu1")
+        return value
+
+    @field_validator("addr")
+    @classmethod
+    def _addr_is_an_address(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        try:
+            return str(ipaddress.ip_address(value.strip()))
+        except ValueError:
+            raise ValueError(f"{value!r} is not an IP address (write it like 10.0.0.7)") from None
+
+    @field_validator("iface")
+    @classmethod
+    def _iface_is_a_name(cls, value: str | None) -> str | None:
+        if value is not None and not IFACE_NAME.match(value):
+            raise ValueError(f"{value!r} is not a network interface name (like eth0 or ib0)")
+        return value
+
+    @property
+    def name(self) -> str:
+        """The host without its ``user@`` part: what logs and tables call this node."""
+        return self.host.rsplit("@", 1)[-1]
+
+
+class ClusterSpec(BaseModel):
+    """The whole cluster: shared settings plus the nodes, first node hosting the rendezvous."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    nodes: tuple[NodeSpec, ...]
+    """The machines; the first one hosts the rendezvous store."""
+    transport: Literal["ssh", "local"] = "ssh"
+    """How node agents are started: over ssh, or as a local process (this machine alone)."""
+    python: str = "python3"
+    """Interpreter on the nodes; default: python3 on the remote PATH."""
+    workdir: str | None = None
+    """The job's working directory on the nodes; default: the launcher's current directory."""
+    ssh_config: str | None = None
+    """File passed to ``ssh -F``; default: the user's own ~/.ssh/config."""
+    env: dict[str, str] = Field(default_factory=dict)
+    """Variables exported on every node."""
+    env_file: str | None = None
+    """KEY=VALUE file of secrets, sent over ssh's stdin, never on a command line or in a log."""
+    connect_timeout: float = Field(default=10.0, gt=0, le=600)
+    """Seconds ssh waits for a node to answer before calling it unreachable."""
+    rdzv_port: int | None = Field(default=None, ge=1024, le=65535)
+    """Rendezvous port on the first node; default: a free port found at launch."""
+    allow_public_rendezvous: bool = False
+    """Allow a public rendezvous address (the c10d store has no authentication)."""
+    source: str = "command line"
+    """Where this spec came from, for messages."""
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, value: dict[str, str]) -> dict[str, str]:
+        for key in value:
+            if not ENV_NAME.match(key):
+                raise ValueError(f"{key!r} is not a valid environment variable name")
+        return value
+
+    @field_validator("nodes")
+    @classmethod
+    def _nodes_unique(cls, value: tuple[NodeSpec, ...]) -> tuple[NodeSpec, ...]:
+        if not value:
+            raise ValueError("no nodes: add at least one [[node]] with a host")
+        seen: set[str] = set()
+        for node in value:
+            if node.host in seen:
+                raise ValueError(f"duplicate host {node.host!r}: list each node once")
+            seen.add(node.host)
+        return value
+
+    @property
+    def rendezvous_node(self) -> NodeSpec:
+        return self.nodes[0]
+
+    def python_for(self, node: NodeSpec) -> str:
+        return node.python or self.python
+
+    def node(self, host: str) -> NodeSpec:
+        for node in self.nodes:
+            if host in (node.host, node.name):
+                return node
+        raise ConfigError(
+            f"{host!r} is not a node of {self.source}",
+            f"use one of: {', '.join(n.host for n in self.nodes)}",
+        )
+
+    def select(self, hosts: Iterable[str]) -> ClusterSpec:
+        """A copy holding only the named nodes (in the cluster's order)."""
+        wanted = {self.node(h).host for h in hosts}
+        return self.model_copy(update={"nodes": tuple(n for n in self.nodes if n.host in wanted)})
+
+
+def local_cluster(nproc: int | None = None) -> ClusterSpec:
+    """This machine alone, without ssh: what ``herd launch`` uses when there is no cluster file."""
+    return ClusterSpec(
+        nodes=(NodeSpec(host="localhost", nproc=nproc),),
+        transport="local",
+        python=os.environ.get("HERD_PYTHON", "") or _this_python(),
+        source="this machine (no herd.toml)",
+    )
+
+
+def _this_python() -> str:
+    import sys
+
+    return sys.executable or "python3"
+
+
+# ---------------------------------------------------------------------------------------------
+# herd.toml
+
+CLUSTER_KEYS = {
+    name for name in ClusterSpec.model_fields if name not in ("nodes", "transport", "source")
+}
+NODE_KEYS = set(NodeSpec.model_fields)
+
+
+def load_cluster_file(path: str | os.PathLike[str]) -> ClusterSpec:
+    """Read and validate a herd.toml. Relative paths inside it are relative to its folder."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(
+            f"cluster file {path} does not exist",
+            "create one with `herd init HOST...`, or pass another with -c FILE",
+        ) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read cluster file {path}: {exc}", "check the path") from None
+    if path.suffix not in (".toml", "") and not text.lstrip().startswith(("[", "#")):
+        # A hostfile given with -c is a common slip; read it as what it is.
+        return load_hostfile(path)
+    return parse_cluster_toml(text, str(path), base_dir=path.parent)
+
+
+def parse_cluster_toml(text: str, source: str, base_dir: Path | None = None) -> ClusterSpec:
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(
+            f"{source}: not valid TOML: {exc}",
+            "fix the syntax at that line (strings need quotes, tables look like [cluster])",
+        ) from None
+    locate = _LineFinder(text)
+
+    unknown = set(data) - {"cluster", "node"}
+    for key in sorted(unknown):
+        raise ConfigError(
+            f"{source} line {locate.top_level(key)}: unknown section or key {key!r}",
+            _suggest(key, {"cluster", "node"}, "the file has a [cluster] table and [[node]] tables"),
+        )
+    cluster = data.get("cluster", {})
+    if not isinstance(cluster, dict):
+        raise ConfigError(f"{source}: 'cluster' must be a table", "write it as [cluster]")
+    nodes = data.get("node", [])
+    if not isinstance(nodes, list) or not all(isinstance(n, dict) for n in nodes):
+        raise ConfigError(f"{source}: 'node' must be an array of tables", "write each as [[node]]")
+    if not nodes:
+        raise ConfigError(
+            f"{source}: no nodes",
+            'add one [[node]] table per machine, e.g.\n  [[node]]\n  host = "gpu1"',
+        )
+
+    for key in cluster:
+        if key not in CLUSTER_KEYS:
+            raise ConfigError(
+                f"{source} line {locate.key('cluster', 0, key)}: unknown key {key!r} in [cluster]",
+                _suggest(key, CLUSTER_KEYS, "allowed keys: " + ", ".join(sorted(CLUSTER_KEYS))),
+            )
+    for index, node in enumerate(nodes):
+        for key in node:
+            if key not in NODE_KEYS:
+                raise ConfigError(
+                    f"{source} line {locate.key('node', index, key)}: unknown key {key!r} "
+                    f"in [[node]] #{index + 1}",
+                    _suggest(key, NODE_KEYS, "allowed keys: " + ", ".join(sorted(NODE_KEYS))),
+                )
+
+    fields = dict(cluster)
+    if base_dir is not None:
+        for key in ("ssh_config", "env_file"):
+            if isinstance(fields.get(key), str):
+                fields[key] = str(_relative_to(base_dir, fields[key]))
+    try:
+        return ClusterSpec(nodes=tuple(nodes), source=source, **fields)
+    except ValidationError as exc:
+        raise _config_error_from_validation(exc, source, locate, nodes) from None
+
+
+def _relative_to(base_dir: Path, value: str) -> Path:
+    expanded = Path(os.path.expanduser(value))
+    return expanded if expanded.is_absolute() else (base_dir / expanded)
+
+
+def _config_error_from_validation(
+    exc: ValidationError, source: str, locate: _LineFinder, nodes: list[dict[str, Any]]
+) -> ConfigError:
+    error = exc.errors()[0]
+    loc = error["loc"]
+    message = error["msg"].removeprefix("Value error, ")
+    if loc and loc[0] == "nodes":
+        if len(loc) >= 3:
+            index, key = int(loc[1]), str(loc[2])
+            got = nodes[index].get(key)
+            line = locate.key("node", index, key)
+            where = f"{source} line {line}: [[node]] #{index + 1} {key} = {got!r}"
+        elif len(loc) == 2:
+            index = int(loc[1])
+            where = f"{source} [[node]] #{index + 1}"
+        else:
+            where = source
+        return ConfigError(f"{where}: {message}", _remedy_for(message, loc))
+    key = str(loc[0]) if loc else "?"
+    line = locate.key("cluster", 0, key)
+    return ConfigError(f"{source} line {line}: [cluster] {key}: {message}", _remedy_for(message, loc))
+
+
+def _remedy_for(message: str, loc: tuple[Any, ...]) -> str:
+    field = str(loc[-1]) if loc else ""
+    doc = (NodeSpec.model_fields.get(field) or ClusterSpec.model_fields.get(field))
+    description = (doc.description if doc is not None else None) or ""
+    if "host" in message and "duplicate" in message:
+        return "remove the repeated [[node]] table, or give it nproc in one place"
+    if field == "nproc":
+        return "nproc is the number of workers on that node: a whole number, 1 or more"
+    if description:
+        return f"{field}: {description}"
+    return "see the herd.toml reference in the README"
+
+
+def _suggest(key: str, allowed: Iterable[str], fallback: str) -> str:
+    close = difflib.get_close_matches(key, list(allowed), n=1)
+    return f"did you mean {close[0]!r}? ({fallback})" if close else fallback
+
+
+class _LineFinder:
+    """Finds the line of a key in TOML text, so errors can point at it (tomllib gives no lines)."""
+
+    def __init__(self, text: str) -> None:
+        self.lines = text.splitlines()
+
+    def _sections(self) -> list[tuple[str, int]]:
+        found = []
+        for number, line in enumerate(self.lines, start=1):
+            stripped = line.strip()
+            match = re.match(r"^\[\[?\s*([A-Za-z0-9_.-]+)\s*\]\]?", stripped)
+            if match:
+                found.append((match.group(1), number))
+        return found
+
+    def top_level(self, key: str) -> int:
+        for name, number in self._sections():
+            if name == key:
+                return number
+        return self._key_between(key, 0, len(self.lines)) or 1
+
+    def key(self, section: str, index: int, key: str) -> int:
+        sections = self._sections()
+        starts = [number for name, number in sections if name == section]
+        if index >= len(starts):
+            return 1
+        start = starts[index]
+        later = [number for _, number in sections if number > start]
+        end = later[0] - 1 if later else len(self.lines)
+        return self._key_between(key, start, end) or start
+
+    def _key_between(self, key: str, start: int, end: int) -> int | None:
+        pattern = re.compile(rf"^\s*{re.escape(key)}\s*=")
+        for number in range(start + 1, end + 1):
+            if pattern.match(self.lines[number - 1]):
+                return number
+        return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Hostfiles, host lists, Slurm node lists
+
+
+def load_hostfile(path: str | os.PathLike[str], **cluster: Any) -> ClusterSpec:
+    """Read a DeepSpeed/MPI hostfile: ``host slots=N`` per line, ``#`` comments, blank lines."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read hostfile {path}: {exc}", "check the path") from None
+    return parse_hostfile(text, str(path), **cluster)
+
+
+def parse_hostfile(text: str, source: str, **cluster: Any) -> ClusterSpec:
+    nodes: list[NodeSpec] = []
+    seen: dict[str, int] = {}
+    for number, raw in enumerate(text.splitlines(), start=1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        host, *options = line.split()
+        nproc: int | None = None
+        for option in options:
+            key, sep, value = option.partition("=")
+            if key in ("slots", "max_slots", "max-slots") and sep and value.isdigit():
+                if key == "slots":
+                    nproc = int(value)
+                continue
+            raise ConfigError(
+                f"{source} line {number}: cannot read {option!r}",
+                "write each line as `HOST slots=N` (N workers on HOST), or just `HOST`",
+            )
+        if nproc is not None and nproc < 1:
+            raise ConfigError(f"{source} line {number}: slots must be 1 or more", "use slots=1")
+        if host in seen:
+            raise ConfigError(
+                f"{source} line {number}: host {host!r} already listed on line {seen[host]}",
+                "list each host once",
+            )
+        seen[host] = number
+        nodes.append(_node(host, nproc, f"{source} line {number}"))
+    if not nodes:
+        raise ConfigError(f"{source}: no hosts", "write one `HOST slots=N` line per machine")
+    return _cluster(nodes, source, cluster)
+
+
+def parse_host_list(text: str, source: str = "host list", **cluster: Any) -> ClusterSpec:
+    """Read ``h1:4,h2:2,user@h3`` (Horovod's -H); ``HOST:N`` means N workers on HOST."""
+    nodes: list[NodeSpec] = []
+    for item in (part.strip() for part in text.replace(" ", ",").split(",")):
+        if not item:
+            continue
+        nodes.append(parse_host_item(item, source))
+    if not nodes:
+        raise ConfigError(f"{source}: no hosts", "give hosts like gpu1:4,gpu2:4")
+    return _cluster(nodes, source, cluster)
+
+
+def parse_host_item(item: str, source: str = "host list") -> NodeSpec:
+    """``gpu1``, ``gpu1:4``, ``alice@gpu1:4``, ``[fe80::1]:2`` -> NodeSpec."""
+    host, nproc = item, None
+    bracketed = re.match(r"^(.*\[[^\]]+\])(?::(\d+))?$", item)
+    if bracketed:
+        host = bracketed.group(1).replace("[", "").replace("]", "")
+        nproc = int(bracketed.group(2)) if bracketed.group(2) else None
+    elif item.count(":") == 1:
+        host, _, count = item.partition(":")
+        if not count.isdigit():
+            raise ConfigError(
+                f"{source}: {item!r}: the part after ':' must be a worker count",
+                "write HOST:N, for example gpu1:4",
+            )
+        nproc = int(count)
+        if nproc < 1:
+            raise ConfigError(f"{source}: {item!r}: worker count must be 1 or more", "use HOST:1")
+    return _node(host, nproc, source)
+
+
+def _node(host: str, nproc: int | None, where: str) -> NodeSpec:
+    try:
+        return NodeSpec(host=host, nproc=nproc)
+    except ValidationError as exc:
+        message = exc.errors()[0]["msg"].removeprefix("Value error, ")
+        raise ConfigError(f"{where}: {host!r}: {message}", "check the host name") from None
+
+
+def _cluster(nodes: list[NodeSpec], source: str, cluster: Mapping[str, Any]) -> ClusterSpec:
+    try:
+        return ClusterSpec(nodes=tuple(nodes), source=source, **cluster)
+    except ValidationError as exc:
+        message = exc.errors()[0]["msg"].removeprefix("Value error, ")
+        raise ConfigError(f"{source}: {message}", "list each host once") from None
+
+
+def expand_nodelist(text: str) -> list[str]:
+    """Expand a Slurm node list: ``gpu[01-03,07],cpu1`` -> gpu01 gpu02 gpu03 gpu07 cpu1."""
+    hosts: list[str] = []
+    for part in _split_top_level(text):
+        match = re.match(r"^([^\[\]]*)\[([^\]]+)\](.*)$", part)
+        if not match:
+            if part:
+                hosts.append(part)
+            continue
+        prefix, ranges, rest = match.groups()
+        for piece in ranges.split(","):
+            low, sep, high = piece.partition("-")
+            if not low.isdigit() or (sep and not high.isdigit()):
+                raise ConfigError(
+                    f"node list {text!r}: cannot read range {piece!r}",
+                    "ranges look like gpu[01-04,07]",
+                )
+            width = len(low)
+            stop = int(high) if sep else int(low)
+            for number in range(int(low), stop + 1):
+                for tail in expand_nodelist(rest) if rest else [""]:
+                    hosts.append(f"{prefix}{number:0{width}d}{tail}")
+    return hosts
+
+
+def _split_top_level(text: str) -> list[str]:
+    parts, depth, current = [], 0, ""
+    for ch in text:
+        if ch == "[":
+            depth += 1
+        elif ch == "]":
+            depth -= 1
+        if ch == "," and depth == 0:
+            parts.append(current.strip())
+            current = ""
+        else:
+            current += ch
+    parts.append(current.strip())
+    return [p for p in parts if p]
+
+
+# ---------------------------------------------------------------------------------------------
+# Secrets
+
+
+def read_env_file(path: str | os.PathLike[str]) -> dict[str, str]:
+    """Read a KEY=VALUE file (``export`` and quotes allowed, ``#`` comments). Values are secrets."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read env_file {path}: {exc}", "check env_file in herd.toml") from None
+    values: dict[str, str] = {}
+    for number, raw in enumerate(text.splitlines(), start=1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        line = line.removeprefix("export ").strip()
+        key, sep, value = line.partition("=")
+        key = key.strip()
+        if not sep or not ENV_NAME.match(key):
+            raise ConfigError(
+                f"{path} line {number}: expected KEY=VALUE",
+                "write one variable per line, like HF_TOKEN=abc123",
+            )
+        value = value.strip()
+        if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+            value = value[1:-1]
+        values[key] = value
+    return values
+
+
+SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL", re.IGNORECASE)
+
+
+def find_cluster(path: str | None) -> ClusterSpec | None:
+    """The cluster for a command: ``-c FILE``, else ./herd.toml, else None (this machine alone)."""
+    if path:
+        return load_cluster_file(path)
+    if Path(DEFAULT_CLUSTER_FILE).is_file():
+        return load_cluster_file(DEFAULT_CLUSTER_FILE)
+    return None

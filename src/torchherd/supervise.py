@@ -1,0 +1,297 @@
+"""The Supervisor runs a LaunchPlan: one node agent per node, events merged, failures spread.
+
+Node states:  starting -> running -> succeeded | failed | stopped | lost
+              starting -> not started            (the agent could not start the job)
+
+The job is over when every agent has ended. The first node that fails (torchrun's restarts are
+exhausted there) or is lost (its link dropped) makes the supervisor stop every other node, since
+their workers would otherwise wait in a collective or a rendezvous that can never complete.
+``interrupt()`` (Ctrl-C, SIGTERM) stops every node. Stopping a node = telling its agent to stop
+and closing its stdin; an agent that has not ended after the grace period plus 10 s is cut off
+(its ssh process killed), which its agent sees as a closed stdin and ends the job as well.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from .agent.protocol import decode
+from .errors import EXIT_INTERRUPTED, EXIT_JOB_FAILED, EXIT_NODE_NOT_READY, EXIT_OK
+from .logs import Failure, JobOutput, RunResult
+from .plan import LaunchPlan, NodePlan
+from .spec import ClusterSpec
+from .transport import Transport
+
+# Signals that mean "stopped because something else failed", not a cause of failure.
+_TEARDOWN_SIGNALS = {"SIGTERM", "SIGKILL", "SIGINT", "SIGHUP"}
+# Extra seconds an agent gets beyond the grace period before its link is cut.
+STOP_MARGIN = 10.0
+
+
+@dataclass
+class NodeRun:
+    plan: NodePlan
+    state: str = "starting"
+    process: asyncio.subprocess.Process | None = None
+    failures: list[dict[str, Any]] = field(default_factory=list)
+    error: dict[str, Any] | None = None
+    stderr: collections.deque[str] = field(default_factory=lambda: collections.deque(maxlen=30))
+    exit_code: int | None = None
+    ended_at: float | None = None
+
+
+class Supervisor:
+    def __init__(
+        self,
+        plan: LaunchPlan,
+        cluster: ClusterSpec,
+        transport: Transport,
+        output: JobOutput,
+        on_state: Callable[[str, str], None] | None = None,
+    ) -> None:
+        self.plan = plan
+        self.cluster = cluster
+        self.transport = transport
+        self.output = output
+        self.on_state = on_state
+        self.nodes = {p.host: NodeRun(p) for p in plan.nodes}
+        self.stopping = False
+        self.interrupted = False
+        self._stop_deadline: float | None = None
+
+    async def run(self) -> RunResult:
+        started = time.monotonic()
+        tasks = [asyncio.create_task(self._run_node(node)) for node in self.nodes.values()]
+        watchdog = asyncio.create_task(self._cut_off_after_deadline())
+        try:
+            await asyncio.gather(*tasks)
+        finally:
+            watchdog.cancel()
+            for task in tasks:
+                task.cancel()
+        return self._result(time.monotonic() - started)
+
+    def interrupt(self) -> None:
+        """Ctrl-C or SIGTERM: stop every node; a second one cuts every link at once."""
+        if self.interrupted:
+            self._cut_off_all()
+            return
+        self.interrupted = True
+        self.output.note("herd: stopping the job on every node (Ctrl-C again to cut off now)")
+        self.stop_all()
+
+    def stop_all(self, except_host: str | None = None) -> None:
+        if not self.stopping:
+            self.stopping = True
+            self._stop_deadline = time.monotonic() + self.plan.grace + STOP_MARGIN
+        for host, node in self.nodes.items():
+            if host != except_host:
+                self._tell_stop(node)
+
+    # -- one node ---------------------------------------------------------------------------
+
+    async def _run_node(self, node: NodeRun) -> None:
+        spec = self.cluster.node(node.plan.host)
+        command = [node.plan.python, "-m", "torchherd.agent", "run"]
+        try:
+            process = await self.transport.start(spec, command)
+        except OSError as exc:
+            node.error = {"message": f"cannot start ssh: {exc}", "remedy": ""}
+            self._set_state(node, "not started")
+            return
+        node.process = process
+        assert process.stdin is not None and process.stdout is not None
+        process.stdin.write(json.dumps(self._request(node.plan)).encode() + b"\n")
+        if self.stopping:
+            self._tell_stop(node)
+        try:
+            await process.stdin.drain()
+        except (ConnectionError, OSError):
+            pass
+        stderr_task = asyncio.create_task(self._read_stderr(node))
+        async for raw in process.stdout:
+            event = decode(raw)
+            if event is None:
+                self.output.line(node.plan.host, None, raw.decode(errors="replace").rstrip())
+                continue
+            self._handle(node, event)
+        node.exit_code = await process.wait()
+        await stderr_task
+        node.ended_at = time.monotonic()
+        if node.state in ("starting", "running"):
+            self._lost(node)
+
+    def _request(self, plan: NodePlan) -> dict[str, Any]:
+        return {
+            "job_id": self.plan.job_id,
+            "node": plan.name,
+            "workdir": self.plan.workdir,
+            "argv": list(plan.argv),
+            "env": dict(plan.env),
+            "secret_env": dict(self.plan.secret_env),
+            "grace": self.plan.grace,
+        }
+
+    async def _read_stderr(self, node: NodeRun) -> None:
+        assert node.process is not None and node.process.stderr is not None
+        async for raw in node.process.stderr:
+            text = raw.decode(errors="replace").rstrip()
+            node.stderr.append(text)
+            self.output.line(node.plan.host, None, text)
+
+    def _handle(self, node: NodeRun, event: dict[str, Any]) -> None:
+        kind = event.get("e")
+        if kind == "line":
+            self.output.line(node.plan.host, event.get("r"), event.get("t", ""))
+        elif kind == "started":
+            self._set_state(node, "running")
+        elif kind == "error":
+            node.error = event
+            self._set_state(node, "not started")
+            self._on_node_failed(node)
+        elif kind == "exit":
+            node.failures = list(event.get("failures", []))
+            if event.get("error"):
+                node.error = event["error"] | {"last_stderr": event.get("last_stderr", [])}
+            if event.get("code") == 0:
+                self._set_state(node, "succeeded")
+            elif event.get("stopped"):
+                self._set_state(node, "stopped")
+            else:
+                self._set_state(node, "failed")
+                self._on_node_failed(node)
+
+    def _lost(self, node: NodeRun) -> None:
+        stderr = "\n".join(node.stderr)
+        spec = self.cluster.node(node.plan.host)
+        unreachable = self.transport.classify_failure(spec, node.exit_code or 0, stderr)
+        if "No module named torchherd" in stderr:
+            node.error = {
+                "message": f"torchherd is not installed for {node.plan.python} on {node.plan.host}",
+                "remedy": "install it there (`herd exec -- pip install torchherd`), "
+                "or point python at an environment that has it",
+            }
+            self._set_state(node, "not started")
+        elif self.stopping and node.state == "starting":
+            self._set_state(node, "stopped")
+            return
+        else:
+            detail = unreachable.describe() if unreachable else f"agent exited with {node.exit_code}"
+            node.error = {
+                "message": f"lost contact with {node.plan.host} ({detail})",
+                "remedy": unreachable.remedy if unreachable else "see the node's lines above",
+                "last_stderr": list(node.stderr),
+            }
+            self._set_state(node, "stopped" if self.stopping and not unreachable else "lost")
+        self._on_node_failed(node)
+
+    def _on_node_failed(self, node: NodeRun) -> None:
+        if not self.stopping:
+            self.output.note(f"herd: {node.plan.host} failed; stopping the other nodes")
+            self.stop_all(except_host=node.plan.host)
+
+    def _set_state(self, node: NodeRun, state: str) -> None:
+        node.state = state
+        if self.on_state is not None:
+            self.on_state(node.plan.host, state)
+
+    def _tell_stop(self, node: NodeRun) -> None:
+        process = node.process
+        if process is None or process.stdin is None or process.stdin.is_closing():
+            return
+        try:
+            process.stdin.write(b'{"cmd":"stop"}\n')
+            process.stdin.close()
+        except (ConnectionError, OSError, RuntimeError):
+            pass
+
+    async def _cut_off_after_deadline(self) -> None:
+        while True:
+            await asyncio.sleep(0.5)
+            if self._stop_deadline is not None and time.monotonic() > self._stop_deadline:
+                self._cut_off_all()
+                return
+
+    def _cut_off_all(self) -> None:
+        for node in self.nodes.values():
+            if node.process is not None and node.process.returncode is None:
+                try:
+                    node.process.kill()
+                except ProcessLookupError:
+                    pass
+
+    # -- the result ---------------------------------------------------------------------------
+
+    def _result(self, duration: float) -> RunResult:
+        status = {host: node.state for host, node in self.nodes.items()}
+        if all(state == "succeeded" for state in status.values()):
+            code = EXIT_OK
+        elif self.interrupted:
+            code = EXIT_INTERRUPTED
+        elif any(state == "not started" for state in status.values()):
+            code = EXIT_NODE_NOT_READY
+        else:
+            code = EXIT_JOB_FAILED
+        return RunResult(
+            job_id=self.plan.job_id,
+            exit_code=code,
+            node_status=status,
+            first_failure=None if code == EXIT_OK else self.first_failure(),
+            duration=duration,
+            log_dir=self.output.log_dir,
+        )
+
+    def first_failure(self) -> Failure | None:
+        """The failure that caused the others: a worker's own exit before teardown kills."""
+        candidates: list[tuple[int, float, Failure]] = []
+        for host, node in self.nodes.items():
+            for item in node.failures:
+                teardown = item.get("signal") in _TEARDOWN_SIGNALS
+                candidates.append(
+                    (
+                        1 if teardown else 0,
+                        float(item.get("timestamp") or 0),
+                        Failure(
+                            host=host,
+                            rank=item.get("rank"),
+                            exitcode=item.get("exitcode"),
+                            signal=item.get("signal"),
+                            message=_first_line(item.get("message", "")),
+                            last_stderr=tuple(item.get("last_stderr", ())),
+                        ),
+                    )
+                )
+            if node.error is not None and not node.failures:
+                lost_order = node.ended_at or float("inf")
+                candidates.append(
+                    (
+                        2 if node.state == "stopped" else 1,
+                        lost_order,
+                        Failure(
+                            host=host,
+                            rank=None,
+                            exitcode=None,
+                            signal=None,
+                            message=str(node.error.get("message", "")),
+                            last_stderr=tuple(node.error.get("last_stderr", ()))[-10:],
+                            remedy=str(node.error.get("remedy", "")),
+                        ),
+                    )
+                )
+        if not candidates:
+            return None
+        candidates.sort(key=lambda c: (c[0], c[1]))
+        return candidates[0][2]
+
+
+def _first_line(text: str) -> str:
+    text = text.strip()
+    if "To enable traceback" in text:
+        return ""
+    return text.splitlines()[0] if text else ""

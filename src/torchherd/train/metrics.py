@@ -1,0 +1,195 @@
+"""Training metrics on rank 0: progress lines, ``metrics.jsonl``, TensorBoard, throughput, MFU.
+
+Progress is printed as plain lines, one every ``log_every`` steps, never redrawn in place:
+under ``herd launch`` stdout is a pipe whose lines get a ``host:rank`` prefix, and a carriage
+return there only garbles the log. Every step becomes one JSON line in ``metrics.jsonl``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from pathlib import Path
+from typing import IO, Any
+
+import torch
+
+__all__ = ["MetricsLogger", "PEAK_BF16_FLOPS", "peak_flops"]
+
+# Dense bf16 tensor-core peak per GPU, FLOP/s, from NVIDIA's data sheets. Matched against
+# torch.cuda.get_device_name() by substring, first match wins, so specific names come first.
+PEAK_BF16_FLOPS: dict[str, float] = {
+    "H200": 989e12,
+    "H100 PCIe": 756e12,
+    "H100 NVL": 835e12,
+    "H100": 989e12,  # SXM ("NVIDIA H100 80GB HBM3")
+    "A100": 312e12,
+}
+
+
+def peak_flops(device: torch.device) -> float | None:
+    """Peak bf16 FLOP/s of ``device`` when it is a GPU in the table above, else None."""
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return None
+    name = torch.cuda.get_device_name(device)
+    for key, flops in PEAK_BF16_FLOPS.items():
+        if key in name:
+            return flops
+    return None
+
+
+def _duration(seconds: float) -> str:
+    seconds = max(int(seconds), 0)
+    return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
+
+
+def _si(value: float) -> str:
+    for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if value >= scale:
+            return f"{value / scale:.1f}{unit}"
+    return f"{value:.1f}"
+
+
+class MetricsLogger:
+    """Writes what the Trainer measured; every method is a no-op where ``enabled`` is False."""
+
+    def __init__(
+        self,
+        run_dir: str | Path,
+        *,
+        enabled: bool,
+        world_size: int = 1,
+        device: torch.device | None = None,
+        total_steps: int | None = None,
+        tokens_per_sample: int | None = None,
+        flops_per_sample: float | None = None,
+        tensorboard: bool = True,
+        stream: IO[str] | None = None,
+    ) -> None:
+        self.path = Path(run_dir) / "metrics.jsonl"
+        self.enabled = enabled
+        self.world_size = world_size
+        self.total_steps = total_steps
+        self.tokens_per_sample = tokens_per_sample
+        self.flops_per_sample = flops_per_sample
+        self.peak = peak_flops(device) if device is not None else None
+        self.stream = stream if stream is not None else sys.stdout
+        self._file: IO[str] | None = None
+        self._tb: Any = None
+        self._window_start = time.perf_counter()
+        if enabled:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            if tensorboard:
+                self._tb = self._open_tensorboard()
+
+    def _open_tensorboard(self) -> Any:
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError:  # tensorboard is optional: no events without it, and no noise
+            return None
+        return SummaryWriter(log_dir=str(self.path.parent / "tensorboard"))
+
+    def _jsonl(self) -> IO[str]:
+        if self._file is None:
+            self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - kept open
+        return self._file
+
+    def truncate_after(self, step: int) -> None:
+        """Drop records of steps after ``step``: on resume they are about to be redone."""
+        if not self.enabled or not self.path.exists():
+            return
+        kept = []
+        for line in self.path.read_text(encoding="utf-8").splitlines():
+            try:
+                if json.loads(line).get("step", 0) <= step:
+                    kept.append(line)
+            except ValueError:
+                continue  # a line torn by a kill mid-write
+        tmp = self.path.with_suffix(".jsonl.tmp")
+        tmp.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
+        tmp.replace(self.path)
+
+    def restart_window(self) -> None:
+        """Start timing throughput from now (after a resume, an evaluation or a snapshot)."""
+        self._window_start = time.perf_counter()
+
+    def log_steps(self, records: list[dict[str, Any]], samples: int) -> None:
+        """Append one record per step; the last gets throughput and ETA, and a progress line.
+
+        ``samples`` is the number of samples the whole job processed during these steps.
+        """
+        now = time.perf_counter()
+        elapsed, self._window_start = now - self._window_start, now
+        if not self.enabled or not records:
+            return
+        last = records[-1]
+        if elapsed > 0:
+            rate = samples / elapsed
+            last["samples_per_s"] = round(rate, 3)
+            if self.tokens_per_sample:
+                last["tokens_per_s"] = round(rate * self.tokens_per_sample, 1)
+            if self.flops_per_sample and self.peak:
+                last["mfu"] = round(rate * self.flops_per_sample / (self.peak * self.world_size), 4)
+            if self.total_steps:
+                last["eta_s"] = round((self.total_steps - last["step"]) * elapsed / len(records), 1)
+        out = self._jsonl()
+        for record in records:
+            out.write(json.dumps(record) + "\n")
+            self._scalars(record)
+        out.flush()
+        self.stream.write(self._progress_line(last) + "\n")
+        self.stream.flush()
+
+    def log_eval(self, step: int, values: dict[str, float]) -> None:
+        """Append an evaluation record and print it."""
+        if not self.enabled:
+            return
+        record = {"step": step, **values}
+        self._jsonl().write(json.dumps(record) + "\n")
+        self._jsonl().flush()
+        self._scalars(record)
+        shown = " | ".join(f"{k} {v:.4f}" for k, v in values.items())
+        self.stream.write(f"eval step {step} | {shown}\n")
+        self.stream.flush()
+
+    def message(self, text: str) -> None:
+        """Print one line on rank 0 (resume notices, the end of training)."""
+        if self.enabled:
+            self.stream.write(text + "\n")
+            self.stream.flush()
+
+    def _scalars(self, record: dict[str, Any]) -> None:
+        if self._tb is None:
+            return
+        for key, value in record.items():
+            if key not in ("step", "epoch") and isinstance(value, int | float):
+                self._tb.add_scalar(key, value, record["step"])
+
+    def _progress_line(self, record: dict[str, Any]) -> str:
+        total = f"/{self.total_steps}" if self.total_steps else ""
+        parts = [f"step {record['step']}{total}", f"epoch {record.get('epoch', 0)}"]
+        loss = record.get("loss")
+        if isinstance(loss, float) and not math.isnan(loss):
+            parts.append(f"loss {loss:.4f}")
+        if "lr" in record:
+            parts.append(f"lr {record['lr']:.2e}")
+        if "samples_per_s" in record:
+            parts.append(f"{_si(record['samples_per_s'])} samples/s")
+        if "tokens_per_s" in record:
+            parts.append(f"{_si(record['tokens_per_s'])} tok/s")
+        if "mfu" in record:
+            parts.append(f"mfu {record['mfu'] * 100:.1f}%")
+        if "eta_s" in record:
+            parts.append(f"eta {_duration(record['eta_s'])}")
+        return " | ".join(parts)
+
+    def close(self) -> None:
+        """Flush and close the files; safe to call twice."""
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        if self._tb is not None:
+            self._tb.close()
+            self._tb = None

@@ -1,0 +1,200 @@
+"""The Transport interface and the result types every transport returns."""
+
+from __future__ import annotations
+
+import asyncio
+import shlex
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TypeVar
+
+from ..spec import ClusterSpec, NodeSpec
+
+T = TypeVar("T")
+
+# How many nodes are contacted at once. Hundreds of nodes are reached in waves of this size,
+# which keeps the launcher under typical file-descriptor and sshd MaxStartups limits.
+DEFAULT_FANOUT = 64
+
+
+@dataclass(frozen=True)
+class Unreachable:
+    """Why a node could not be reached, classified from ssh's own words."""
+
+    host: str
+    reason: str
+    """One of: timeout, refused, auth, host-key-changed, unknown-name, no-route, ssh-error."""
+    detail: str
+    """ssh's last line of error output."""
+    remedy: str
+
+    def describe(self) -> str:
+        return f"{self.host}: {_REASON_TEXT.get(self.reason, self.reason)} ({self.detail})"
+
+
+_REASON_TEXT = {
+    "timeout": "connection timed out",
+    "refused": "connection refused",
+    "auth": "authentication failed",
+    "host-key-changed": "host key changed",
+    "unknown-name": "unknown host name",
+    "no-route": "no route to host",
+    "ssh-error": "ssh failed",
+}
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    """The outcome of one command on one node."""
+
+    host: str
+    returncode: int
+    stdout: str
+    stderr: str
+    duration: float
+    unreachable: Unreachable | None = None
+    timed_out: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0 and self.unreachable is None and not self.timed_out
+
+
+Command = str | Sequence[str]
+"""A shell command line (run by the node's shell, so pipes work) or an argv (quoted for you)."""
+
+
+def as_shell(command: Command) -> str:
+    return command if isinstance(command, str) else shlex.join(command)
+
+
+def cd_prefix(cwd: str | None) -> str:
+    """Shell text that enters cwd, expanding a leading ~ on the node (not here)."""
+    if not cwd:
+        return ""
+    if cwd == "~":
+        return 'cd "$HOME" && '
+    if cwd.startswith("~/"):
+        return f'cd "$HOME"/{shlex.quote(cwd[2:])} && '
+    return f"cd {shlex.quote(cwd)} && "
+
+
+def remote_line(command: Command, cwd: str | None, env: Mapping[str, str] | None) -> str:
+    """One shell line for a node: enter cwd, set env, run the command."""
+    line = as_shell(command)
+    if env:
+        assignments = " ".join(shlex.quote(f"{key}={value}") for key, value in env.items())
+        # A shell line given as text must keep its pipes and redirections: run it in a shell.
+        body = f"sh -c {shlex.quote(command)}" if isinstance(command, str) else line
+        line = f"env {assignments} {body}"
+    return cd_prefix(cwd) + line
+
+
+class Transport(ABC):
+    """Starts commands on the nodes of one cluster."""
+
+    def __init__(self, cluster: ClusterSpec, fanout: int = DEFAULT_FANOUT) -> None:
+        self.cluster = cluster
+        self._fanout = asyncio.Semaphore(fanout) if fanout else None
+        self.fanout_limit = fanout
+
+    @abstractmethod
+    async def connect(self, node: NodeSpec) -> Unreachable | None:
+        """Open (and keep) the link to a node; None when it is up, else why it is not."""
+
+    @abstractmethod
+    async def start(
+        self,
+        node: NodeSpec,
+        command: Command,
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> asyncio.subprocess.Process:
+        """Start a command with piped stdin/stdout/stderr. ``env`` must hold no secrets:
+        on ssh it becomes part of the remote command line; send secrets over stdin instead."""
+
+    @abstractmethod
+    def classify_failure(self, node: NodeSpec, returncode: int, stderr: str) -> Unreachable | None:
+        """Whether a failed command failed because the node could not be reached."""
+
+    async def close(self) -> None:
+        """Drop kept links."""
+
+    async def run(
+        self,
+        node: NodeSpec,
+        command: Command,
+        *,
+        input: bytes | None = None,
+        timeout: float | None = None,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> CommandResult:
+        """Run a command to completion and collect its output."""
+        started = time.monotonic()
+        process = await self.start(node, command, cwd=cwd, env=env)
+        try:
+            # Always feed stdin (even empty) so it closes: a node command never waits on it.
+            out, err = await asyncio.wait_for(process.communicate(input or b""), timeout)
+        except TimeoutError:
+            await _kill(process)
+            out, err = b"", b""
+            return CommandResult(
+                node.host, -1, "", "", time.monotonic() - started, timed_out=True
+            )
+        stderr = err.decode(errors="replace")
+        code = process.returncode if process.returncode is not None else -1
+        return CommandResult(
+            host=node.host,
+            returncode=code,
+            stdout=out.decode(errors="replace"),
+            stderr=stderr,
+            duration=time.monotonic() - started,
+            unreachable=self.classify_failure(node, code, stderr) if code != 0 else None,
+        )
+
+    async def each(
+        self,
+        nodes: Iterable[NodeSpec],
+        action: Callable[[NodeSpec], Awaitable[T]],
+        on_done: Callable[[NodeSpec, T], None] | None = None,
+    ) -> list[T]:
+        """Run ``action`` for every node in parallel (bounded by the fan-out), in node order."""
+
+        async def bounded(node: NodeSpec) -> T:
+            if self._fanout is None:
+                result = await action(node)
+            else:
+                async with self._fanout:
+                    result = await action(node)
+            if on_done is not None:
+                on_done(node, result)
+            return result
+
+        return list(await asyncio.gather(*(bounded(node) for node in nodes)))
+
+
+async def _kill(process: asyncio.subprocess.Process) -> None:
+    if process.returncode is None:
+        try:
+            process.kill()
+        except ProcessLookupError:
+            pass
+    try:
+        await asyncio.wait_for(process.wait(), 5)
+    except TimeoutError:
+        pass
+
+
+def for_cluster(cluster: ClusterSpec) -> Transport:
+    """The transport a cluster asks for."""
+    if cluster.transport == "local":
+        from .local import LocalTransport
+
+        return LocalTransport(cluster)
+    from .ssh import SshTransport
+
+    return SshTransport(cluster)

@@ -1,0 +1,197 @@
+"""SSH transport: the user's own OpenSSH client, driven by asyncio subprocesses.
+
+Using the real client means ~/.ssh/config, ProxyJump, agents, Kerberos and known_hosts behave
+exactly as they do for the user. One ControlMaster per node is opened by ``connect`` and reused
+by every later command of this process, so a launch costs one handshake per node.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import tempfile
+from collections.abc import Mapping
+
+from ..errors import ConfigError
+from ..spec import ClusterSpec, NodeSpec
+from .base import Command, Transport, Unreachable, remote_line
+
+# ssh's words for each way a connection fails, checked in this order; first match wins.
+_FAILURES: tuple[tuple[str, tuple[str, ...], str], ...] = (
+    (
+        "host-key-changed",
+        ("REMOTE HOST IDENTIFICATION HAS CHANGED", "Host key verification failed"),
+        "if {host} was reinstalled, drop its old key with `ssh-keygen -R {host}` and retry; "
+        "otherwise find out why its key changed before trusting it",
+    ),
+    (
+        "unknown-name",
+        ("Could not resolve hostname", "Name or service not known", "nodename nor servname"),
+        "check the spelling of {host}, or add a `Host {host}` entry with its HostName "
+        "to your ssh config",
+    ),
+    (
+        "auth",
+        ("Permission denied", "Too many authentication failures", "no matching host key type"),
+        "install your key with `herd ssh-setup`, or set User/IdentityFile for {host} "
+        "in your ssh config",
+    ),
+    (
+        "refused",
+        ("Connection refused",),
+        "nothing listens for ssh on {host}: start sshd there, or set its Port in your ssh config",
+    ),
+    (
+        "timeout",
+        ("timed out", "Connection timed out", "Operation timed out"),
+        "{host} did not answer within {timeout:g} s: check it is up, on this network (VPN?), "
+        "and that no firewall drops port 22",
+    ),
+    (
+        "no-route",
+        ("No route to host", "Network is unreachable", "Host is down"),
+        "{host} is not reachable from this machine: check the network path (VPN, subnet, "
+        "ProxyJump in your ssh config)",
+    ),
+)
+
+# ssh exits with 255 for its own errors; anything else is the remote command's exit code.
+SSH_ERROR = 255
+
+
+def classify_ssh_failure(host: str, returncode: int, stderr: str, timeout: float) -> Unreachable | None:
+    """Turn ssh's exit code and error output into an Unreachable, or None if ssh itself worked."""
+    if returncode != SSH_ERROR:
+        return None
+    lines = [line.strip() for line in stderr.strip().splitlines() if line.strip()]
+    meaningful = [line for line in lines if not line.startswith(("Warning:", "@@@"))]
+    detail = (meaningful or lines or ["no output from ssh"])[-1]
+    for reason, patterns, remedy in _FAILURES:
+        if any(pattern in stderr for pattern in patterns):
+            return Unreachable(host, reason, detail, remedy.format(host=host, timeout=timeout))
+    return Unreachable(
+        host, "ssh-error", detail, f"run `ssh -v {host} true` to see where ssh fails"
+    )
+
+
+class SshTransport(Transport):
+    def __init__(self, cluster: ClusterSpec, fanout: int = 64) -> None:
+        super().__init__(cluster, fanout)
+        if cluster.ssh_config and not os.path.isfile(os.path.expanduser(cluster.ssh_config)):
+            raise ConfigError(
+                f"ssh_config {cluster.ssh_config} (from {cluster.source}) does not exist",
+                "fix the path in [cluster] ssh_config, or remove it to use ~/.ssh/config",
+            )
+        self._ssh = shutil.which("ssh")
+        if self._ssh is None:
+            raise ConfigError(
+                "the OpenSSH client `ssh` is not installed on this machine",
+                "install it (Debian/Ubuntu: apt-get install openssh-client)",
+            )
+        # A private directory per launcher process: masters are never shared with, or taken
+        # over by, another user or another herd run. The path stays short (sockets max ~100 B).
+        self._control_dir = tempfile.mkdtemp(prefix="herd-ssh-")
+        os.chmod(self._control_dir, 0o700)
+        self._masters: set[str] = set()
+
+    def base_argv(self, node: NodeSpec, *, master: bool = False) -> list[str]:
+        assert self._ssh is not None
+        argv = [self._ssh]
+        if self.cluster.ssh_config:
+            argv += ["-F", os.path.expanduser(self.cluster.ssh_config)]
+        timeout = max(1, round(self.cluster.connect_timeout))
+        options = {
+            "BatchMode": "yes",
+            "ConnectTimeout": str(timeout),
+            "ServerAliveInterval": "5",
+            "ServerAliveCountMax": "3",
+            "StrictHostKeyChecking": "accept-new",
+            "ForwardAgent": "no",
+            "ForwardX11": "no",
+            "ControlPath": os.path.join(self._control_dir, "%C"),
+            "ControlMaster": "yes" if master else "no",
+        }
+        if master:
+            # Kept while sessions use it; gone 30 s after the last one if herd itself dies.
+            options["ControlPersist"] = "30"
+        for key, value in options.items():
+            argv += ["-o", f"{key}={value}"]
+        return argv
+
+    async def connect(self, node: NodeSpec) -> Unreachable | None:
+        """Open this node's master connection: a real login, so failures say why."""
+        if node.host in self._masters:
+            return None
+        argv = self.base_argv(node, master=True) + ["-N", "-f", "-T", node.host]
+        # -f backgrounds the master after authentication; its stdio must not be our pipes,
+        # or a reader would wait for the master to exit. Errors come back through a file.
+        with tempfile.TemporaryFile() as errors:
+            process = await asyncio.create_subprocess_exec(
+                *argv,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.DEVNULL,
+                stderr=errors,
+            )
+            try:
+                code = await asyncio.wait_for(
+                    process.wait(), self.cluster.connect_timeout + 5
+                )
+            except TimeoutError:
+                process.kill()
+                await process.wait()
+                return Unreachable(
+                    node.host,
+                    "timeout",
+                    f"no answer within {self.cluster.connect_timeout:g} s",
+                    f"check that {node.host} is up and reachable from this machine",
+                )
+            errors.seek(0)
+            stderr = errors.read().decode(errors="replace")
+        if code != 0:
+            failure = classify_ssh_failure(
+                node.host, SSH_ERROR, stderr, self.cluster.connect_timeout
+            )
+            return failure
+        self._masters.add(node.host)
+        return None
+
+    async def start(
+        self,
+        node: NodeSpec,
+        command: Command,
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> asyncio.subprocess.Process:
+        remote = remote_line(command, cwd, env)
+        argv = self.base_argv(node) + ["-T", node.host, "--", remote]
+        return await asyncio.create_subprocess_exec(
+            *argv,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            limit=1 << 24,
+        )
+
+    def classify_failure(self, node: NodeSpec, returncode: int, stderr: str) -> Unreachable | None:
+        return classify_ssh_failure(node.host, returncode, stderr, self.cluster.connect_timeout)
+
+    async def close(self) -> None:
+        """Ask every master to exit, then remove the private control directory."""
+        async def stop(host: str) -> None:
+            argv = self.base_argv(self.cluster.node(host)) + ["-O", "exit", host]
+            process = await asyncio.create_subprocess_exec(
+                *argv,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.DEVNULL,
+                stderr=asyncio.subprocess.DEVNULL,
+            )
+            try:
+                await asyncio.wait_for(process.wait(), 5)
+            except TimeoutError:
+                process.kill()
+
+        await asyncio.gather(*(stop(host) for host in list(self._masters)))
+        self._masters.clear()
+        shutil.rmtree(self._control_dir, ignore_errors=True)
