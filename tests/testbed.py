@@ -34,6 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -104,13 +105,12 @@ def _b36(n: int, width: int) -> str:
 
 
 def _pid_alive(pid: int) -> bool:
+    """Whether the pid runs; a zombie (killed, not yet reaped) counts as dead."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
         return False
-    except PermissionError:
-        return True
-    return True
+    return stat.rsplit(")", 1)[-1].split()[0] not in ("Z", "X")
 
 
 def _netns_names() -> list[str]:
@@ -416,14 +416,14 @@ class Testbed:
         used: list[ipaddress.IPv4Network] = []
         for line in _run(["ip", "-o", "-4", "addr", "show"]).stdout.splitlines():
             if m := re.search(r"inet (\S+)", line):
-                used.append(ipaddress.ip_interface(m[1]).network)
+                used.append(ipaddress.IPv4Interface(m[1]).network)
         for line in _run(["ip", "-4", "route", "show", "table", "all"]).stdout.splitlines():
             dst = line.split()[0] if line.split() else ""
             if dst in ("broadcast", "local", "unreachable", "blackhole", "prohibit"):
                 dst = line.split()[1]
             with contextlib.suppress(ValueError):
                 if dst != "default":
-                    used.append(ipaddress.ip_network(dst, strict=False))
+                    used.append(ipaddress.IPv4Network(dst, strict=False))
         rng = random.Random()
         for _ in range(200):
             # 10.150-239: away from the usual 10.0/16, 10.96/12 (k8s services), 10.244/16 (flannel)
@@ -537,9 +537,10 @@ class Testbed:
             except OSError:
                 time.sleep(0.05)
         log = (self.tmp / f"{node.name}_sshd.log").read_text(errors="replace").strip()
-        state = f"exited {proc.returncode}" if proc.poll() is not None else "not listening"
-        raise TestbedError(f"sshd on {node.name} ({node.ns}, {node.addr}:22) {state} after "
-                           f"{_SSHD_READY_S:.0f}s; its log:\n{log or '(empty)'}")
+        state = (f"exited {proc.returncode}" if proc.poll() is not None
+                 else f"not listening after {_SSHD_READY_S:.0f}s")
+        raise TestbedError(f"sshd on {node.name} ({node.ns}, {node.addr}:22) {state}; "
+                           f"its log:\n{log or '(empty)'}")
 
     def _check_mesh(self) -> None:
         """Node-to-node TCP must work; it does not when the host filters bridged traffic."""
@@ -786,14 +787,15 @@ class Testbed:
 
     def _revert_faults(self, *, strict: bool) -> None:
         errors: list[str] = []
-        actions = [(self.heal, (name,)) for name in sorted(self._partitioned)]
+        actions: list[tuple[Callable[..., None], tuple[Any, ...]]] = [
+            (self.heal, (name,)) for name in sorted(self._partitioned)]
         actions += [(self.unblock_port, key) for key in sorted(self._blocked)]
         actions += [(self.undelay, (name,)) for name in sorted(self._delayed)]
         actions += [(self.remove_nic, (name, nic))
                     for name, nics in sorted(self._nics.items()) for nic in sorted(nics)]
         for action, args in actions:
             try:
-                action(*args)  # type: ignore[operator]
+                action(*args)
             except Exception as exc:  # keep reverting the rest, report all at the end
                 errors.append(f"{action.__name__}{args}: {exc}")
         if errors and strict:

@@ -55,9 +55,21 @@ class NodeFacts:
     @classmethod
     def from_probe(cls, host: str, data: dict[str, Any]) -> NodeFacts:
         known = {
-            "hostname", "hostname_addresses", "ssh_server_addr", "interfaces", "routes",
-            "python", "python_version", "torch_version", "torchherd_version", "gpu_count",
-            "cpu_count", "env", "workdir", "workdir_exists", "port",
+            "hostname",
+            "hostname_addresses",
+            "ssh_server_addr",
+            "interfaces",
+            "routes",
+            "python",
+            "python_version",
+            "torch_version",
+            "torchherd_version",
+            "gpu_count",
+            "cpu_count",
+            "env",
+            "workdir",
+            "workdir_exists",
+            "port",
         }
         port = data.get("port") or {}
         return cls(

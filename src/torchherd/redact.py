@@ -26,6 +26,8 @@ def redact_env(env: Mapping[str, str], secret_values: Iterable[str] = ()) -> dic
 
 def redact_text(text: str, secret_values: Iterable[str]) -> str:
     """Mask every occurrence of a known secret value inside free text."""
-    for value in sorted((v for v in secret_values if len(v) >= MIN_SECRET_LENGTH), key=len, reverse=True):
+    for value in sorted(
+        (v for v in secret_values if len(v) >= MIN_SECRET_LENGTH), key=len, reverse=True
+    ):
         text = text.replace(value, MASK)
     return text

@@ -179,10 +179,17 @@ def load_cluster_file(path: str | os.PathLike[str]) -> ClusterSpec:
         ) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"cannot read cluster file {path}: {exc}", "check the path") from None
-    if path.suffix not in (".toml", "") and not text.lstrip().startswith(("[", "#")):
-        # A hostfile given with -c is a common slip; read it as what it is.
+    if path.suffix != ".toml" and _looks_like_hostfile(text):
+        # DeepSpeed/MPI hostfiles are accepted wherever a cluster file is.
         return load_hostfile(path)
     return parse_cluster_toml(text, str(path), base_dir=path.parent)
+
+
+def _looks_like_hostfile(text: str) -> bool:
+    """TOML needs [tables] or `key = value`; a hostfile line is `HOST [slots=N]`."""
+    lines = [line.split("#", 1)[0].strip() for line in text.splitlines()]
+    lines = [line for line in lines if line]
+    return bool(lines) and not any(line.startswith("[") or " = " in line for line in lines)
 
 
 def parse_cluster_toml(text: str, source: str, base_dir: Path | None = None) -> ClusterSpec:
@@ -199,7 +206,9 @@ def parse_cluster_toml(text: str, source: str, base_dir: Path | None = None) -> 
     for key in sorted(unknown):
         raise ConfigError(
             f"{source} line {locate.top_level(key)}: unknown section or key {key!r}",
-            _suggest(key, {"cluster", "node"}, "the file has a [cluster] table and [[node]] tables"),
+            _suggest(
+                key, {"cluster", "node"}, "the file has a [cluster] table and [[node]] tables"
+            ),
         )
     cluster = data.get("cluster", {})
     if not isinstance(cluster, dict):
@@ -264,12 +273,14 @@ def _config_error_from_validation(
         return ConfigError(f"{where}: {message}", _remedy_for(message, loc))
     key = str(loc[0]) if loc else "?"
     line = locate.key("cluster", 0, key)
-    return ConfigError(f"{source} line {line}: [cluster] {key}: {message}", _remedy_for(message, loc))
+    return ConfigError(
+        f"{source} line {line}: [cluster] {key}: {message}", _remedy_for(message, loc)
+    )
 
 
 def _remedy_for(message: str, loc: tuple[Any, ...]) -> str:
     field = str(loc[-1]) if loc else ""
-    doc = (NodeSpec.model_fields.get(field) or ClusterSpec.model_fields.get(field))
+    doc = NodeSpec.model_fields.get(field) or ClusterSpec.model_fields.get(field)
     description = (doc.description if doc is not None else None) or ""
     if "host" in message and "duplicate" in message:
         return "remove the repeated [[node]] table, or give it nproc in one place"
@@ -470,7 +481,9 @@ def read_env_file(path: str | os.PathLike[str]) -> dict[str, str]:
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
-        raise ConfigError(f"cannot read env_file {path}: {exc}", "check env_file in herd.toml") from None
+        raise ConfigError(
+            f"cannot read env_file {path}: {exc}", "check env_file in herd.toml"
+        ) from None
     values: dict[str, str] = {}
     for number, raw in enumerate(text.splitlines(), start=1):
         line = raw.strip()

@@ -182,7 +182,9 @@ class Supervisor:
             self._set_state(node, "stopped")
             return
         else:
-            detail = unreachable.describe() if unreachable else f"agent exited with {node.exit_code}"
+            detail = (
+                unreachable.describe() if unreachable else f"agent exited with {node.exit_code}"
+            )
             node.error = {
                 "message": f"lost contact with {node.plan.host} ({detail})",
                 "remedy": unreachable.remedy if unreachable else "see the node's lines above",

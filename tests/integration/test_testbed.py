@@ -127,9 +127,15 @@ def test_processes_with_env_finds_exactly_the_tagged_processes(testbed: Testbed)
     job = uuid.uuid4().hex
     out = testbed.ssh("node1", f"env HERD_JOB_ID={job} sleep 30 >/dev/null 2>&1 </dev/null &")
     assert out.returncode == 0, out.stderr
-    pids = testbed.processes_with_env("HERD_JOB_ID", job)
+    # ssh returns once the shell exits; its background child may not have exec'd `env` yet.
+    deadline = time.monotonic() + 5
+    while not (pids := testbed.processes_with_env("HERD_JOB_ID", job)):
+        assert time.monotonic() < deadline, "the tagged sleep never appeared"
+        time.sleep(0.05)
     assert len(pids) == 1
-    assert Path(f"/proc/{pids[0]}/comm").read_text().strip() == "sleep"
+    while Path(f"/proc/{pids[0]}/comm").read_text().strip() != "sleep":  # env execs sleep
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
     assert testbed.processes_with_env("HERD_JOB_ID", job[:-1]) == []  # exact match only
     os.kill(pids[0], signal.SIGKILL)
     deadline = time.monotonic() + 5

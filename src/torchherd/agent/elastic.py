@@ -52,7 +52,9 @@ def main(argv: list[str]) -> int:
     try:
         run(args)
     except ChildFailedError as exc:
-        _write_record({"kind": "workers", "failures": [_failure(r, f) for r, f in exc.failures.items()]})
+        _write_record(
+            {"kind": "workers", "failures": [_failure(r, f) for r, f in exc.failures.items()]}
+        )
         print(f"torchherd: workers failed: {exc.get_first_failure()[1].message}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
@@ -61,7 +63,12 @@ def main(argv: list[str]) -> int:
         name = type(exc).__name__
         traceback.print_exc()
         _write_record(
-            {"kind": "launcher", "error": name, "message": str(exc), "remedy": _REMEDIES.get(name, "")}
+            {
+                "kind": "launcher",
+                "error": name,
+                "message": str(exc),
+                "remedy": _REMEDIES.get(name, ""),
+            }
         )
         return 1
     return 0

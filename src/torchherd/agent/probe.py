@@ -44,7 +44,9 @@ def collect(request: dict[str, Any]) -> dict[str, Any]:
         "cpu_count": _cpu_count(),
         "env": {
             key: os.environ[key]
-            for key in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "CUDA_VISIBLE_DEVICES")
+            for key in (
+                "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS"
+            )
             if key in os.environ
         },
         "pid": os.getpid(),

@@ -74,4 +74,3 @@ def end_job(job_id: str, node: str | None, grace: float) -> list[int]:
         time.sleep(0.05)
         pids = job_processes(job_id, node)
     return pids
-

@@ -47,4 +47,4 @@ def split_prefix(text: str) -> tuple[int | None, int | None, str]:
     match = LINE_PREFIX.match(text)
     if not match:
         return None, None, text
-    return int(match.group(1)), int(match.group(2)), text[match.end():]
+    return int(match.group(1)), int(match.group(2)), text[match.end() :]

@@ -6,7 +6,9 @@ from ..errors import ConfigError
 from ..spec import ClusterSpec, find_cluster, local_cluster, parse_host_list
 
 
-def cluster_for(config: str | None, hosts: str | None = None, *, nproc: int | None = None) -> ClusterSpec:
+def cluster_for(
+    config: str | None, hosts: str | None = None, *, nproc: int | None = None
+) -> ClusterSpec:
     """-c FILE, or -H h1:4,h2:2, or ./herd.toml, or this machine alone."""
     if config and hosts:
         raise ConfigError("give either -c FILE or -H HOSTS, not both", "drop one of them")

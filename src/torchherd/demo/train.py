@@ -53,8 +53,14 @@ def main(steps: int = 300, batch: int = 64) -> None:
     if rank == 0 and summary_path:
         with open(summary_path, "w") as handle:
             json.dump(
-                {"world_size": world, "steps": steps, "samples": steps * batch * world,
-                 "first_loss": first_loss, "last_loss": last_loss, "seconds": elapsed},
+                {
+                    "world_size": world,
+                    "steps": steps,
+                    "samples": steps * batch * world,
+                    "first_loss": first_loss,
+                    "last_loss": last_loss,
+                    "seconds": elapsed,
+                },
                 handle,
             )
     if distributed:

@@ -105,6 +105,7 @@ class TrainerConfig:
 
 # ---------------------------------------------------------------------------- command line
 
+
 def field_docs(cls: type) -> dict[str, str]:
     """The docstring under each field of a dataclass, read from its source code."""
     try:

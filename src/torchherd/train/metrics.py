@@ -16,7 +16,7 @@ from typing import IO, Any
 
 import torch
 
-__all__ = ["MetricsLogger", "PEAK_BF16_FLOPS", "peak_flops"]
+__all__ = ["MetricsLogger", "PEAK_BF16_FLOPS", "peak_flops", "peak_flops_for"]
 
 # Dense bf16 tensor-core peak per GPU, FLOP/s, from NVIDIA's data sheets. Matched against
 # torch.cuda.get_device_name() by substring, first match wins, so specific names come first.
@@ -29,15 +29,19 @@ PEAK_BF16_FLOPS: dict[str, float] = {
 }
 
 
-def peak_flops(device: torch.device) -> float | None:
-    """Peak bf16 FLOP/s of ``device`` when it is a GPU in the table above, else None."""
-    if device.type != "cuda" or not torch.cuda.is_available():
-        return None
-    name = torch.cuda.get_device_name(device)
+def peak_flops_for(name: str) -> float | None:
+    """Peak bf16 FLOP/s for a GPU's marketing name (``torch.cuda.get_device_name``)."""
     for key, flops in PEAK_BF16_FLOPS.items():
         if key in name:
             return flops
     return None
+
+
+def peak_flops(device: torch.device) -> float | None:
+    """Peak bf16 FLOP/s of ``device`` when it is a GPU in the table above, else None."""
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return None
+    return peak_flops_for(torch.cuda.get_device_name(device))
 
 
 def _duration(seconds: float) -> str:
@@ -65,6 +69,7 @@ class MetricsLogger:
         total_steps: int | None = None,
         tokens_per_sample: int | None = None,
         flops_per_sample: float | None = None,
+        peak: float | None = None,
         tensorboard: bool = True,
         stream: IO[str] | None = None,
     ) -> None:
@@ -74,7 +79,8 @@ class MetricsLogger:
         self.total_steps = total_steps
         self.tokens_per_sample = tokens_per_sample
         self.flops_per_sample = flops_per_sample
-        self.peak = peak_flops(device) if device is not None else None
+        # Peak FLOP/s of one device; MFU is reported only when it and the model's FLOPs are known.
+        self.peak = peak if peak is not None else (peak_flops(device) if device else None)
         self.stream = stream if stream is not None else sys.stdout
         self._file: IO[str] | None = None
         self._tb: Any = None

@@ -180,8 +180,9 @@ class Snapshotter:
         try:
             manifest = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))
             files = manifest["files"]
-            if manifest.get("format") != FORMAT or manifest.get("step") != step:
-                return f"manifest is for format {manifest.get('format')} step {manifest.get('step')}"
+            found = (manifest.get("format"), manifest.get("step"))
+            if found != (FORMAT, step):
+                return f"manifest is for format {found[0]} step {found[1]}"
         except FileNotFoundError:
             return "no manifest.json (incomplete or not a torchherd snapshot)"
         except (ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:

@@ -120,7 +120,7 @@ class Transport(ABC):
     def classify_failure(self, node: NodeSpec, returncode: int, stderr: str) -> Unreachable | None:
         """Whether a failed command failed because the node could not be reached."""
 
-    async def close(self) -> None:
+    async def close(self) -> None:  # noqa: B027 - optional hook; most transports keep nothing
         """Drop kept links."""
 
     async def run(
@@ -142,9 +142,7 @@ class Transport(ABC):
         except TimeoutError:
             await _kill(process)
             out, err = b"", b""
-            return CommandResult(
-                node.host, -1, "", "", time.monotonic() - started, timed_out=True
-            )
+            return CommandResult(node.host, -1, "", "", time.monotonic() - started, timed_out=True)
         stderr = err.decode(errors="replace")
         code = process.returncode if process.returncode is not None else -1
         return CommandResult(

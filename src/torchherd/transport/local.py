@@ -30,7 +30,10 @@ class LocalTransport(Transport):
         }
         if isinstance(command, str):
             return await asyncio.create_subprocess_exec(
-                "/bin/sh", "-c", remote_line(command, cwd, env), **pipes  # type: ignore[arg-type]
+                "/bin/sh",
+                "-c",
+                remote_line(command, cwd, env),
+                **pipes,  # type: ignore[arg-type]
             )
         full_env = {**os.environ, **(env or {})}
         return await asyncio.create_subprocess_exec(

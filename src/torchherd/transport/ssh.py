@@ -60,7 +60,9 @@ _FAILURES: tuple[tuple[str, tuple[str, ...], str], ...] = (
 SSH_ERROR = 255
 
 
-def classify_ssh_failure(host: str, returncode: int, stderr: str, timeout: float) -> Unreachable | None:
+def classify_ssh_failure(
+    host: str, returncode: int, stderr: str, timeout: float
+) -> Unreachable | None:
     """Turn ssh's exit code and error output into an Unreachable, or None if ssh itself worked."""
     if returncode != SSH_ERROR:
         return None
@@ -134,9 +136,7 @@ class SshTransport(Transport):
                 stderr=errors,
             )
             try:
-                code = await asyncio.wait_for(
-                    process.wait(), self.cluster.connect_timeout + 5
-                )
+                code = await asyncio.wait_for(process.wait(), self.cluster.connect_timeout + 5)
             except TimeoutError:
                 process.kill()
                 await process.wait()
@@ -179,6 +179,7 @@ class SshTransport(Transport):
 
     async def close(self) -> None:
         """Ask every master to exit, then remove the private control directory."""
+
         async def stop(host: str) -> None:
             argv = self.base_argv(self.cluster.node(host)) + ["-O", "exit", host]
             process = await asyncio.create_subprocess_exec(

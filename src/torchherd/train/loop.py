@@ -1,0 +1,480 @@
+"""An optional training loop with exact resume: ``Trainer(...).fit()``.
+
+Lifecycle::
+
+    trainer = Trainer(model, optimizer, dataset, loss_fn, config)   # wraps, builds the loader
+    trainer.fit()        # resumes from the latest snapshot, trains, snapshots, evaluates
+    trainer.close()      # flushes metrics (also done by ``with Trainer(...) as trainer``)
+
+``state_dict()`` / ``load_state_dict()`` hold everything a bit-identical continuation needs:
+model, optimizer, scheduler, scaler, step, epoch, sampler position and every RNG of every rank.
+Collectives happen only at log, evaluation and snapshot steps, the same steps on every rank, so
+the per-step cost over a hand-written DDP loop is a few Python operations.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+from torch.optim import Optimizer
+from torch.optim.lr_scheduler import LRScheduler
+from torch.utils.data import DataLoader, Dataset
+
+from torchherd.train import _state
+from torchherd.train._batches import batch_len, to_device
+from torchherd.train.config import TrainerConfig
+from torchherd.train.data import ResumableSampler
+from torchherd.train.dist import Context, setup
+from torchherd.train.errors import ConfigInvalid, SnapshotMismatch, TrainError
+from torchherd.train.metrics import MetricsLogger
+from torchherd.train.rng import get_rng_state, seed_everything, set_rng_state
+from torchherd.train.snapshot import Snapshotter
+
+__all__ = ["Trainer", "FitResult", "LossFn"]
+
+log = logging.getLogger("torchherd.train")
+
+LossFn = Callable[[nn.Module, Any], torch.Tensor]
+"""``loss_fn(model, batch) -> scalar loss``; the batch is already on the rank's device."""
+OptimizerFactory = Callable[[Iterable[nn.Parameter]], Optimizer]
+SchedulerFactory = Callable[[Optimizer], LRScheduler]
+STATE_FORMAT = 1
+_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclass(frozen=True, slots=True)
+class FitResult:
+    """How a ``fit()`` ended."""
+
+    step: int
+    """Optimizer steps done, including those before a resume."""
+    epoch: int
+    """Epochs completed."""
+    loss: float | None
+    """Mean loss over all ranks at the last step (None if no step ran)."""
+    resumed_from: int | None
+    """Step of the snapshot this run resumed from, if any."""
+    eval_loss: float | None = None
+    """Last evaluation loss, if an eval dataset was given."""
+
+
+class Trainer:
+    """Trains ``model`` on ``dataset`` with DDP/FSDP, mixed precision, snapshots and metrics."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: Optimizer | OptimizerFactory,
+        dataset: Dataset[Any],
+        loss_fn: LossFn,
+        config: TrainerConfig,
+        *,
+        scheduler: LRScheduler | SchedulerFactory | None = None,
+        eval_dataset: Dataset[Any] | None = None,
+        collate_fn: Callable[[list[Any]], Any] | None = None,
+        ctx: Context | None = None,
+        tokens_per_sample: int | None = None,
+        flops_per_sample: float | None = None,
+    ) -> None:
+        self.config = config
+        self.ctx = ctx if ctx is not None else setup()
+        self.loss_fn = loss_fn
+        self.parallel = self._choose_parallel(config.parallel)
+        self.model = self._wrap(model.to(self.ctx.device))
+        self.optimizer = self._build_optimizer(optimizer)
+        self.scheduler = scheduler(self.optimizer) if callable(scheduler) else scheduler
+        self.scaler = (
+            torch.amp.GradScaler(self.ctx.device.type) if config.precision == "fp16" else None
+        )
+        self.sampler = self._sampler(dataset, config.shuffle, config.drop_last)
+        self.loader = self._loader(dataset, self.sampler, collate_fn, config.drop_last)
+        self.eval_loader = None
+        if eval_dataset is not None:
+            self.eval_loader = self._loader(
+                eval_dataset, self._sampler(eval_dataset, False, False), collate_fn, False
+            )
+        self.snapshotter = Snapshotter(
+            config.snapshot_dir or f"{config.run_dir}/snapshots",
+            keep=config.snapshot_keep,
+            scope=config.snapshot_scope,
+            ctx=self.ctx,
+        )
+        raw = _state.unwrap(self.model)
+        self.metrics = MetricsLogger(
+            config.run_dir,
+            enabled=self.ctx.is_main,
+            world_size=self.ctx.world_size,
+            device=self.ctx.device,
+            total_steps=self._total_steps(),
+            tokens_per_sample=tokens_per_sample or _reported(raw, "tokens_per_sample"),
+            flops_per_sample=flops_per_sample or _reported(raw, "flops_per_sample"),
+            tensorboard=config.tensorboard,
+        )
+        self.step = 0
+        self.epoch = 0
+        self.resumed_from: int | None = None
+        self._last_loss: float | None = None
+        self._last_eval: float | None = None
+        self._last_eval_step = -1
+        self._snapshot_step = -1
+        self._snapshot_time = time.monotonic()
+        self._pending: list[dict[str, Any]] = []
+
+    # ------------------------------------------------------------------ construction
+
+    def _choose_parallel(self, wanted: str) -> str:
+        if wanted == "auto":
+            return "ddp" if self.ctx.distributed and self.ctx.world_size > 1 else "none"
+        if wanted in ("ddp", "fsdp") and not self.ctx.distributed:
+            log.info("parallel=%s needs a process group; running unwrapped", wanted)
+            return "none"
+        return wanted
+
+    def _wrap(self, model: nn.Module) -> nn.Module:
+        if self.parallel == "ddp":
+            ids = [self.ctx.device] if self.ctx.device.type == "cuda" else None
+            return DistributedDataParallel(model, device_ids=ids)
+        if self.parallel == "fsdp":
+            from torch.distributed.fsdp import fully_shard
+
+            # Blocks the model names (e.g. transformer layers) become their own FSDP units, so
+            # only one block's full parameters are materialised at a time.
+            for unit in getattr(model, "fsdp_units", lambda: [])():
+                fully_shard(unit)
+            fully_shard(model)
+        return model
+
+    def _build_optimizer(self, optimizer: Optimizer | OptimizerFactory) -> Optimizer:
+        if isinstance(optimizer, Optimizer):
+            if self.parallel == "fsdp":
+                raise ConfigInvalid(
+                    "with parallel='fsdp' the optimizer must be created after sharding",
+                    remedy="pass a factory, e.g. lambda params: torch.optim.AdamW(params, lr=3e-4)",
+                )
+            return optimizer
+        return optimizer(self.model.parameters())
+
+    def _sampler(self, dataset: Any, shuffle: bool, drop_last: bool) -> ResumableSampler:
+        return ResumableSampler(
+            dataset,
+            shuffle=shuffle,
+            seed=self.config.seed,
+            drop_last=drop_last,
+            rank=self.ctx.rank,
+            world_size=self.ctx.world_size,
+        )
+
+    def _loader(
+        self, dataset: Any, sampler: ResumableSampler, collate_fn: Any, drop_last: bool
+    ) -> DataLoader[Any]:
+        # Its own generator, so creating an iterator never draws from the global torch RNG,
+        # whose state must match between a straight run and a resumed one.
+        generator = torch.Generator().manual_seed(self.config.seed)
+        return DataLoader(
+            dataset,
+            batch_size=self.config.batch_size,
+            sampler=sampler,
+            collate_fn=collate_fn,
+            num_workers=self.config.num_workers,
+            pin_memory=self.ctx.device.type == "cuda",
+            drop_last=drop_last,
+            generator=generator,
+        )
+
+    def _total_steps(self) -> int | None:
+        per_epoch = -(-len(self.loader) // self.config.grad_accum_steps)
+        limits = [self.config.max_steps]
+        if self.config.max_epochs is not None:
+            limits.append(self.config.max_epochs * per_epoch)
+        known = [x for x in limits if x is not None]
+        return min(known) if known else None
+
+    # ------------------------------------------------------------------ training
+
+    def fit(self) -> FitResult:
+        """Resume if a snapshot exists, then train until max_steps or max_epochs."""
+        if self.config.resume:
+            self.resume()
+        self.metrics.restart_window()
+        while not self._done():
+            self.sampler.set_epoch(self.epoch)
+            left = len(self.loader)
+            if left == 0:
+                if self.sampler.consumed == 0:
+                    raise TrainError(
+                        f"the dataset gives rank {self.ctx.rank} no batch at all",
+                        remedy="use a smaller batch_size, drop_last=False, or more data",
+                    )
+                self.epoch += 1  # resumed at the very end of an epoch: nothing left in it
+                continue
+            batches = iter(self.loader)
+            while left > 0 and not self._done():
+                count = min(self.config.grad_accum_steps, left)
+                micro = [next(batches) for _ in range(count)]
+                left -= count
+                self._train_step(micro)
+                if left == 0:
+                    self.epoch += 1
+                    self.sampler.set_epoch(self.epoch)
+                self._after_step()
+        self._finish()
+        return FitResult(self.step, self.epoch, self._last_loss, self.resumed_from, self._last_eval)
+
+    def _done(self) -> bool:
+        cfg = self.config
+        return (cfg.max_steps is not None and self.step >= cfg.max_steps) or (
+            cfg.max_epochs is not None and self.epoch >= cfg.max_epochs
+        )
+
+    def _autocast(self) -> contextlib.AbstractContextManager[Any]:
+        dtype = _DTYPES.get(self.config.precision)
+        if dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.ctx.device.type, dtype=dtype)
+
+    def _gradient_sync(self, sync: bool) -> contextlib.AbstractContextManager[Any]:
+        if self.parallel == "ddp" and not sync:
+            return self.model.no_sync()  # type: ignore[operator]
+        if self.parallel == "fsdp":
+            self.model.set_requires_gradient_sync(sync)  # type: ignore[operator]
+        return contextlib.nullcontext()
+
+    def _train_step(self, micro: list[Any]) -> None:
+        self.model.train()
+        total = torch.zeros((), device=self.ctx.device)
+        samples = 0
+        for index, batch in enumerate(micro):
+            samples += batch_len(batch)
+            batch = to_device(batch, self.ctx.device)
+            with self._gradient_sync(index == len(micro) - 1):
+                with self._autocast():
+                    loss = self.loss_fn(self.model, batch)
+                scaled = loss / len(micro)
+                (self.scaler.scale(scaled) if self.scaler else scaled).backward()
+            total += loss.detach().float()
+        record: dict[str, Any] = {"step": self.step + 1, "epoch": self.epoch}
+        if self.config.max_grad_norm is not None:
+            if self.scaler is not None:
+                self.scaler.unscale_(self.optimizer)
+            record["_grad_norm"] = nn.utils.clip_grad_norm_(
+                self.model.parameters(), self.config.max_grad_norm
+            ).detach()
+        if self.scaler is not None:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        record["lr"] = float(self.optimizer.param_groups[0]["lr"])
+        if self.scheduler is not None:
+            self.scheduler.step()
+        self.sampler.advance(samples)
+        self.step += 1
+        record["_loss"] = total / len(micro)
+        record["_samples"] = samples
+        self._pending.append(record)
+
+    def _after_step(self) -> None:
+        cfg = self.config
+        last = self._done()
+        snapshot_due = cfg.snapshot_every > 0 and self.step % cfg.snapshot_every == 0
+        eval_due = (
+            self.eval_loader is not None and cfg.eval_every > 0 and self.step % cfg.eval_every == 0
+        )
+        if self.step % cfg.log_every == 0 or last or snapshot_due or eval_due:
+            snapshot_due = self._flush_metrics() or snapshot_due
+        if eval_due:
+            self.evaluate()
+        if snapshot_due:
+            self.save_snapshot()
+
+    def _flush_metrics(self) -> bool:
+        """Reduce pending losses across ranks (one collective), write them; True if a timed
+        snapshot is due (decided by rank 0's clock, so every rank agrees)."""
+        pending, self._pending = self._pending, []
+        if not pending:
+            return False
+        interval = self.config.snapshot_every_seconds
+        timed = interval > 0 and time.monotonic() - self._snapshot_time >= interval
+        values = torch.stack([r.pop("_loss") for r in pending] + [self._flag(timed)])
+        if self.ctx.distributed:
+            dist.all_reduce(values)
+        reduced = values.tolist()
+        samples = 0
+        for index, (raw, loss) in enumerate(zip(pending, reduced, strict=False)):
+            samples += raw.pop("_samples") * self.ctx.world_size
+            record = {"step": raw.pop("step"), "epoch": raw.pop("epoch")}
+            record["loss"] = loss / self.ctx.world_size
+            if "_grad_norm" in raw:
+                record["grad_norm"] = float(raw.pop("_grad_norm"))
+            pending[index] = record | raw
+        self._last_loss = pending[-1]["loss"]
+        self.metrics.log_steps(pending, samples)
+        return reduced[-1] > 0
+
+    def _flag(self, value: bool) -> torch.Tensor:
+        # Summed over ranks, so only rank 0's clock counts.
+        return torch.tensor(float(value and self.ctx.is_main), device=self.ctx.device)
+
+    def _finish(self) -> None:
+        self._flush_metrics()
+        if self.eval_loader is not None and self._last_eval_step != self.step:
+            self.evaluate()
+        if self.config.snapshots_enabled and self._snapshot_step != self.step and self.step > 0:
+            self.save_snapshot()
+        loss = f"{self._last_loss:.4f}" if self._last_loss is not None else "n/a"
+        self.metrics.message(f"done: step {self.step}, epoch {self.epoch}, last loss {loss}")
+
+    # ------------------------------------------------------------------ evaluation
+
+    @torch.no_grad()
+    def evaluate(self) -> float | None:
+        """Mean loss over the eval dataset, across all ranks; logged to metrics.jsonl."""
+        if self.eval_loader is None:
+            return None
+        # DDP's forward would sync buffers with ranks that are not evaluating; its module
+        # computes the same thing. FSDP's forward must run to gather the shards.
+        model = _state.unwrap(self.model) if self.parallel == "ddp" else self.model
+        model.eval()
+        totals = torch.zeros(2, device=self.ctx.device, dtype=torch.float64)
+        for batch in self.eval_loader:
+            count = batch_len(batch)
+            with self._autocast():
+                loss = self.loss_fn(model, to_device(batch, self.ctx.device))
+            totals[0] += loss.detach().double() * count
+            totals[1] += count
+        if self.ctx.distributed:
+            dist.all_reduce(totals)
+        self.model.train()
+        loss_sum, count = totals.tolist()
+        self._last_eval = loss_sum / count if count else None
+        self._last_eval_step = self.step
+        if self._last_eval is not None:
+            self.metrics.log_eval(self.step, {"eval_loss": self._last_eval})
+        self.metrics.restart_window()
+        return self._last_eval
+
+    # ------------------------------------------------------------------ state
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything for an exact continuation; a collective (every rank must call it)."""
+        everywhere = self.config.snapshot_scope == "node"
+        sharded = self.parallel == "fsdp"
+        rng: list[Any] = [get_rng_state()]
+        if self.ctx.distributed:
+            rng = [None] * self.ctx.world_size
+            dist.all_gather_object(rng, get_rng_state())
+        return {
+            "format": STATE_FORMAT,
+            "model": _state.model_state(self.model, sharded, everywhere),
+            "optimizer": _state.optimizer_state(self.model, self.optimizer, sharded, everywhere),
+            "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
+            "scaler": self.scaler.state_dict() if self.scaler is not None else None,
+            "progress": {"step": self.step, "epoch": self.epoch},
+            "sampler": self.sampler.state_dict(),
+            "rng": rng,
+            "world_size": self.ctx.world_size,
+            "config": {k: v for k, v in asdict(self.config).items() if v is not None},
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore ``state_dict()``'s output; refuses state from a different model."""
+        if state.get("format") != STATE_FORMAT or "model" not in state:
+            raise SnapshotMismatch(
+                f"not a Trainer state (format {state.get('format')!r})",
+                remedy="load it with the code that saved it, or use a new run directory",
+            )
+        _state.check_compatible(self.model, state["model"])
+        sharded = self.parallel == "fsdp"
+        _state.load_model_state(self.model, state["model"], sharded)
+        try:
+            _state.load_optimizer_state(self.model, self.optimizer, state["optimizer"], sharded)
+        except (ValueError, KeyError, RuntimeError) as exc:
+            raise SnapshotMismatch(
+                f"the snapshot's optimizer state does not fit this optimizer: {exc}",
+                remedy="resume with the optimizer that wrote the snapshot",
+            ) from exc
+        _load_optional(self.scheduler, state.get("scheduler"), "scheduler")
+        _load_optional(self.scaler, state.get("scaler"), "scaler")
+        self.step = int(state["progress"]["step"])
+        self.epoch = int(state["progress"]["epoch"])
+        self.sampler.load_state_dict(state["sampler"])
+        self._restore_rng(state["rng"], int(state.get("world_size", len(state["rng"]))))
+
+    def _restore_rng(self, saved: list[Any], saved_world: int) -> None:
+        if saved_world == self.ctx.world_size and self.ctx.rank < len(saved):
+            set_rng_state(saved[self.ctx.rank])
+            return
+        # A different world size cannot continue every rank's random stream; reseed so the
+        # run stays reproducible from here (data order is unaffected: the sampler handles it).
+        if self.ctx.is_main:
+            log.warning(
+                "world size changed from %d to %d: random generators are reseeded",
+                saved_world,
+                self.ctx.world_size,
+            )
+        seed_everything(self.config.seed + 1_000_003 * self.step + self.ctx.rank)
+
+    def save_snapshot(self) -> None:
+        """Save a snapshot of the current step now (a collective)."""
+        state = self.state_dict()
+        path = self.snapshotter.save(self.step, state, meta={"epoch": self.epoch})
+        self._snapshot_step = self.step
+        self._snapshot_time = time.monotonic()
+        if path is not None:
+            self.metrics.message(f"snapshot {path}")
+        self.metrics.restart_window()
+
+    def resume(self) -> int | None:
+        """Load the latest usable snapshot, if any; returns its step."""
+        found = self.snapshotter.load_latest()
+        if found is None:
+            return None
+        step, state = found
+        self.load_state_dict(state)
+        self.resumed_from = step
+        self._snapshot_step = step
+        self.metrics.truncate_after(step)
+        self.metrics.message(
+            f"resumed from {self.snapshotter.directory}/step-{step} "
+            f"(epoch {self.epoch}, {self.sampler.consumed} samples into it)"
+        )
+        return step
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def close(self) -> None:
+        """Flush and close metrics files. The process group stays (``teardown()`` ends it)."""
+        self.metrics.close()
+
+    def __enter__(self) -> Trainer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _reported(model: nn.Module, name: str) -> Any:
+    value = getattr(model, name, None)
+    return value() if callable(value) else value
+
+
+def _load_optional(target: Any, state: Any, what: str) -> None:
+    if target is None and state is None:
+        return
+    if target is None or state is None:
+        raise SnapshotMismatch(
+            f"the snapshot {'has' if state is not None else 'lacks'} {what} state, "
+            f"this Trainer {'has no' if target is None else 'has a'} {what}",
+            remedy=f"resume with the same {what} setting that wrote the snapshot",
+        )
+    target.load_state_dict(state)

@@ -1,0 +1,253 @@
+"""`herd launch` on the testbed: real sshd, real torchrun, real Gloo across network namespaces."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.testbed import Testbed
+
+SCRIPTS = Path(__file__).parent / "scripts"
+
+
+def herd(
+    args: list[str], home: Path, *, timeout: float = 240, cwd: Path = SCRIPTS
+) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, HERD_HOME=str(home))
+    return subprocess.run(
+        [sys.executable, "-m", "torchherd", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def cluster(
+    testbed: Testbed, tmp_path: Path, nodes: list[str | dict[str, object]], **keys: object
+) -> Path:
+    return testbed.write_cluster_file(
+        tmp_path / "herd.toml",
+        nodes=nodes,
+        workdir=str(SCRIPTS),
+        env={"HERD_HOME": str(tmp_path / "home")},
+        **keys,
+    )
+
+
+def results(stdout: str) -> dict[int, dict[str, str]]:
+    found = {}
+    for match in re.finditer(r"^(\S+?):(\d+)\s*\| RESULT (.*)$", stdout, re.M):
+        fields = dict(item.split("=", 1) for item in match.group(3).split())
+        fields["prefix_host"] = match.group(1)
+        found[int(match.group(2))] = fields
+    return found
+
+
+def assert_nothing_left(testbed: Testbed, home: Path) -> None:
+    job_ids = [p.name for p in (home / "jobs").iterdir()]
+    deadline = time.monotonic() + 15
+    left = [pid for job in job_ids for pid in testbed.processes_with_env("HERD_JOB_ID", job)]
+    while left and time.monotonic() < deadline:
+        time.sleep(0.5)
+        left = [pid for job in job_ids for pid in testbed.processes_with_env("HERD_JOB_ID", job)]
+    assert not left, f"processes of the job still running: {left}"
+
+
+def test_two_nodes_two_workers_allreduce(testbed: Testbed, tmp_path: Path) -> None:
+    path = cluster(
+        testbed, tmp_path, [{"host": "node1", "nproc": 2}, {"host": "node2", "nproc": 2}]
+    )
+    run = herd(["launch", "-c", str(path), "allreduce.py"], tmp_path / "home")
+    assert run.returncode == 0, run.stdout + run.stderr
+    found = results(run.stdout)
+    assert sorted(found) == [0, 1, 2, 3]
+    for fields in found.values():
+        assert fields["sum"] == "10" and fields["world"] == "4"  # 1+2+3+4 on every rank
+        assert fields["host"] == fields["prefix_host"]  # the prefix names the node it ran on
+        assert fields["master"] == testbed.node("node1").addr  # never 127.0.1.1 from /etc/hosts
+    assert {found[r]["host"] for r in found} == {"node1", "node2"}
+    log_dir = tmp_path / "home" / "jobs"
+    (job,) = list(log_dir.iterdir())
+    for rank in range(4):
+        assert "RESULT" in (job / f"rank-{rank}.log").read_text()
+    assert "succeeded" in run.stdout
+    assert_nothing_left(testbed, tmp_path / "home")
+
+
+def test_different_nproc_per_node(testbed: Testbed, tmp_path: Path) -> None:
+    path = cluster(
+        testbed, tmp_path, [{"host": "node1", "nproc": 2}, {"host": "node3", "nproc": 1}]
+    )
+    run = herd(["launch", "-c", str(path), "allreduce.py"], tmp_path / "home")
+    assert run.returncode == 0, run.stdout + run.stderr
+    found = results(run.stdout)
+    assert sorted(found) == [0, 1, 2]
+    assert all(f["sum"] == "6" and f["world"] == "3" for f in found.values())
+    assert sorted(f["host"] for f in found.values()) == ["node1", "node1", "node3"]
+
+
+def test_failing_rank_is_named_and_other_nodes_stop(testbed: Testbed, tmp_path: Path) -> None:
+    path = cluster(
+        testbed, tmp_path, [{"host": "node1", "nproc": 2}, {"host": "node2", "nproc": 1}]
+    )
+    started = time.monotonic()
+    # Rank 2 (node2's only worker) dies before the all-reduce: node1's ranks would wait forever.
+    run = herd(
+        ["launch", "-c", str(path), "allreduce.py", "--fail-rank", "2", "--code", "3"],
+        tmp_path / "home",
+    )
+    elapsed = time.monotonic() - started
+    assert run.returncode == 1, run.stdout + run.stderr
+    summary = run.stdout[run.stdout.index("job ") :]
+    assert "first failure: node2 rank 2: exit code 3" in summary, summary
+    assert "rank 2 failing on purpose with code 3" in summary  # its last stderr lines
+    assert elapsed < 120, "the other node was not stopped"
+    assert_nothing_left(testbed, tmp_path / "home")
+
+
+def test_sigint_leaves_no_process_of_the_job(testbed: Testbed, tmp_path: Path) -> None:
+    path = cluster(
+        testbed, tmp_path, [{"host": "node1", "nproc": 2}, {"host": "node2", "nproc": 2}]
+    )
+    home = tmp_path / "home"
+    env = dict(os.environ, HERD_HOME=str(home), PYTHONUNBUFFERED="1")
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "torchherd",
+            "launch",
+            "-c",
+            str(path),
+            "allreduce.py",
+            "--sleep",
+            "300",
+        ],
+        cwd=SCRIPTS,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        sleeping = set()
+        assert process.stdout is not None
+        for line in process.stdout:
+            if "SLEEPING" in line:
+                sleeping.add(line.split("rank=")[1].split()[0])
+            if len(sleeping) == 4:
+                break
+        assert len(sleeping) == 4, "the job never reached its sleep"
+        job_id = next((home / "jobs").iterdir()).name
+        assert len(testbed.processes_with_env("HERD_JOB_ID", job_id)) >= 6  # 2 torchrun + 4 workers
+        process.send_signal(signal.SIGINT)
+        rest = process.communicate(timeout=10 + 10 + 15)[0]
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 130, rest
+    assert "interrupted" in rest
+    assert_nothing_left(testbed, home)
+
+
+def test_launcher_killed_agents_end_the_job(testbed: Testbed, tmp_path: Path) -> None:
+    path = cluster(
+        testbed, tmp_path, [{"host": "node1", "nproc": 1}, {"host": "node2", "nproc": 1}]
+    )
+    home = tmp_path / "home"
+    env = dict(os.environ, HERD_HOME=str(home), PYTHONUNBUFFERED="1")
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "torchherd",
+            "launch",
+            "-c",
+            str(path),
+            "allreduce.py",
+            "--sleep",
+            "300",
+        ],
+        cwd=SCRIPTS,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        assert process.stdout is not None
+        count = 0
+        for line in process.stdout:
+            count += "SLEEPING" in line
+            if count == 2:
+                break
+        # SIGKILL the launcher and its ssh clients: the links drop, as when a laptop dies.
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait(timeout=10)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert_nothing_left(testbed, home)
+
+
+def test_unreachable_node_is_named_within_connect_timeout(
+    clean_faults: Testbed, tmp_path: Path
+) -> None:
+    testbed = clean_faults
+    testbed.partition("node4")
+    path = cluster(testbed, tmp_path, ["node1", "node4"], connect_timeout=3)
+    started = time.monotonic()
+    run = herd(["launch", "-c", str(path), "allreduce.py"], tmp_path / "home")
+    elapsed = time.monotonic() - started
+    assert run.returncode == 3, run.stdout + run.stderr
+    assert "node4: connection timed out" in run.stderr, run.stderr
+    assert "node1" not in run.stderr.split("unreachable", 1)[1].split("fix:")[0]
+    assert elapsed < 3 + 8, f"took {elapsed:.1f} s"
+
+
+def test_local_mode_with_nproc(tmp_path: Path) -> None:
+    run = herd(["launch", "--nproc", "2", "allreduce.py"], tmp_path / "home", cwd=SCRIPTS)
+    assert run.returncode == 0, run.stdout + run.stderr
+    found = results(run.stdout)
+    assert sorted(found) == [0, 1] and all(f["sum"] == "3" for f in found.values())
+
+
+@pytest.mark.parametrize(
+    ("args", "text", "files"),
+    [
+        (["launch", "missing.py"], "training script missing.py not found", {}),
+        (
+            ["launch", "-c", "bad.toml", "allreduce.py"],
+            "line 2",
+            {"bad.toml": "[[node]]\nhost = \n"},
+        ),
+        (
+            ["launch", "-c", "bad.toml", "allreduce.py"],
+            "unknown key 'nprocs'",
+            {"bad.toml": '[[node]]\nhost = "a"\nnprocs = 2\n'},
+        ),
+        (["launch", "-c", "bad.toml", "allreduce.py"], "no nodes", {"bad.toml": "[cluster]\n"}),
+        (["launch"], "no training script", {}),
+    ],
+)
+def test_bad_input_is_one_clear_error(
+    tmp_path: Path, args: list[str], text: str, files: dict[str, str]
+) -> None:
+    for name, content in files.items():
+        (tmp_path / name).write_text(content)
+    shutil_copy = tmp_path / "allreduce.py"
+    shutil_copy.write_text((SCRIPTS / "allreduce.py").read_text())
+    run = herd(args, tmp_path / "home", cwd=tmp_path)
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert text in run.stderr
+    assert "Traceback" not in run.stderr and "fix:" in run.stderr

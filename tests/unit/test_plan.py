@@ -1,0 +1,188 @@
+"""The launch plan over recorded facts: explicit addresses, per-node NICs, is_host, secrets."""
+
+from __future__ import annotations
+
+import pytest
+
+from torchherd.errors import ConfigError, NodeNotReady
+from torchherd.facts import NodeFacts
+from torchherd.plan import JobSpec, make_plan
+from torchherd.spec import ClusterSpec, NodeSpec, local_cluster
+
+
+def facts(
+    host: str,
+    nics: list[tuple[str, str, int]],
+    *,
+    ssh_addr: str | None = None,
+    gpus: int = 0,
+    port: int | None = None,
+    env: dict[str, str] | None = None,
+    default_via: str | None = None,
+) -> NodeFacts:
+    """Facts as the probe reports them: lo, the NICs, and their connected routes."""
+    routes = [
+        {
+            "iface": name,
+            "dest": f"{addr.rsplit('.', 1)[0]}.0/{prefix}",
+            "gateway": "0.0.0.0",
+            "metric": 0,
+        }
+        for name, addr, prefix in nics
+    ]
+    if default_via:
+        routes.append(
+            {"iface": default_via, "dest": "0.0.0.0/0", "gateway": "1.1.1.1", "metric": 0}
+        )
+    return NodeFacts.from_probe(
+        host,
+        {
+            "hostname": host,
+            "hostname_addresses": ["127.0.1.1"],
+            "ssh_server_addr": ssh_addr,
+            "interfaces": [
+                {"name": "lo", "addr": "127.0.0.1", "prefixlen": 8, "up": True, "loopback": True}
+            ]
+            + [
+                {"name": n, "addr": a, "prefixlen": p, "up": True, "loopback": False}
+                for n, a, p in nics
+            ],
+            "routes": routes,
+            "python_version": "3.11.7",
+            "torch_version": "2.13.0",
+            "gpu_count": gpus,
+            "env": env or {},
+            "port": {"port": port, "free": True} if port else None,
+        },
+    )
+
+
+def two_nodes(**cluster: object) -> ClusterSpec:
+    return ClusterSpec(
+        nodes=(NodeSpec(host="gpu1", nproc=2), NodeSpec(host="gpu2", nproc=1)), **cluster
+    )
+
+
+def recorded() -> dict[str, NodeFacts]:
+    # gpu1 has docker0 first and the LAN on eth1: a hostname guess would pick the wrong NIC.
+    return {
+        "gpu1": facts(
+            "gpu1",
+            [("docker0", "172.17.0.1", 16), ("eth1", "10.0.0.1", 24)],
+            ssh_addr="10.0.0.1",
+            port=29517,
+        ),
+        "gpu2": facts(
+            "gpu2",
+            [("docker0", "172.17.0.1", 16), ("ens5", "10.0.0.2", 24)],
+            ssh_addr="10.0.0.2",
+            default_via="ens5",
+        ),
+    }
+
+
+def test_multi_node_plan_uses_explicit_addresses_and_nics() -> None:
+    plan = make_plan(
+        two_nodes(), JobSpec(entry=("train.py", "--epochs", "3"), job_id="j1"), recorded()
+    )
+    first, second = plan.nodes
+    assert plan.rdzv_endpoint == "10.0.0.1:29517"
+    assert plan.world_size == 3
+    assert (first.local_addr, first.iface, first.is_host) == ("10.0.0.1", "eth1", True)
+    assert (second.local_addr, second.iface, second.is_host) == ("10.0.0.2", "ens5", False)
+    assert "--rdzv-conf=is_host=1" in first.argv and "--rdzv-conf=is_host=0" in second.argv
+    assert "--local-addr=10.0.0.2" in second.argv
+    assert "--nnodes=2" in second.argv and "--nproc-per-node=1" in second.argv
+    assert "--rdzv-id=j1" in first.argv and "--rdzv-backend=c10d" in first.argv
+    assert first.argv[-3:] == ("train.py", "--epochs", "3")
+    assert first.env["NCCL_SOCKET_IFNAME"] == "eth1" and second.env["GLOO_SOCKET_IFNAME"] == "ens5"
+
+
+def test_user_set_ifname_is_kept() -> None:
+    plan = make_plan(
+        two_nodes(env={"NCCL_SOCKET_IFNAME": "ib0"}), JobSpec(entry=("t.py",)), recorded()
+    )
+    assert all(node.env["NCCL_SOCKET_IFNAME"] == "ib0" for node in plan.nodes)
+    assert plan.nodes[1].env["GLOO_SOCKET_IFNAME"] == "ens5"
+    on_node = recorded()
+    on_node["gpu2"] = facts("gpu2", [("ens5", "10.0.0.2", 24)], env={"GLOO_SOCKET_IFNAME": "ens5"})
+    plan = make_plan(two_nodes(), JobSpec(entry=("t.py",)), on_node)
+    assert "GLOO_SOCKET_IFNAME" not in plan.nodes[1].env
+
+
+def test_routed_network_uses_the_default_route() -> None:
+    data = recorded()
+    data["gpu2"] = facts("gpu2", [("ens5", "10.9.0.2", 24)], default_via="ens5")
+    plan = make_plan(two_nodes(), JobSpec(entry=("t.py",)), data)
+    assert (plan.nodes[1].local_addr, plan.nodes[1].iface) == ("10.9.0.2", "ens5")
+
+
+def test_no_route_to_rendezvous_is_named() -> None:
+    data = recorded()
+    data["gpu2"] = facts("gpu2", [("ens5", "10.9.0.2", 24)])
+    with pytest.raises(NodeNotReady, match="gpu2 has no route to the rendezvous address 10.0.0.1"):
+        make_plan(two_nodes(), JobSpec(entry=("t.py",)), data)
+
+
+def test_node_addr_and_iface_override_discovery() -> None:
+    cluster = ClusterSpec(
+        nodes=(
+            NodeSpec(host="gpu1", addr="10.0.0.1"),
+            NodeSpec(host="gpu2", addr="10.0.0.2", iface="eth9"),
+        )
+    )
+    data = recorded()
+    data["gpu1"] = facts("gpu1", [("eth1", "10.0.0.1", 24)], ssh_addr="192.168.5.5", port=29500)
+    plan = make_plan(cluster, JobSpec(entry=("t.py",)), data)
+    assert plan.rdzv_endpoint == "10.0.0.1:29500"
+    assert (plan.nodes[1].local_addr, plan.nodes[1].iface) == ("10.0.0.2", "eth9")
+
+
+def test_loopback_rendezvous_is_refused_for_multi_node() -> None:
+    data = recorded()
+    data["gpu1"] = facts("gpu1", [("eth1", "10.0.0.1", 24)], ssh_addr="127.0.0.1", port=29500)
+    with pytest.raises(ConfigError, match="loopback"):
+        make_plan(two_nodes(), JobSpec(entry=("t.py",)), data)
+
+
+def test_nproc_defaults_to_gpus_then_one_and_cli_overrides() -> None:
+    cluster = ClusterSpec(nodes=(NodeSpec(host="gpu1"), NodeSpec(host="gpu2")))
+    data = recorded()
+    data["gpu1"] = facts(
+        "gpu1", [("eth1", "10.0.0.1", 24)], ssh_addr="10.0.0.1", gpus=8, port=29500
+    )
+    plan = make_plan(cluster, JobSpec(entry=("t.py",)), data)
+    assert [n.nproc for n in plan.nodes] == [8, 1]
+    plan = make_plan(cluster, JobSpec(entry=("t.py",), nproc=3), data)
+    assert [n.nproc for n in plan.nodes] == [3, 3] and plan.world_size == 6
+
+
+def test_module_entry_and_restarts() -> None:
+    plan = make_plan(
+        two_nodes(), JobSpec(entry=("pkg.train", "--x"), module=True, max_restarts=2), recorded()
+    )
+    assert plan.nodes[0].argv[-3:] == ("--module", "pkg.train", "--x")
+    assert "--max-restarts=2" in plan.nodes[0].argv
+
+
+def test_standalone_plan_for_this_machine() -> None:
+    cluster = local_cluster(nproc=2)
+    plan = make_plan(
+        cluster, JobSpec(entry=("t.py",), nproc=2), {"localhost": facts("localhost", [])}
+    )
+    (node,) = plan.nodes
+    assert "--standalone" in node.argv and "--nproc-per-node=2" in node.argv
+    assert plan.rdzv_endpoint is None and plan.world_size == 2
+
+
+def test_every_job_gets_its_own_rendezvous_id() -> None:
+    assert JobSpec(entry=("t.py",)).job_id != JobSpec(entry=("t.py",)).job_id
+
+
+def test_dry_run_masks_secrets_by_name_and_value() -> None:
+    cluster = two_nodes(env={"WANDB_API_KEY": "k-123456", "MSG": "token is s3cr3t-value", "A": "1"})
+    plan = make_plan(cluster, JobSpec(entry=("t.py",)), recorded(), {"HF_TOKEN": "s3cr3t-value"})
+    text = plan.render()
+    assert "k-123456" not in text and "s3cr3t-value" not in text
+    assert "HF_TOKEN=********" in text and "WANDB_API_KEY=********" in text and "A=1" in text
+    assert "is_host=1" in text and "10.0.0.2" in text

@@ -1,0 +1,246 @@
+"""Snapshotter on real files: format, pointer, pruning, damage detection and unsafe pickles."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import time
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+from train_helpers import subprocess_env
+
+from torchherd.train import SnapshotCorrupt, SnapshotError, Snapshotter
+from torchherd.train.dist import Context
+
+
+def ctx(rank: int = 0, local_rank: int = 0, world_size: int = 1) -> Context:
+    return Context(
+        rank=rank, local_rank=local_rank, world_size=world_size, device=torch.device("cpu")
+    )
+
+
+def state_for(step: int) -> dict:
+    return {"w": torch.full((4, 4), float(step)), "step": step, "name": f"s{step}"}
+
+
+def saved(tmp_path: Path, steps: list[int], keep: int | None = 3) -> Snapshotter:
+    snaps = Snapshotter(tmp_path / "snaps", keep=keep, ctx=ctx())
+    for step in steps:
+        snaps.save(step, state_for(step))
+    return snaps
+
+
+def test_save_and_load_round_trip(tmp_path: Path) -> None:
+    snaps = saved(tmp_path, [5])
+    step, state = snaps.load_latest()
+    assert step == 5
+    assert torch.equal(state["w"], torch.full((4, 4), 5.0))
+    assert state["name"] == "s5"
+
+
+def test_layout_manifest_and_latest_pointer(tmp_path: Path) -> None:
+    snaps = saved(tmp_path, [1, 2])
+    root = tmp_path / "snaps"
+    assert (root / "latest").read_text() == "step-2\n"
+    assert sorted(p.name for p in root.iterdir()) == ["latest", "step-1", "step-2"]
+    manifest = json.loads((root / "step-2" / "manifest.json").read_text())
+    state_file = root / "step-2" / "state.pt"
+    assert manifest["step"] == 2
+    assert manifest["files"]["state.pt"]["bytes"] == state_file.stat().st_size
+    assert (
+        manifest["files"]["state.pt"]["sha256"]
+        == hashlib.sha256(state_file.read_bytes()).hexdigest()
+    )
+    assert snaps.latest_step() == 2
+
+
+def test_keeps_only_the_newest_three(tmp_path: Path) -> None:
+    snaps = saved(tmp_path, [10, 20, 30, 40, 50])
+    assert snaps.steps() == [50, 40, 30]
+    assert not (tmp_path / "snaps" / "step-10").exists()
+    assert snaps.load_latest()[0] == 50
+
+
+def test_keep_none_keeps_all_and_keep_zero_is_refused(tmp_path: Path) -> None:
+    assert saved(tmp_path, [1, 2, 3, 4], keep=None).steps() == [4, 3, 2, 1]
+    with pytest.raises(SnapshotError, match="keep=0"):
+        Snapshotter(tmp_path / "x", keep=0, ctx=ctx())
+
+
+def test_empty_directory_loads_nothing(tmp_path: Path) -> None:
+    assert Snapshotter(tmp_path / "none", ctx=ctx()).load_latest() is None
+
+
+def test_saving_the_same_step_again_replaces_it(tmp_path: Path) -> None:
+    snaps = saved(tmp_path, [3])
+    snaps.save(3, {"w": torch.ones(2), "step": 3, "name": "again"})
+    assert snaps.load_latest()[1]["name"] == "again"
+    assert snaps.steps() == [3]
+
+
+def _flip_byte(path: Path, offset: int) -> None:
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip", "delete_manifest"])
+def test_damaged_latest_falls_back_to_the_previous_one(
+    tmp_path: Path, damage: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    snaps = saved(tmp_path, [1, 2])
+    newest = tmp_path / "snaps" / "step-2"
+    state_file = newest / "state.pt"
+    if damage == "truncate":
+        os.truncate(state_file, state_file.stat().st_size // 2)
+    elif damage == "flip":
+        _flip_byte(state_file, state_file.stat().st_size // 2)
+    else:
+        (newest / "manifest.json").unlink()
+    with caplog.at_level(logging.WARNING, logger="torchherd.train"):
+        step, state = snaps.load_latest()
+    assert step == 1
+    assert state["name"] == "s1"
+    assert [p.path.name for p in snaps.problems] == ["step-2"]
+    expected = {"truncate": "truncated", "flip": "SHA-256", "delete_manifest": "no manifest"}
+    assert expected[damage] in snaps.problems[0].reason
+    assert "step-2 is unusable" in caplog.text
+    assert "resuming from" in caplog.text and "step-1" in caplog.text
+
+
+def test_all_damaged_is_an_error_listing_each(tmp_path: Path) -> None:
+    snaps = saved(tmp_path, [1, 2])
+    for step in (1, 2):
+        _flip_byte(tmp_path / "snaps" / f"step-{step}" / "state.pt", 100)
+    with pytest.raises(SnapshotCorrupt) as caught:
+        snaps.load_latest()
+    assert len(caught.value.problems) == 2
+    assert "step-2" in str(caught.value) and "step-1" in str(caught.value)
+    assert caught.value.remedy
+
+
+def test_unpublished_snapshot_newer_than_latest_is_ignored(tmp_path: Path) -> None:
+    snaps = saved(tmp_path, [1, 2])
+    # A save that died between the rename and the pointer update.
+    (tmp_path / "snaps" / "latest").write_text("step-1\n")
+    assert snaps.load_latest()[0] == 1
+
+
+def test_missing_pointer_falls_back_to_scanning(tmp_path: Path) -> None:
+    snaps = saved(tmp_path, [1, 2])
+    (tmp_path / "snaps" / "latest").unlink()
+    assert snaps.load_latest()[0] == 2
+
+
+def test_only_the_writer_rank_writes(tmp_path: Path) -> None:
+    shared = Snapshotter(tmp_path / "shared", scope="shared", ctx=ctx(rank=2, local_rank=0))
+    node = Snapshotter(tmp_path / "node", scope="node", ctx=ctx(rank=2, local_rank=0))
+    other = Snapshotter(tmp_path / "node2", scope="node", ctx=ctx(rank=3, local_rank=1))
+    assert shared.save(1, state_for(1)) is None
+    assert node.save(1, state_for(1)) == tmp_path / "node" / "step-1"
+    assert other.save(1, state_for(1)) is None
+    assert not (tmp_path / "shared").exists() and not (tmp_path / "node2").exists()
+
+
+class _Marker:
+    """Unpickling this runs a shell command; a safe loader must never do it."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __reduce__(self) -> tuple:
+        return (os.system, (f"touch {self.path}",))
+
+
+def _plant_malicious(root: Path, step: int, marker: Path) -> None:
+    """A snapshot with a valid manifest whose state.pt is a torch zip carrying an evil pickle."""
+    folder = root / f"step-{step}"
+    folder.mkdir(parents=True)
+    torch.save({"w": torch.zeros(1)}, folder / "state.pt")
+    with zipfile.ZipFile(folder / "state.pt") as original:
+        entries = {info.filename: original.read(info) for info in original.infolist()}
+    data_pkl = next(name for name in entries if name.endswith("data.pkl"))
+    entries[data_pkl] = pickle.dumps({"w": _Marker(marker)}, protocol=2)
+    with zipfile.ZipFile(folder / "state.pt", "w") as evil:
+        for name, payload in entries.items():
+            evil.writestr(name, payload)
+    content = (folder / "state.pt").read_bytes()
+    manifest = {
+        "format": 1,
+        "step": step,
+        "files": {
+            "state.pt": {"sha256": hashlib.sha256(content).hexdigest(), "bytes": len(content)}
+        },
+    }
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    (root / "latest").write_text(f"step-{step}\n")
+
+
+def test_malicious_pickle_is_refused_and_never_runs(tmp_path: Path) -> None:
+    marker = tmp_path / "pwned"
+    snaps = saved(tmp_path, [1])
+    _plant_malicious(tmp_path / "snaps", 2, marker)
+    step, state = snaps.load_latest()
+    assert step == 1 and state["name"] == "s1"
+    assert "unsafe" in snaps.problems[0].reason
+    assert not marker.exists()
+
+
+def test_malicious_pickle_alone_raises(tmp_path: Path) -> None:
+    marker = tmp_path / "pwned"
+    _plant_malicious(tmp_path / "snaps", 7, marker)
+    with pytest.raises(SnapshotCorrupt, match="unsafe"):
+        Snapshotter(tmp_path / "snaps", ctx=ctx()).load_latest()
+    assert not marker.exists()
+
+
+_SLOW_SAVER = """
+import sys, torch
+from torchherd.train import Snapshotter
+from torchherd.train.dist import Context
+ctx = Context(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"))
+snaps = Snapshotter(sys.argv[1], ctx=ctx)
+snaps.save(1, {"w": torch.ones(8), "name": "small"})
+print("first saved", flush=True)
+snaps.save(2, {"w": torch.ones(96 * 1024 * 1024), "name": "big"})  # 384 MB: takes a while
+print("second saved", flush=True)
+"""
+
+
+def test_sigkill_during_save_leaves_latest_loadable(tmp_path: Path) -> None:
+    root = tmp_path / "snaps"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _SLOW_SAVER, str(root)],
+        env=subprocess_env(),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "first saved"
+        deadline = time.monotonic() + 60
+        while not (root / f".tmp-step-2-{proc.pid}" / "state.pt").exists():
+            assert time.monotonic() < deadline, "the second save never started"
+            time.sleep(0.002)
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.wait(timeout=30)
+    assert proc.returncode == -signal.SIGKILL
+    # Killed mid-save: the temporary folder is still there and was never published.
+    assert (root / f".tmp-step-2-{proc.pid}").exists()
+    assert not (root / "step-2").exists()
+    snaps = Snapshotter(root, ctx=ctx())
+    step, state = snaps.load_latest()
+    assert step == 1 and state["name"] == "small"
+    assert snaps.problems == []
+    # The next save clears the leftover.
+    snaps.save(3, state_for(3))
+    assert not any(p.name.startswith(".tmp-") for p in root.iterdir())
