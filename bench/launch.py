@@ -1,0 +1,135 @@
+"""Launch latency: `herd launch` vs the hand-made recipe, on the namespace testbed.
+
+Measures the time from the command to every rank's first line of output, for
+  - herd:     `herd launch -c herd.toml first_line.py`
+  - baseline: torchrun started at once on every node with plain ssh, with the address and
+              interface fixes typed by hand (--rdzv-conf is_host, --local-addr, *_SOCKET_IFNAME)
+Runs alternate (baseline, herd, baseline, herd...) and the medians are compared.
+Prints `ratio = herd / baseline`; the target is <= 1.15. Needs root (builds the testbed).
+
+    python bench/launch.py [--nodes 2] [--nproc 1] [--repeats 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tests.testbed import Testbed  # noqa: E402
+
+FIRST_LINE = '''\
+import os
+import torch  # a real training script imports torch first
+print(f"FIRST rank={os.environ['RANK']}", flush=True)
+import torch.distributed as dist
+dist.init_process_group("gloo")
+dist.barrier()
+dist.destroy_process_group()
+'''
+
+
+def wait_for_ranks(streams: list, world: int, started: float) -> float:
+    """Read the streams until every rank printed its first line; seconds since ``started``."""
+    seen: set[str] = set()
+    done = threading.Event()
+    lock = threading.Lock()
+    finished_at = [0.0]
+
+    def read(stream) -> None:
+        for line in stream:
+            match = re.search(r"FIRST rank=(\d+)", line)
+            if match:
+                with lock:
+                    seen.add(match.group(1))
+                    if len(seen) == world and not done.is_set():
+                        finished_at[0] = time.monotonic()
+                        done.set()
+
+    threads = [threading.Thread(target=read, args=(s,), daemon=True) for s in streams]
+    for thread in threads:
+        thread.start()
+    if not done.wait(180):
+        raise RuntimeError(f"only ranks {sorted(seen)} printed within 180 s")
+    return finished_at[0] - started
+
+
+def run_herd(bed: Testbed, cluster_file: Path, workdir: Path, world: int, home: Path) -> float:
+    env = dict(os.environ, HERD_HOME=str(home), PYTHONUNBUFFERED="1")
+    started = time.monotonic()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "torchherd", "launch", "-c", str(cluster_file), "first_line.py"],
+        cwd=workdir, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+    )
+    elapsed = wait_for_ranks([process.stdout], world, started)
+    if process.wait(120) != 0:
+        raise RuntimeError("herd launch failed")
+    return elapsed
+
+
+def run_baseline(bed: Testbed, nodes: int, nproc: int, workdir: Path, port: int, run_id: str) -> float:
+    first = bed.nodes[0]
+    processes = []
+    started = time.monotonic()
+    for index, node in enumerate(bed.nodes[:nodes]):
+        command = (
+            f"cd {workdir} && NCCL_SOCKET_IFNAME={node.iface} GLOO_SOCKET_IFNAME={node.iface} "
+            f"{sys.executable} -m torch.distributed.run --nnodes={nodes} --nproc-per-node={nproc} "
+            f"--rdzv-backend=c10d --rdzv-endpoint={first.addr}:{port} --rdzv-id={run_id} "
+            f"--rdzv-conf=is_host={1 if index == 0 else 0} --local-addr={node.addr} first_line.py"
+        )
+        processes.append(subprocess.Popen(
+            ["ssh", "-F", str(bed.ssh_config), "-o", "BatchMode=yes", node.name, command],
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        ))
+    elapsed = wait_for_ranks([p.stdout for p in processes], nodes * nproc, started)
+    for process in processes:
+        if process.wait(120) != 0:
+            raise RuntimeError("baseline torchrun failed")
+    return elapsed
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--nodes", type=int, default=2)
+    parser.add_argument("--nproc", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args()
+    world = args.nodes * args.nproc
+    with Testbed(args.nodes) as bed, tempfile.TemporaryDirectory(prefix="herd-bench-") as scratch:
+        workdir = Path(scratch)
+        (workdir / "first_line.py").write_text(FIRST_LINE)
+        home = workdir / "home"
+        cluster_file = bed.write_cluster_file(
+            workdir / "herd.toml",
+            nodes=[{"host": n.name, "nproc": args.nproc} for n in bed.nodes[: args.nodes]],
+            workdir=str(workdir),
+            env={"HERD_HOME": str(home)},
+        )
+        herd_times, base_times = [], []
+        # One untimed run of each warms the page cache (torch import) for both alike.
+        run_baseline(bed, args.nodes, args.nproc, workdir, 29400, "warm")
+        run_herd(bed, cluster_file, workdir, world, home)
+        for repeat in range(args.repeats):
+            base_times.append(run_baseline(bed, args.nodes, args.nproc, workdir, 29401 + repeat, f"b{repeat}"))
+            herd_times.append(run_herd(bed, cluster_file, workdir, world, home))
+            print(f"run {repeat + 1}: baseline {base_times[-1]:.2f} s   herd {herd_times[-1]:.2f} s", flush=True)
+    herd_median, base_median = statistics.median(herd_times), statistics.median(base_times)
+    ratio = herd_median / base_median
+    print(f"\n{args.nodes} nodes x {args.nproc} workers, {args.repeats} runs each (median):")
+    print(f"  baseline (torchrun by hand over ssh): {base_median:.2f} s")
+    print(f"  herd launch:                          {herd_median:.2f} s")
+    print(f"ratio = {ratio:.3f}  (target <= 1.15: {'met' if ratio <= 1.15 else 'NOT met'})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
