@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TextIO
 
 from . import __version__
+from .agent.protocol import missing_module
 from .errors import ConfigError, Interrupted, NodeNotReady
 from .facts import NodeFacts
 from .jobs import JobRecord, job_dir
@@ -106,12 +107,12 @@ def explain_probe_failure(node: NodeSpec, python: str, code: int, stderr: str, r
         return f"{unreachable.describe()}; fix: {unreachable.remedy}"
     if getattr(result, "timed_out", False):
         return f"{node.host}: the probe did not answer in time; fix: check the node's load and disk"
-    if code == 127 or "not found" in stderr and "No module" not in stderr:
+    if code == 127 or ("not found" in stderr and missing_module(stderr) is None):
         return (
             f"{node.host}: {python} not found; fix: install Python 3.11+ there or set python "
             "in [cluster] (or for this [[node]]) to its interpreter's full path"
         )
-    if "No module named torchherd" in stderr:
+    if missing_module(stderr) == "torchherd":
         return (
             f"{node.host}: torchherd is not installed for {python}; fix: pip install torchherd "
             "there (`herd exec -- python3 -m pip install torchherd`)"
@@ -223,14 +224,17 @@ async def _launch(
     interrupted = asyncio.Event()
     loop = asyncio.get_running_loop()
     try:
+        progress = _Progress(err)
         preparing = asyncio.create_task(
-            prepare(cluster, job, transport, preflight=options.preflight, progress=_progress(err))
+            prepare(cluster, job, transport, preflight=options.preflight, progress=progress)
         )
         _on_signals(loop, lambda: (interrupted.set(), preparing.cancel()))
         try:
             plan = await preparing
         except asyncio.CancelledError:
             raise Interrupted("interrupted before the job started; nothing was started") from None
+        finally:
+            progress.clear()
         if options.dry_run:
             return plan
         return await _supervise(cluster, plan, transport, options, stream, loop)
@@ -292,13 +296,24 @@ async def _supervise(
     return result
 
 
-def _progress(err: TextIO) -> Progress:
-    def say(text: str) -> None:
-        if err.isatty():
-            err.write(f"\r\x1b[2K{text}...")
-        err.flush()
+class _Progress:
+    """One status line on a terminal ("connecting to 8 node(s)..."), erased when work starts."""
 
-    return say
+    def __init__(self, err: TextIO) -> None:
+        self.err = err
+        self.shown = False
+
+    def __call__(self, text: str) -> None:
+        if self.err.isatty():
+            self.err.write(f"\r\x1b[2K{text}...")
+            self.err.flush()
+            self.shown = True
+
+    def clear(self) -> None:
+        if self.shown:
+            self.err.write("\r\x1b[2K")
+            self.err.flush()
+            self.shown = False
 
 
 def _on_signals(loop: asyncio.AbstractEventLoop, handler: Callable[[], object]) -> None:

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .agent.protocol import decode
+from .agent.protocol import decode, missing_module
 from .errors import EXIT_INTERRUPTED, EXIT_JOB_FAILED, EXIT_NODE_NOT_READY, EXIT_OK
 from .logs import Failure, JobOutput, RunResult
 from .plan import LaunchPlan, NodePlan
@@ -171,7 +171,7 @@ class Supervisor:
         stderr = "\n".join(node.stderr)
         spec = self.cluster.node(node.plan.host)
         unreachable = self.transport.classify_failure(spec, node.exit_code or 0, stderr)
-        if "No module named torchherd" in stderr:
+        if missing_module(stderr) == "torchherd":
             node.error = {
                 "message": f"torchherd is not installed for {node.plan.python} on {node.plan.host}",
                 "remedy": "install it there (`herd exec -- pip install torchherd`), "

@@ -48,3 +48,12 @@ def split_prefix(text: str) -> tuple[int | None, int | None, str]:
     if not match:
         return None, None, text
     return int(match.group(1)), int(match.group(2)), text[match.end() :]
+
+
+_MISSING_MODULE = re.compile(r"No module named '?([A-Za-z0-9_.]+)'?")
+
+
+def missing_module(stderr: str) -> str | None:
+    """The top-level module a node's python could not import, from its error output."""
+    match = _MISSING_MODULE.search(stderr)
+    return match.group(1).split(".")[0] if match else None
