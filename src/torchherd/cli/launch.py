@@ -22,7 +22,12 @@ from .common import cluster_for
 )
 def launch_command(
     ctx: typer.Context,
-    script: str = typer.Argument(None, help="Training script (or module with -m), then its arguments.", show_default=False),
+    script: str = typer.Argument(
+        None,
+        metavar="SCRIPT [ARGS]...",
+        help="Training script (or module with -m), then its arguments.",
+        show_default=False,
+    ),
     config: str = typer.Option(None, "-c", "--config", help=CLUSTER_HELP),
     hosts: str = typer.Option(None, "-H", "--hosts", help="Hosts instead of a file: gpu1:4,gpu2:4."),
     module: str = typer.Option(None, "-m", "--module", help="Run a module (like python -m) instead of a script."),
