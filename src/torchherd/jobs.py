@@ -39,6 +39,11 @@ class JobRecord:
     first_failure: dict[str, Any] | None = None
     cluster_file: str | None = None
     detached: bool = False
+    cluster: dict[str, Any] | None = None
+    """The cluster as launched (env redacted, paths absolute): stop/logs/ps reach the nodes
+    from any directory, even when the cluster file has changed since."""
+    node_dirs: dict[str, str] = field(default_factory=dict)
+    """host -> the job's directory on that node (detached jobs: events.jsonl lives there)."""
 
     def save(self) -> None:
         directory = job_dir(self.id)

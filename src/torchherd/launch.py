@@ -23,6 +23,7 @@ from .errors import ConfigError, Interrupted, NodeNotReady
 from .facts import NodeFacts
 from .jobs import JobRecord, job_dir
 from .logs import JobOutput, RunResult, render_summary
+from .ops.jobctl import cluster_file_of, cluster_snapshot
 from .plan import JobSpec, LaunchPlan, make_plan
 from .redact import redact_text
 from .spec import ClusterSpec, NodeSpec, read_env_file
@@ -43,6 +44,8 @@ class LaunchOptions:
     """Refuse to start when a fast check fails (unreachable, no torch, versions, port)."""
     color: bool | None = None
     """Colour the prefixes; default: when stdout is a terminal."""
+    detach: bool = False
+    """Return once every node has started; the job runs on without the launcher."""
 
 
 async def connect_all(cluster: ClusterSpec, transport: Transport) -> None:
@@ -123,40 +126,9 @@ def explain_probe_failure(node: NodeSpec, python: str, code: int, stderr: str, r
 
 def fast_preflight(cluster: ClusterSpec, facts: Mapping[str, NodeFacts]) -> list[str]:
     """The checks that make a launch fail for sure, as problem lines (empty: go ahead)."""
-    problems = []
-    for node in cluster.nodes:
-        node_facts = facts[node.host]
-        if node_facts.torch_version is None:
-            problems.append(
-                f"{node.host}: torch is not installed for {node_facts.python}; fix: install it "
-                "there, or point python at an environment that has it"
-            )
-        if node_facts.workdir_exists is False:
-            problems.append(
-                f"{node.host}: working directory {node_facts.workdir} does not exist; fix: "
-                "`herd sync` the project there, or set [cluster] workdir"
-            )
-    versions = {
-        (facts[n.host].torch_version, facts[n.host].python_version.rsplit(".", 1)[0])
-        for n in cluster.nodes
-        if facts[n.host].torch_version
-    }
-    if len(versions) > 1:
-        table = ", ".join(
-            f"{n.host}: torch {facts[n.host].torch_version} python {facts[n.host].python_version}"
-            for n in cluster.nodes
-        )
-        problems.append(
-            f"versions differ between nodes ({table}); fix: install the same torch and Python "
-            "everywhere (`herd doctor` shows the table)"
-        )
-    first = cluster.rendezvous_node
-    if cluster.transport == "ssh" and facts[first.host].port_free is False:
-        problems.append(
-            f"{first.host}: rendezvous port {facts[first.host].port} is in use; fix: set "
-            "[cluster] rdzv_port to a free port, or leave it out to let herd pick one"
-        )
-    return problems
+    from .preflight import Status, fast_checks
+
+    return [r.line() for r in fast_checks(cluster, facts) if r.status is Status.FAIL]
 
 
 async def prepare(
@@ -237,6 +209,13 @@ async def _launch(
             progress.clear()
         if options.dry_run:
             return plan
+        if options.detach:
+            from .ops.detach import start_detached
+
+            return await start_detached(
+                cluster, plan, transport, stream, log_dir=options.log_dir,
+                banner=banner(plan, cluster),
+            )
         return await _supervise(cluster, plan, transport, options, stream, loop)
     finally:
         _restore_signals(loop)
@@ -269,6 +248,9 @@ async def _supervise(
         command=[redact_text(a, secrets) for a in plan.nodes[0].argv],
         rdzv_endpoint=plan.rdzv_endpoint,
         log_dir=str(log_dir),
+        # So `herd stop JOB` from another terminal can reach the nodes.
+        cluster=cluster_snapshot(cluster, secrets),
+        cluster_file=cluster_file_of(cluster),
     )
     record.save()
     output.note(banner(plan, cluster))
@@ -281,6 +263,8 @@ async def _supervise(
     output.note(render_summary(result))
     output.close()
     record.state = {0: "succeeded", 130: "stopped"}.get(result.exit_code, "failed")
+    if result.node_status and all(s == "stopped" for s in result.node_status.values()):
+        record.state = "stopped"  # by `herd stop` from another terminal
     record.ended = time.time()
     record.exit_code = result.exit_code
     if result.first_failure is not None:

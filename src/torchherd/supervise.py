@@ -32,6 +32,8 @@ from .transport import Transport
 _TEARDOWN_SIGNALS = {"SIGTERM", "SIGKILL", "SIGINT", "SIGHUP"}
 # Extra seconds an agent gets beyond the grace period before its link is cut.
 STOP_MARGIN = 10.0
+# Seconds between pings to each agent; an agent that hears nothing for 6 of them stops its job.
+HEARTBEAT_INTERVAL = 5.0
 
 
 @dataclass
@@ -69,10 +71,12 @@ class Supervisor:
         started = time.monotonic()
         tasks = [asyncio.create_task(self._run_node(node)) for node in self.nodes.values()]
         watchdog = asyncio.create_task(self._cut_off_after_deadline())
+        heartbeat = asyncio.create_task(self._ping_agents())
         try:
             await asyncio.gather(*tasks)
         finally:
             watchdog.cancel()
+            heartbeat.cancel()
             for task in tasks:
                 task.cancel()
         return self._result(time.monotonic() - started)
@@ -136,6 +140,7 @@ class Supervisor:
             "env": dict(plan.env),
             "secret_env": dict(self.plan.secret_env),
             "grace": self.plan.grace,
+            "heartbeat": HEARTBEAT_INTERVAL,
         }
 
     async def _read_stderr(self, node: NodeRun) -> None:
@@ -212,6 +217,17 @@ class Supervisor:
             process.stdin.close()
         except (ConnectionError, OSError, RuntimeError):
             pass
+
+    async def _ping_agents(self) -> None:
+        while True:
+            await asyncio.sleep(HEARTBEAT_INTERVAL)
+            for node in self.nodes.values():
+                stdin = node.process.stdin if node.process is not None else None
+                if stdin is not None and not stdin.is_closing():
+                    try:
+                        stdin.write(b'{"cmd":"ping"}\n')
+                    except (ConnectionError, OSError, RuntimeError):
+                        pass
 
     async def _cut_off_after_deadline(self) -> None:
         while True:

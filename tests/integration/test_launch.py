@@ -251,3 +251,40 @@ def test_bad_input_is_one_clear_error(
     assert run.returncode == 2, run.stdout + run.stderr
     assert text in run.stderr
     assert "Traceback" not in run.stderr and "fix:" in run.stderr
+
+
+def test_node_cut_off_mid_run(clean_faults: Testbed, tmp_path: Path) -> None:
+    """A partition closes no connection: herd must notice the silence, name the node, stop the
+    rest, and the cut-off node's own agent must end its job when the launcher's pings stop."""
+    testbed = clean_faults
+    path = cluster(testbed, tmp_path, [{"host": "node1", "nproc": 1}, {"host": "node2", "nproc": 1}])
+    home = tmp_path / "home"
+    env = dict(os.environ, HERD_HOME=str(home), PYTHONUNBUFFERED="1")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "torchherd", "launch", "-c", str(path), "allreduce.py",
+         "--sleep", "300"],
+        cwd=SCRIPTS, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    try:
+        assert process.stdout is not None
+        count = 0
+        for line in process.stdout:
+            count += "SLEEPING" in line
+            if count == 2:
+                break
+        job_id = next((home / "jobs").iterdir()).name
+        testbed.partition("node2")
+        cut = time.monotonic()
+        rest = process.communicate(timeout=60)[0]
+        noticed = time.monotonic() - cut
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 1, rest
+    assert "lost contact with node2" in rest, rest
+    assert noticed < 40, f"took {noticed:.0f} s to notice"
+    # node2 never heard the stop; its agent ends the job by itself after 30 s of silence.
+    deadline = time.monotonic() + 60
+    while testbed.processes_with_env("HERD_JOB_ID", job_id) and time.monotonic() < deadline:
+        time.sleep(1)
+    assert not testbed.processes_with_env("HERD_JOB_ID", job_id)

@@ -1,4 +1,4 @@
-"""Entry point on a node: `python -m torchherd.agent probe|run`."""
+"""Entry point on a node: `python -m torchherd.agent probe|run|net`."""
 
 from __future__ import annotations
 
@@ -23,7 +23,15 @@ def main(argv: list[str]) -> int:
         sys.stdout.flush()
         # A daemon thread still blocks reading stdin; leave without waiting for it.
         os._exit(code)
-    print("usage: python -m torchherd.agent probe|run", file=sys.stderr)
+    if command == "net":
+        from .netcheck import main as net_main
+
+        return net_main(argv[1:])
+    if command in ("stop", "status", "logs", "top"):
+        from .control import main as control_main
+
+        return control_main(command, argv[1:])
+    print("usage: python -m torchherd.agent probe|run|net", file=sys.stderr)
     return 2
 
 

@@ -2,6 +2,8 @@
 
 The quick probe (what every launch runs) reads only cheap facts with the standard library:
 names, addresses, routes, versions from package metadata, a free port. It never imports torch.
+With ``"full": true`` (herd doctor) it adds torch, CUDA, NCCL, GPUs, memory, disk and credential
+files from ``probe_full``, which imports torch only in a subprocess.
 """
 
 from __future__ import annotations
@@ -58,6 +60,10 @@ def collect(request: dict[str, Any]) -> dict[str, Any]:
         facts["workdir_exists"] = os.path.isdir(path)
     if "port" in request:
         facts["port"] = check_port(int(request["port"] or 0))
+    if request.get("full"):
+        from .probe_full import collect_full
+
+        facts.update(collect_full(request, facts.get("workdir")))
     return facts
 
 

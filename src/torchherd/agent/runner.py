@@ -19,10 +19,12 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from typing import IO, Any
 
 from . import processes
+from .control import write_agent_record
 from .elastic import FAILURE_FILE_VAR, NODE_DIR_VAR
 from .protocol import JOB_ID_VAR, LINE_PREFIX_TEMPLATE, NODE_VAR, encode, split_prefix
 
@@ -30,6 +32,8 @@ Emit = Callable[[dict[str, Any]], None]
 
 # Lines of stderr kept per rank for the failure summary.
 STDERR_TAIL = 20
+# Missed launcher pings after which an attached agent ends its job.
+HEARTBEAT_MISSES = 6
 
 
 def herd_home(env: dict[str, str]) -> str:
@@ -70,6 +74,8 @@ class NodeJob:
                 return 3
             os.chdir(path)
         os.makedirs(self.node_dir, exist_ok=True)
+        # Where `herd stop` (from any terminal) finds this agent to end the job cleanly.
+        write_agent_record(self.node_dir, self.job_id, self.node, bool(self.request.get("detach")))
         processes.become_subreaper()
         try:
             self.process = subprocess.Popen(
@@ -205,6 +211,11 @@ def main() -> int:
     except ValueError:
         print("torchherd agent: expected a JSON job request on stdin", file=sys.stderr)
         return 2
+    if request.get("detach"):
+        # Before any thread starts: the daemon is made with fork().
+        from .detach import run_detached
+
+        return run_detached(request)
     job: NodeJob | None = None
 
     def stop(*_: object) -> None:
@@ -217,8 +228,11 @@ def main() -> int:
         signal.signal(sig, stop)
     # SIGPIPE stays ignored (Python's default), so a dead launcher shows up as BrokenPipeError.
 
+    last_heard = [time.monotonic()]
+
     def watch_stdin() -> None:
         for line in sys.stdin.buffer:
+            last_heard[0] = time.monotonic()
             try:
                 command = json.loads(line).get("cmd")
             except (ValueError, AttributeError):
@@ -227,5 +241,20 @@ def main() -> int:
                 break
         stop()  # "stop", or stdin closed: the launcher is gone
 
+    def watch_heartbeat(interval: float) -> None:
+        # A partition closes nothing: sshd may keep stdin open for hours. The launcher pings
+        # every `interval` s; silence for HEARTBEAT_MISSES pings means it is gone or cut off.
+        limit = max(interval * HEARTBEAT_MISSES, 15.0)
+        while not job.stop_requested.wait(interval):
+            if time.monotonic() - last_heard[0] > limit:
+                print(f"torchherd agent: no word from the launcher for {limit:.0f} s; "
+                      "stopping the job", file=sys.stderr, flush=True)
+                stop()
+                return
+
     threading.Thread(target=watch_stdin, daemon=True).start()
+    if request.get("heartbeat"):
+        threading.Thread(
+            target=watch_heartbeat, args=(float(request["heartbeat"]),), daemon=True
+        ).start()
     return job.run()

@@ -17,6 +17,8 @@ from .app import app, state
 # Command modules: importing one registers its commands on `app`.
 from . import launch as _launch  # noqa: E402,F401
 from . import demo as _demo  # noqa: E402,F401
+from . import doctor as _doctor  # noqa: E402,F401
+from . import jobs as _jobs, ops as _ops, top as _top  # noqa: E402,F401
 
 __all__ = ["app", "main", "run"]
 

@@ -36,6 +36,7 @@ def launch_command(
     log_dir: Path = typer.Option(None, "--log-dir", help="Per-rank logs here (default: ~/.herd/jobs/<job-id>/)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print what would run on each node (secrets masked); start nothing."),
     no_preflight: bool = typer.Option(False, "--no-preflight", help="Start even when a fast check fails."),
+    detach: bool = typer.Option(False, "--detach", help="Return once every node has started; the job runs on (herd logs/ps/stop JOB)."),
     grace: float = typer.Option(10.0, "--grace", min=0, help="Seconds workers get to exit after SIGTERM."),
 ) -> int:
     """Run SCRIPT [ARGS...] (or -m MODULE [ARGS...]) with torchrun on every node.
@@ -62,7 +63,9 @@ def launch_command(
         entry, is_module = (script, *args), False
     cluster = cluster_for(config, hosts, nproc=nproc)
     job = JobSpec(entry=tuple(entry), module=is_module, nproc=nproc, max_restarts=max_restarts, grace=grace)
-    result = launch(cluster, job, LaunchOptions(dry_run=dry_run, log_dir=log_dir, preflight=not no_preflight))
+    result = launch(cluster, job, LaunchOptions(
+        dry_run=dry_run, log_dir=log_dir, preflight=not no_preflight, detach=detach
+    ))
     if isinstance(result, LaunchPlan):
         sys.stdout.write(result.render() + "\n")
         return 0

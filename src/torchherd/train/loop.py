@@ -129,6 +129,11 @@ class Trainer:
         self._snapshot_time = time.monotonic()
         self._pending: list[dict[str, Any]] = []
 
+    @property
+    def module(self) -> nn.Module:
+        """The model without its DDP or torch.compile wrapper (for generation, export)."""
+        return _state.unwrap(self.model)
+
     # ------------------------------------------------------------------ construction
 
     def _choose_parallel(self, wanted: str) -> str:
@@ -290,14 +295,15 @@ class Trainer:
         eval_due = (
             self.eval_loader is not None and cfg.eval_every > 0 and self.step % cfg.eval_every == 0
         )
-        if self.step % cfg.log_every == 0 or last or snapshot_due or eval_due:
-            snapshot_due = self._flush_metrics() or snapshot_due
+        show = self.step % cfg.log_every == 0 or last
+        if show or snapshot_due or eval_due:
+            snapshot_due = self._flush_metrics(show) or snapshot_due
         if eval_due:
             self.evaluate()
         if snapshot_due:
             self.save_snapshot()
 
-    def _flush_metrics(self) -> bool:
+    def _flush_metrics(self, show: bool = True) -> bool:
         """Reduce pending losses across ranks (one collective), write them; True if a timed
         snapshot is due (decided by rank 0's clock, so every rank agrees)."""
         pending, self._pending = self._pending, []
@@ -318,7 +324,7 @@ class Trainer:
                 record["grad_norm"] = float(raw.pop("_grad_norm"))
             pending[index] = record | raw
         self._last_loss = pending[-1]["loss"]
-        self.metrics.log_steps(pending, samples)
+        self.metrics.log_steps(pending, samples, show)
         return reduced[-1] > 0
 
     def _flag(self, value: bool) -> torch.Tensor:

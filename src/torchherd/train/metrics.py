@@ -121,10 +121,11 @@ class MetricsLogger:
         """Start timing throughput from now (after a resume, an evaluation or a snapshot)."""
         self._window_start = time.perf_counter()
 
-    def log_steps(self, records: list[dict[str, Any]], samples: int) -> None:
-        """Append one record per step; the last gets throughput and ETA, and a progress line.
+    def log_steps(self, records: list[dict[str, Any]], samples: int, show: bool = True) -> None:
+        """Append one record per step; the last gets throughput and ETA.
 
-        ``samples`` is the number of samples the whole job processed during these steps.
+        ``samples`` is the number of samples the whole job processed during these steps;
+        ``show`` prints the progress line (at log steps, not at every flush).
         """
         now = time.perf_counter()
         elapsed, self._window_start = now - self._window_start, now
@@ -145,8 +146,9 @@ class MetricsLogger:
             out.write(json.dumps(record) + "\n")
             self._scalars(record)
         out.flush()
-        self.stream.write(self._progress_line(last) + "\n")
-        self.stream.flush()
+        if show:
+            self.stream.write(self._progress_line(last) + "\n")
+            self.stream.flush()
 
     def log_eval(self, step: int, values: dict[str, float]) -> None:
         """Append an evaluation record and print it."""

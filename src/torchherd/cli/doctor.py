@@ -1,0 +1,71 @@
+"""`herd doctor`: examine every node and say what would make a launch fail, and what to do."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import typer
+from rich.console import Console
+
+from ..preflight import Limits
+from ..preflight.doctor import DoctorOptions, Say, doctor
+from ..preflight.network import NetOptions
+from ..preflight.render import render
+from .app import CLUSTER_HELP, app
+from .common import cluster_for
+
+
+@app.command("doctor")
+def doctor_command(
+    config: str = typer.Option(None, "-c", "--config", help=CLUSTER_HELP),
+    hosts: str = typer.Option(
+        None, "-H", "--hosts", help="Hosts instead of a file: gpu1:4,gpu2:4."),
+    nproc: int = typer.Option(
+        None, "--nproc", min=1, help="Workers per node to check for (as in launch)."),
+    full: bool = typer.Option(
+        False, "--full", help="Test every pair of nodes, not only from the rendezvous node."),
+    collective: bool = typer.Option(
+        False, "--collective", help="Also run a real all-reduce across all nodes."),
+    min_gbits: float = typer.Option(
+        10.0, "--min-gbits", min=0, help="Warn on links slower than this (Gbit/s)."),
+    min_disk_gb: float = typer.Option(
+        10.0, "--min-disk-gb", min=0, help="Warn below this much free disk (GB)."),
+    fresh: bool = typer.Option(
+        False, "--fresh", help="Re-import torch on every node (ignore the remembered result)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the report as JSON on stdout."),
+    verbose: bool = typer.Option(
+        False, "-v", "--verbose", help="Show every check's finding, not only problems."),
+) -> int:
+    """Check every node: ssh, python/torch, versions, GPUs, ports, NICs, names, disk, bandwidth.
+
+    Prints a table of nodes x checks, then what to do about each problem. Exit 0 when nothing
+    failed (warnings allowed), 3 when a check failed, 2 for a bad cluster file.
+    """
+    cluster = cluster_for(config, hosts, nproc=nproc)
+    options = DoctorOptions(
+        nproc=nproc, full=full, collective=collective, fresh=fresh,
+        limits=Limits(min_gbits=min_gbits, min_disk_gb=min_disk_gb), net=NetOptions(full=full),
+    )
+    err = Console(stderr=True)
+    with _progress(err, len(cluster.nodes)) as say:
+        report = doctor(cluster, options, say=say)
+    if as_json:
+        sys.stdout.write(json.dumps(report.to_dict(), indent=2, default=str) + "\n")
+    else:
+        out = Console() if sys.stdout.isatty() else Console(width=120)
+        out.print(f"herd doctor: {len(cluster.nodes)} node(s) from {cluster.source}\n")
+        render(report, out, verbose=verbose)
+    return report.exit_code
+
+
+@contextmanager
+def _progress(console: Console, nodes: int) -> Iterator[Say]:
+    """A spinner with the current stage on a terminal; silent otherwise (scripts, CI logs)."""
+    if not console.is_terminal:
+        yield lambda _: None
+        return
+    with console.status(f"examining {nodes} node(s)") as status:
+        yield lambda text: status.update(f"herd doctor: {text}")

@@ -1,0 +1,143 @@
+"""`herd ps`, `herd logs JOB`, `herd stop JOB`: jobs from any terminal, attached or detached."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from ..errors import EXIT_NODE_NOT_READY, EXIT_OK
+from ..jobs import JobRecord, list_records
+from ..ops.jobctl import find_record, refresh, stop_job
+from ..ops.joblogs import show_logs
+from .app import app
+
+
+def console() -> Console:
+    """Rich output; off a terminal, wide enough that tables are never cut for a pipe or a file."""
+    tty = sys.stdout.isatty()
+    return Console(width=None if tty else 200, highlight=False, soft_wrap=not tty)
+
+
+def runtime(record: JobRecord, now: float | None = None) -> float:
+    end = record.ended if record.ended is not None else (now or time.time())
+    return max(0.0, end - record.started)
+
+
+def clock(seconds: float) -> str:
+    seconds = int(seconds)
+    return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
+
+
+def ps_row(record: JobRecord) -> dict[str, Any]:
+    """One job as `herd ps --json` prints it."""
+    return {
+        "id": record.id,
+        "state": record.state,
+        "detached": record.detached,
+        "nodes": [n["host"] for n in record.nodes],
+        "world_size": record.world_size,
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(record.started)),
+        "runtime_s": round(runtime(record), 1),
+        "exit_code": record.exit_code,
+        "first_failure": record.first_failure,
+    }
+
+
+@app.command("ps")
+def ps_command(
+    all_jobs: bool = typer.Option(False, "--all", "-a", help="Every job, not only the last 20."),
+    as_json: bool = typer.Option(False, "--json", help="One JSON list on stdout, for scripts."),
+    no_refresh: bool = typer.Option(
+        False, "--no-refresh", help="Do not ask the nodes of running detached jobs how they are."
+    ),
+) -> int:
+    """List jobs: id, state, nodes, world size, started, runtime, exit code.
+
+    Running detached jobs are checked on their nodes (one ssh per node), so a job that ended
+    while nobody watched shows how it ended.
+    """
+    records = list_records()
+    if not all_jobs:
+        records = records[-20:]
+    if not no_refresh:
+        records = refresh(records)
+    if as_json:
+        print(json.dumps([ps_row(r) for r in records], indent=2))
+        return EXIT_OK
+    if not records:
+        print("no jobs yet: start one with `herd launch train.py` (or `herd demo`)")
+        return EXIT_OK
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    for name in ("ID", "STATE", "NODES", "WORLD", "STARTED", "RUNTIME", "EXIT"):
+        table.add_column(name, justify="right" if name in ("WORLD", "EXIT") else "left")
+    for record in records:
+        hosts = [str(n["host"]) for n in record.nodes]
+        shown = ",".join(hosts) if len(hosts) <= 3 else f"{hosts[0]},…({len(hosts)})"
+        state = record.state + (" (detached)" if record.detached else "")
+        table.add_row(
+            record.id,
+            state,
+            shown,
+            str(record.world_size),
+            time.strftime("%m-%d %H:%M:%S", time.localtime(record.started)),
+            clock(runtime(record)),
+            "-" if record.exit_code is None else str(record.exit_code),
+        )
+    console().print(table)
+    return EXIT_OK
+
+
+@app.command("logs")
+def logs_command(
+    job: str = typer.Argument(..., help="Job id (a unique prefix is enough); see `herd ps`."),
+    rank: int = typer.Option(None, "--rank", "-r", help="Only this global rank's lines."),
+    follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing until the job ends."),
+) -> int:
+    """Print a job's output: every rank with host:rank prefixes, or one rank's lines.
+
+    Attached jobs are read from the launcher's job directory; detached jobs from their nodes.
+    """
+    record = find_record(job)
+    show_logs(record, rank, follow, sys.stdout)
+    return EXIT_OK
+
+
+@app.command("stop")
+def stop_command(
+    job: str = typer.Argument(..., help="Job id (a unique prefix is enough); see `herd ps`."),
+    grace: float = typer.Option(
+        10.0, "--grace", min=0, help="Seconds the workers get after SIGTERM before SIGKILL."
+    ),
+) -> int:
+    """Stop exactly this job's processes on every node, and confirm none are left.
+
+    Processes are found by the job id every one of them carries, never by name, so other
+    jobs on the same nodes are untouched. Works for attached jobs too (their launcher then
+    reports the job as stopped).
+    """
+    record = find_record(job)
+    hosts = [str(n["host"]) for n in record.nodes]
+    print(f"herd: stopping job {record.id} on {len(hosts)} node(s)", flush=True)
+    report = stop_job(record, grace)
+    width = max(len(h) for h in hosts)
+    for node in report.nodes:
+        if node.error is not None:
+            line = f"FAILED: {node.error}"
+        elif node.survivors:
+            pids = " ".join(str(p) for p in node.survivors)
+            line = f"FAILED: {len(node.survivors)} process(es) still there (pids {pids})"
+        else:
+            line = f"ended {node.processes} process(es), none left"
+        print(f"  {node.host.ljust(width)}  {line}")
+    if report.ok:
+        print(f"job {record.id} stopped on every node")
+        return EXIT_OK
+    print(f"job {record.id}: not confirmed stopped everywhere; run `herd stop {record.id}` again "
+          "once the nodes above answer", file=sys.stderr)
+    return EXIT_NODE_NOT_READY

@@ -1,0 +1,167 @@
+"""`herd doctor` as a library call: gather findings from every node, then judge them.
+
+    connect (ssh, in parallel) -> full probe (in parallel) -> the launch plan -> TCP tests
+    -> checks -> [all-reduce through `herd launch`, with --collective] -> PreflightReport
+
+Unlike a launch, nothing here stops at the first broken node: each node's trouble becomes its
+row of the report, and the others are still examined.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ..facts import NodeFacts
+from ..spec import ClusterSpec, NodeSpec
+from ..transport import Transport, Unreachable, for_cluster
+from . import make_report, run_checks
+from .findings import Findings, Limits, ProbeFailure, plan_for
+from .network import NetOptions, network_tests
+from .report import BusBandwidth, CheckResult, PreflightReport, Status
+
+Say = Callable[[str], None]
+
+# Asks a node's interpreter what it has, when torchherd itself is missing there. Any Python 3.
+_WHAT_IS_INSTALLED = (
+    "import json, sys\n"
+    "from importlib.util import find_spec\n"
+    "def has(name):\n"
+    "    try:\n"
+    "        return find_spec(name) is not None\n"
+    "    except Exception:\n"
+    "        return False\n"
+    "print(json.dumps({'version': '.'.join(map(str, sys.version_info[:3])),"
+    " 'torch': has('torch'), 'torchherd': has('torchherd')}))\n"
+)
+
+
+@dataclass(frozen=True)
+class DoctorOptions:
+    """What `herd doctor` examines and how hard."""
+
+    nproc: int | None = None
+    """Workers per node to check for (like launch's --nproc)."""
+    full: bool = False
+    """Test every pair of nodes instead of the star around the rendezvous node."""
+    collective: bool = False
+    """Also run a real all-reduce across all nodes through `herd launch`."""
+    fresh: bool = False
+    """Import torch on every node even where the probe remembers the result."""
+    limits: Limits = field(default_factory=Limits)
+    net: NetOptions = field(default_factory=NetOptions)
+    probe_timeout: float = 120.0
+    """Seconds a node's probe may take (it imports torch, which can be slow on a busy node)."""
+
+
+def doctor(
+    cluster: ClusterSpec,
+    options: DoctorOptions | None = None,
+    *,
+    transport: Transport | None = None,
+    say: Say | None = None,
+) -> PreflightReport:
+    """Examine every node and return the report (never raises for a broken node)."""
+    options = options or DoctorOptions()
+    say = say or (lambda _: None)
+    started = time.monotonic()
+    findings = asyncio.run(gather(cluster, options, transport or for_cluster(cluster), say))
+    extra: tuple[CheckResult, ...] = ()
+    rows: tuple[BusBandwidth, ...] = ()
+    if options.collective:
+        if any(r.status is Status.FAIL for r in run_checks(findings)):
+            extra = (CheckResult("collective", None, Status.SKIP,
+                                 "all-reduce not run: fix the failures above first"),)
+        else:
+            from .collective import run_collective
+
+            say("running an all-reduce across all nodes")
+            result, rows = run_collective(cluster, options.nproc)
+            extra = (result,)
+    return make_report(findings, extra=extra, collective=rows,
+                       seconds=time.monotonic() - started)
+
+
+async def gather(cluster: ClusterSpec, options: DoctorOptions, transport: Transport,
+                 say: Say) -> Findings:
+    """Everything the checks need, with the transport closed afterwards on every path."""
+    try:
+        total = len(cluster.nodes)
+        done = 0
+
+        def tick(stage: str) -> Callable[[NodeSpec, object], None]:
+            def on_done(_: NodeSpec, __: object) -> None:
+                nonlocal done
+                done += 1
+                say(f"{stage} {done}/{total}")
+
+            return on_done
+
+        say(f"connecting 0/{total}")
+        connected = await transport.each(cluster.nodes, transport.connect, tick("connecting"))
+        unreachable = {u.host: u for u in connected if isinstance(u, Unreachable)}
+        reachable = [n for n in cluster.nodes if n.host not in unreachable]
+        done = 0
+        say(f"probing 0/{len(reachable)}")
+        probed = await transport.each(
+            reachable, lambda node: _probe(cluster, transport, node, options), tick("probing"))
+        facts = {p.host: p for p in probed if isinstance(p, NodeFacts)}
+        failures = {p.host: p for p in probed if isinstance(p, ProbeFailure)}
+        network, skipped = None, ""
+        if cluster.transport == "ssh":
+            outcome = plan_for(cluster, facts, options.nproc)
+            if outcome.plan is not None and len(outcome.plan.nodes) >= 1:
+                network = await network_tests(cluster, transport, outcome.plan, options.net, say)
+            else:
+                skipped = f"not tested: {outcome.error}"
+        return Findings(cluster=cluster, facts=facts, unreachable=unreachable,
+                        probe_failures=failures, network=network, network_skipped=skipped,
+                        nproc=options.nproc, limits=options.limits)
+    finally:
+        await transport.close()
+
+
+async def _probe(cluster: ClusterSpec, transport: Transport, node: NodeSpec,
+                 options: DoctorOptions) -> NodeFacts | ProbeFailure:
+    request: dict[str, object] = {"full": True, "fresh": options.fresh}
+    if cluster.workdir:
+        request["workdir"] = cluster.workdir
+    if node is cluster.rendezvous_node:
+        request["port"] = cluster.rdzv_port or 0
+    python = cluster.python_for(node)
+    result = await transport.run(node, [python, "-m", "torchherd.agent", "probe"],
+                                 input=json.dumps(request).encode(), timeout=options.probe_timeout)
+    if result.ok:
+        try:
+            return NodeFacts.from_probe(node.host, json.loads(result.stdout))
+        except (ValueError, TypeError, KeyError) as exc:
+            return ProbeFailure(node.host, python, "bad-output",
+                                f"the probe answered with something that is not its JSON ({exc})")
+    if result.timed_out:
+        return ProbeFailure(node.host, python, "timeout",
+                            f"no answer within {options.probe_timeout:g} s")
+    stderr = result.stderr
+    last = stderr.strip().splitlines()[-1] if stderr.strip() else f"exit code {result.returncode}"
+    if result.returncode == 127 or ("not found" in stderr and "No module" not in stderr):
+        return ProbeFailure(node.host, python, "no-python", last)
+    if "No module named" in stderr or "SyntaxError" in stderr:
+        return await _what_is_installed(transport, node, python, last)
+    return ProbeFailure(node.host, python, "error", last)
+
+
+async def _what_is_installed(transport: Transport, node: NodeSpec, python: str,
+                             last: str) -> ProbeFailure:
+    """torchherd did not run: ask the bare interpreter its version and what it has."""
+    result = await transport.run(node, [python, "-c", _WHAT_IS_INSTALLED], timeout=30)
+    try:
+        answer = json.loads(result.stdout)
+    except ValueError:
+        return ProbeFailure(node.host, python, "error", last)
+    version = str(answer.get("version", ""))
+    major_minor = tuple(int(part) for part in version.split(".")[:2] if part.isdigit())
+    kind = "old-python" if major_minor < (3, 11) else "no-torchherd"
+    return ProbeFailure(node.host, python, kind, last, python_version=version,
+                        has_torch=bool(answer.get("torch")))

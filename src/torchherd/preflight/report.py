@@ -1,0 +1,135 @@
+"""The result types of preflight: one CheckResult per node and check, gathered in a report.
+
+Preflight reports; it does not decide. `herd doctor` renders the report and exits 3 when a check
+failed; `herd launch` refuses to start on a failed fast check unless told not to. Both decisions
+are the caller's, made from the same values.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from ..errors import EXIT_NODE_NOT_READY, EXIT_OK
+
+
+class Status(StrEnum):
+    PASS = "pass"
+    WARN = "warn"
+    FAIL = "fail"
+    SKIP = "skip"
+    """Not run: the node was not reachable, or the check does not apply to it."""
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """What one check found on one node (``host`` None: about the cluster as a whole)."""
+
+    check: str
+    host: str | None
+    status: Status
+    summary: str
+    """One line: what was found."""
+    remedy: str = ""
+    """One line: what to do about it (for warn and fail)."""
+    data: Mapping[str, Any] = field(default_factory=dict)
+    """Numbers behind the summary, for --json."""
+
+    def line(self) -> str:
+        """``host: summary; fix: remedy``: the form launch's problem list and logs use."""
+        text = f"{self.host}: {self.summary}" if self.host else self.summary
+        return f"{text}; fix: {self.remedy}" if self.remedy else text
+
+
+@dataclass(frozen=True)
+class Link:
+    """One TCP test from ``src`` to ``dst``: did it connect, and how fast was it."""
+
+    src: str
+    dst: str
+    addr: str
+    port: int
+    purpose: str
+    """rdzv (the store port on the rendezvous node) or ephemeral (a kernel-chosen port)."""
+    ok: bool
+    error: str = ""
+    reason: str = ""
+    """timeout, refused, unreachable, error, or listen (the listener itself failed)."""
+    connect_ms: float | None = None
+    rtt_ms: float | None = None
+    gbits: float | None = None
+    throughput_error: str = ""
+
+    def describe(self) -> str:
+        return f"{self.src} -> {self.dst}"
+
+
+@dataclass(frozen=True)
+class BusBandwidth:
+    """One message size of the all-reduce test (nccl-tests' definitions)."""
+
+    size_bytes: int
+    seconds: float
+    algbw_gbytes: float
+    busbw_gbytes: float
+    """algbw x 2(n-1)/n: comparable with link speed whatever the world size."""
+
+
+@dataclass(frozen=True)
+class PreflightReport:
+    """Everything the doctor found, in node order; rendering and exit codes come from here."""
+
+    hosts: tuple[str, ...]
+    results: tuple[CheckResult, ...]
+    versions: Mapping[str, Mapping[str, str | None]] = field(default_factory=dict)
+    """Only the fields that differ between nodes: field -> host -> value."""
+    links: tuple[Link, ...] = ()
+    collective: tuple[BusBandwidth, ...] = ()
+    facts: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    """Per host, the raw probe answer (for --json and bug reports)."""
+    seconds: float = 0.0
+
+    @property
+    def failed(self) -> bool:
+        return any(r.status is Status.FAIL for r in self.results)
+
+    @property
+    def exit_code(self) -> int:
+        """0 when nothing failed, 3 (node not ready) otherwise."""
+        return EXIT_NODE_NOT_READY if self.failed else EXIT_OK
+
+    def result(self, check: str, host: str | None) -> CheckResult | None:
+        for result in self.results:
+            if result.check == check and result.host == host:
+                return result
+        return None
+
+    def problems(self) -> list[CheckResult]:
+        """Failures first, then warnings, each group in node order."""
+        order = {Status.FAIL: 0, Status.WARN: 1}
+        found = [r for r in self.results if r.status in order]
+        return sorted(found, key=lambda r: order[r.status])
+
+    def slowest_link(self) -> Link | None:
+        measured = [link for link in self.links if link.gbits is not None]
+        return min(measured, key=lambda link: link.gbits or 0.0) if measured else None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The machine-readable form `herd doctor --json` prints."""
+        slowest = self.slowest_link()
+        return {
+            "ok": not self.failed,
+            "exit_code": self.exit_code,
+            "hosts": list(self.hosts),
+            "results": [
+                {**asdict(r), "status": str(r.status), "data": dict(r.data)} for r in self.results
+            ],
+            "versions": {name: dict(values) for name, values in self.versions.items()},
+            "links": [asdict(link) for link in self.links],
+            "slowest_link": asdict(slowest) if slowest else None,
+            "collective": [asdict(row) for row in self.collective],
+            "facts": {host: dict(values) for host, values in self.facts.items()},
+            "seconds": self.seconds,
+        }
