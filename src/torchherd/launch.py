@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import signal
 import sys
 import time
@@ -142,6 +143,7 @@ async def prepare(
     """Connect, probe and check every node, then make the plan."""
     say = progress or (lambda _: None)
     secrets = read_env_file(cluster.env_file) if cluster.env_file else {}
+    cluster = with_workdir(cluster)
     say(f"connecting to {len(cluster.nodes)} node(s)")
     await connect_all(cluster, transport)
     say("probing nodes")
@@ -159,6 +161,14 @@ async def prepare(
             hosts=tuple(p.split(":", 1)[0] for p in problems),
         )
     return make_plan(cluster, job, facts, secrets)
+
+
+def with_workdir(cluster: ClusterSpec) -> ClusterSpec:
+    """The job runs in [cluster] workdir, or else in the launcher's current directory (the
+    same path on every node: a shared filesystem or a `herd sync`ed copy)."""
+    if cluster.workdir:
+        return cluster
+    return cluster.model_copy(update={"workdir": os.getcwd()})
 
 
 def banner(plan: LaunchPlan, cluster: ClusterSpec) -> str:
@@ -193,14 +203,13 @@ async def _launch(
     transport: Transport | None,
 ) -> RunResult | LaunchPlan:
     transport = transport or for_cluster(cluster)
-    interrupted = asyncio.Event()
     loop = asyncio.get_running_loop()
     try:
         progress = _Progress(err)
         preparing = asyncio.create_task(
             prepare(cluster, job, transport, preflight=options.preflight, progress=progress)
         )
-        _on_signals(loop, lambda: (interrupted.set(), preparing.cancel()))
+        _on_signals(loop, preparing.cancel)
         try:
             plan = await preparing
         except asyncio.CancelledError:

@@ -46,6 +46,7 @@ def launch_command(
     130 interrupted.
     """
     args = list(ctx.args)
+    cluster = cluster_for(config, hosts, nproc=nproc)
     if module:
         if script is not None:
             args.insert(0, script)
@@ -53,15 +54,14 @@ def launch_command(
     else:
         if script is None:
             raise UsageError("no training script given", "herd launch train.py [ARGS...], or -m MODULE")
-        if not script.endswith(".py") and not Path(script).exists():
-            pass  # a path on the nodes only; the nodes will say if it is missing
-        if not Path(script).exists() and not os.path.isabs(script):
+        # Without a workdir the job runs in this directory on every node: check here. With
+        # one, the script is a path on the nodes, and torchrun there names it if it is missing.
+        if not cluster.workdir and not Path(script).exists():
             raise UsageError(
                 f"training script {script} not found in {os.getcwd()}",
                 "give its path relative to the working directory (herd sync copies it to the nodes)",
             )
         entry, is_module = (script, *args), False
-    cluster = cluster_for(config, hosts, nproc=nproc)
     job = JobSpec(entry=tuple(entry), module=is_module, nproc=nproc, max_restarts=max_restarts, grace=grace)
     result = launch(cluster, job, LaunchOptions(
         dry_run=dry_run, log_dir=log_dir, preflight=not no_preflight, detach=detach
