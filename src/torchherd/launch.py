@@ -272,8 +272,6 @@ async def _supervise(
     output.note(render_summary(result))
     output.close()
     record.state = {0: "succeeded", 130: "stopped"}.get(result.exit_code, "failed")
-    if result.node_status and all(s == "stopped" for s in result.node_status.values()):
-        record.state = "stopped"  # by `herd stop` from another terminal
     record.ended = time.time()
     record.exit_code = result.exit_code
     if result.first_failure is not None:

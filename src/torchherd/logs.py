@@ -96,6 +96,8 @@ class JobOutput:
 
     def note(self, text: str) -> None:
         """herd's own words (banner, restarts, summary): console and merged log."""
+        if self._secrets:  # a summary quotes failure messages and stderr, which can hold them
+            text = redact_text(text, self._secrets)
         self.stream.write(text + "\n")
         self._merged.write(text + "\n")
         self.stream.flush()

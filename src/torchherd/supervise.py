@@ -248,9 +248,11 @@ class Supervisor:
 
     def _result(self, duration: float) -> RunResult:
         status = {host: node.state for host, node in self.nodes.items()}
+        # Every agent ended its job on request, and not this launcher's: `herd stop` did it.
+        stopped_elsewhere = not self.stopping and all(s == "stopped" for s in status.values())
         if all(state == "succeeded" for state in status.values()):
             code = EXIT_OK
-        elif self.interrupted:
+        elif self.interrupted or stopped_elsewhere:
             code = EXIT_INTERRUPTED
         elif any(state == "not started" for state in status.values()):
             code = EXIT_NODE_NOT_READY
@@ -260,7 +262,7 @@ class Supervisor:
             job_id=self.plan.job_id,
             exit_code=code,
             node_status=status,
-            first_failure=None if code == EXIT_OK else self.first_failure(),
+            first_failure=None if code == EXIT_OK or stopped_elsewhere else self.first_failure(),
             duration=duration,
             log_dir=self.output.log_dir,
         )

@@ -1,24 +1,30 @@
-"""`python -m torchherd.agent net serve|check`: real TCP tests between nodes (stdlib only).
+"""`python -m torchherd.agent net session|check`: real TCP tests between nodes (stdlib only).
 
 Rendezvous, NCCL and Gloo all need plain TCP between nodes: the store port on the rendezvous node
 and ephemeral ports everywhere. A firewall that drops them shows up as a 10-minute hang at init,
 so the doctor opens real listeners and makes real connections, with short timeouts, in parallel.
 
-serve   First stdin line: {"ports": {"name": port, ...}, "max_seconds": s}; port 0 means an
-        ephemeral port the kernel picks. Prints one line {"ports": {name: port}, "errors":
-        {name: why}} once listening, then serves until stdin closes (or max_seconds pass).
-        A connection's first byte says what it wants: b"P" echo (latency), b"S" sink (throughput:
-        read to EOF, answer the byte count as 8 bytes); anything else is just accepted (connect).
+session The doctor's one process per node, a JSON-lines conversation on stdin/stdout:
+        in  {"probe": {probe request}, "ports": {"ephemeral": 0, "rdzv": N}}
+            (ephemeral 0: the kernel picks; rdzv 0: a free port in torchrun's range)
+        out {"facts": {probe answer}, "ports": {name: port}, "errors": {name: why}}
+        in  {"check": {check request}}  ->  out {"results": [...]}   (as often as asked)
+        Listeners serve until stdin closes. One process per node, not one per step, keeps a
+        doctor run to one ssh session per node.
 check   First stdin line: {"targets": [{"name", "addr", "port", "pings", "bytes", "seconds"}],
         "timeout": s}. Connects to every target at once (latency from ``pings`` round trips),
         then measures throughput to each target that asked for it, one at a time so links do
         not share this node's NIC. Prints {"results": [...]} in target order.
+
+A listener's connection says what it wants in its first byte: b"P" echo (latency), b"S" sink
+(throughput: read to EOF, answer the byte count as 8 bytes); anything else is just accepted.
 """
 
 from __future__ import annotations
 
 import errno
 import json
+import random
 import socket
 import statistics
 import struct
@@ -27,22 +33,22 @@ import threading
 import time
 from typing import IO, Any
 
+from .probe import PORT_RANGE
+
 CHUNK = 1 << 20
 """Bytes per send/recv in the throughput test."""
-DEFAULT_MAX_SECONDS = 300.0
-"""A listener left behind by a launcher that died still ends after this long."""
 
 
 def main(argv: list[str]) -> int:
     verb = argv[0] if argv else ""
     line = sys.stdin.readline()
     request = json.loads(line) if line.strip() else {}
-    if verb == "serve":
-        return serve(request, sys.stdin, sys.stdout)
+    if verb == "session":
+        return session(request, sys.stdin, sys.stdout)
     if verb == "check":
         print(json.dumps({"results": check(request)}), flush=True)
         return 0
-    print("usage: python -m torchherd.agent net serve|check", file=sys.stderr)
+    print("usage: python -m torchherd.agent net session|check", file=sys.stderr)
     return 2
 
 
@@ -50,39 +56,63 @@ def main(argv: list[str]) -> int:
 # serve
 
 
-def serve(request: dict[str, Any], stdin: IO[str], stdout: IO[str]) -> int:
-    """Listen on the requested ports until stdin closes; see the module docstring."""
+def listen(ports: dict[str, int]) -> tuple[list[socket.socket], dict[str, int], dict[str, str]]:
+    """Open the listeners; a port of 0 is the kernel's pick, except "rdzv" 0: a free port in
+    torchrun's range (as `herd launch` picks), bound at once so nothing can take it meanwhile."""
     listeners: list[socket.socket] = []
-    ports: dict[str, int] = {}
+    bound: dict[str, int] = {}
     errors: dict[str, str] = {}
-    for name, port in dict(request.get("ports") or {"ephemeral": 0}).items():
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        # Like the TCPStore: a port in TIME_WAIT counts as free, one with a listener does not.
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind(("", int(port)))
-            sock.listen(256)
-        except OSError as exc:
-            sock.close()
-            errors[name] = exc.strerror or str(exc)
-            continue
-        listeners.append(sock)
-        ports[name] = sock.getsockname()[1]
-    stdout.write(json.dumps({"ports": ports, "errors": errors}) + "\n")
-    stdout.flush()
+    for name, port in ports.items():
+        candidates = [int(port)]
+        if name == "rdzv" and not port:
+            start = random.randrange(PORT_RANGE[1] - PORT_RANGE[0])
+            span = list(range(*PORT_RANGE))
+            candidates = span[start:] + span[:start]
+        for candidate in candidates:
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            # Like the TCPStore: a port in TIME_WAIT counts as free, one with a listener does not.
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind(("", candidate))
+                sock.listen(256)
+            except OSError as exc:
+                sock.close()
+                errors[name] = exc.strerror or str(exc)
+                continue
+            errors.pop(name, None)
+            listeners.append(sock)
+            bound[name] = sock.getsockname()[1]
+            break
     for sock in listeners:
         threading.Thread(target=_accept_loop, args=(sock,), daemon=True).start()
-    closed = threading.Event()
+    return listeners, bound, errors
 
-    def wait_for_eof() -> None:
-        while stdin.readline():
-            pass
-        closed.set()
 
-    threading.Thread(target=wait_for_eof, daemon=True).start()
-    closed.wait(float(request.get("max_seconds", DEFAULT_MAX_SECONDS)))
-    for sock in listeners:
-        sock.close()
+def session(request: dict[str, Any], stdin: IO[str], stdout: IO[str]) -> int:
+    """Probe, listen, then answer check requests until stdin closes; see the module docstring."""
+    from .probe import collect
+
+    ports = dict(request.get("ports") or {"ephemeral": 0})
+    listeners, bound, errors = listen(ports)
+    probe_request = dict(request.get("probe") or {})
+    probe_request.pop("port", None)  # the listener itself is the port check
+    facts = collect(probe_request)
+    if "rdzv" in ports:
+        in_use = errors.get("rdzv", "").lower().startswith("address already in use")
+        facts["port"] = {"port": bound.get("rdzv", int(ports["rdzv"])), "free": not in_use
+                         and "rdzv" in bound}
+    stdout.write(json.dumps({"facts": facts, "ports": bound, "errors": errors}) + "\n")
+    stdout.flush()
+    try:
+        for line in stdin:
+            if not line.strip():
+                continue
+            asked = json.loads(line)
+            stdout.write(json.dumps({"results": check(dict(asked.get("check") or {}))}) + "\n")
+            stdout.flush()
+    finally:
+        for sock in listeners:
+            sock.close()
     return 0
 
 

@@ -107,7 +107,10 @@ def collect_full(request: dict[str, Any], workdir: str | None) -> dict[str, Any]
     facts["nvidia_smi"] = smi
     if gpu_process is not None and apps_process is not None:
         facts["gpus"], facts["driver"] = _gpus(_finish(gpu_process, 15))
-        facts["gpu_processes"] = _gpu_apps(_finish(apps_process, 15))
+        # The torch import above may show up on a GPU for a moment; it is not someone else's.
+        ours = {torch_process.pid} if torch_process is not None else set()
+        facts["gpu_processes"] = [a for a in _gpu_apps(_finish(apps_process, 15))
+                                  if a["pid"] not in ours]
     facts["probe_seconds"] = time.monotonic() - started
     return facts
 

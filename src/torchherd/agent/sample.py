@@ -141,10 +141,15 @@ def _nvml() -> list[dict[str, Any]]:
 # jobs on this node
 
 
-def running_jobs(home: str) -> list[dict[str, Any]]:
-    """Jobs whose agent runs on this node: id, node name and node directory."""
+def running_jobs(home: str, node: str | None = None) -> list[dict[str, Any]]:
+    """Jobs whose agent runs on this node: id, node name and node directory.
+
+    With ``node``, only that node's directories: on a shared home directory every node sees
+    every node's, and a pid is only meaningful on the machine that wrote it.
+    """
     jobs = []
-    for path in glob.glob(os.path.join(home, "nodes", "*", "*", AGENT_FILE)):
+    pattern = os.path.join(home, "nodes", "*", glob.escape(node) if node else "*", AGENT_FILE)
+    for path in glob.glob(pattern):
         node_dir = os.path.dirname(path)
         if live_agent(node_dir) is None:
             continue
@@ -179,15 +184,16 @@ def _mtime(path: str) -> float:
 class Sampler:
     """Takes samples; remembers the previous one, so rates come from two readings."""
 
-    def __init__(self, home: str) -> None:
+    def __init__(self, home: str, node: str | None = None) -> None:
         self.home = home
+        self.node = node
         self._cpu = cpu_times()
         self._steps: dict[str, tuple[int, float, float | None]] = {}
         self._take_steps()
 
     def _take_steps(self) -> list[dict[str, Any]]:
         now = time.monotonic()
-        jobs = running_jobs(self.home)
+        jobs = running_jobs(self.home, self.node)
         for job in jobs:
             step = last_step(job["node_dir"])
             seen = self._steps.get(job["job_id"])
@@ -222,7 +228,7 @@ class Sampler:
 
 
 def main(request: dict[str, Any]) -> int:
-    sampler = Sampler(herd_home(request))
+    sampler = Sampler(herd_home(request), request.get("node"))
     if not request.get("follow"):
         time.sleep(float(request.get("window", 1.0)))
         print(json.dumps(sampler.sample()), flush=True)

@@ -49,13 +49,13 @@ def doctor_command(
         nproc=nproc, full=full, collective=collective, fresh=fresh,
         limits=Limits(min_gbits=min_gbits, min_disk_gb=min_disk_gb), net=NetOptions(full=full),
     )
-    err = Console(stderr=True)
+    err = Console(stderr=True, highlight=False)
     with _progress(err, len(cluster.nodes)) as say:
         report = doctor(cluster, options, say=say)
     if as_json:
         sys.stdout.write(json.dumps(report.to_dict(), indent=2, default=str) + "\n")
     else:
-        out = Console() if sys.stdout.isatty() else Console(width=120)
+        out = Console(highlight=False)
         out.print(f"herd doctor: {len(cluster.nodes)} node(s) from {cluster.source}\n")
         render(report, out, verbose=verbose)
     return report.exit_code

@@ -1,0 +1,104 @@
+"""`herd top`: a live table of every node: CPU, memory, GPUs, and the running job's step rate."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import sys
+
+import typer
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from ..errors import EXIT_NODE_NOT_READY, EXIT_OK
+from ..ops.top import NodeLoad, follow, sample_once
+from .app import CLUSTER_HELP, app
+from .common import cluster_for
+from .ops import NODES_HELP, select
+
+
+def _gib(count: int | None) -> str:
+    return "-" if count is None else f"{count / 2**30:.1f}"
+
+
+def _job_text(load: NodeLoad) -> tuple[str, str]:
+    if not load.jobs:
+        return "-", "-"
+    job = load.jobs[0]
+    more = f" +{len(load.jobs) - 1}" if len(load.jobs) > 1 else ""
+    step, rate, age = job.get("step"), job.get("step_rate"), job.get("step_age")
+    if step is None:
+        return str(job["job_id"]) + more, "-"
+    text = f"step {step}"
+    if age is not None and age > 60:
+        text += f", stalled {age:.0f}s"
+    elif rate is not None:
+        text += f", {rate:.2f}/s"
+    return str(job["job_id"]) + more, text
+
+
+def render(loads: list[NodeLoad]) -> Table:
+    """One row per node; GPU columns show the mean/sum/max over the node's GPUs."""
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    columns = ("HOST", "CPU%", "MEM GiB", "GPUS", "GPU%", "GPU MEM GiB", "TEMP C", "POWER W",
+               "JOB", "PROGRESS")
+    for name in columns:
+        table.add_column(name, justify="left" if name in ("HOST", "JOB", "PROGRESS") else "right")
+    for load in loads:
+        if load.error is not None:
+            table.add_row(load.host, f"[red]{load.error}[/red]", *([""] * (len(columns) - 2)))
+            continue
+        cpu = "-" if load.cpu_percent is None else f"{load.cpu_percent:.0f}"
+        mem = f"{_gib(load.mem_used)}/{_gib(load.mem_total)}"
+        job, progress = _job_text(load)
+        if load.gpus:
+            gpu = load.gpu_summary()
+            names = {str(g.get("name", "")) for g in load.gpus}
+            label = f"{gpu['count']}× {names.pop()}" if len(names) == 1 else f"{gpu['count']}"
+            row = [
+                label,
+                "-" if gpu["util"] is None else f"{gpu['util']:.0f}",
+                f"{_gib(gpu['mem_used'])}/{_gib(gpu['mem_total'])}",  # type: ignore[arg-type]
+                "-" if gpu["temp"] is None else f"{gpu['temp']:.0f}",
+                "-" if gpu["power"] is None else f"{gpu['power']:.0f}",
+            ]
+        else:
+            row = ["none", "-", "-", "-", "-"]
+        table.add_row(load.host, cpu, mem, *row, job, progress)
+    return table
+
+
+@app.command("top")
+def top_command(
+    config: str = typer.Option(None, "-c", "--config", help=CLUSTER_HELP),
+    nodes: str = typer.Option(None, "--nodes", help=NODES_HELP),
+    once: bool = typer.Option(False, "--once", help="Print one table and exit."),
+    interval: float = typer.Option(2.0, "--interval", min=0.2, help="Seconds between refreshes."),
+    as_json: bool = typer.Option(False, "--json", help="With --once: the samples as JSON."),
+) -> int:
+    """Live view per node: CPU, memory, GPU utilisation/memory/temperature/power, job progress.
+
+    GPUs come from NVML or nvidia-smi on each node; nodes without GPUs show CPU and memory.
+    Progress is the last `step N` that local rank 0 printed, and its rate. Ctrl-C ends it.
+    """
+    cluster = select(cluster_for(config), nodes)
+    if once or as_json:
+        loads = sample_once(cluster, window=min(interval, 1.0))
+        if as_json:
+            print(json.dumps([load.as_json() for load in loads], indent=2))
+        else:
+            tty = sys.stdout.isatty()
+            Console(width=None if tty else 200, highlight=False).print(render(loads))
+        return EXIT_NODE_NOT_READY if any(load.error for load in loads) else EXIT_OK
+    latest = {n.host: NodeLoad(n.host, error="waiting for the first sample") for n in cluster.nodes}
+    with Live(render(list(latest.values())), refresh_per_second=4, screen=False) as live:
+
+        def on_sample(load: NodeLoad) -> None:
+            latest[load.host] = load
+            live.update(render(list(latest.values())))
+
+        with contextlib.suppress(KeyboardInterrupt):
+            asyncio.run(follow(cluster, interval, on_sample))
+    return EXIT_OK

@@ -39,7 +39,8 @@ if command -v setsid >/dev/null 2>&1; then setsid sh -c "$3" & else sh -c "$3" &
 p=$!
 { while read -r _ <&3; do :; done
   kill -TERM -"$p" 2>/dev/null || kill -TERM "$p" 2>/dev/null
-  sleep KILL_AFTER; kill -KILL -"$p" 2>/dev/null || kill -KILL "$p" 2>/dev/null; } &
+  sleep KILL_AFTER; kill -KILL -"$p" 2>/dev/null || kill -KILL "$p" 2>/dev/null
+} >/dev/null 2>&1 &
 w=$!
 wait "$p"; c=$?
 kill "$w" 2>/dev/null

@@ -20,7 +20,7 @@ from ..agent.protocol import decode
 from ..errors import ConfigError, NodeNotReady
 from ..jobs import JobRecord, load_record
 from ..spec import NodeSpec
-from ..transport import Transport, for_cluster
+from ..transport import Transport, Unreachable, for_cluster
 from .jobctl import RUNNING_STATES, cluster_from_record, job_nodes, launcher_alive, verb_request
 from .remote import agent_argv
 
@@ -109,8 +109,7 @@ async def _detached_logs(
     problems: list[str] = []
     collected: list[tuple[float, int, str]] = []
 
-    async def one(node: NodeSpec) -> None:
-        unreachable = await transport.connect(node)
+    async def one(node: NodeSpec, unreachable: Unreachable | None) -> None:
         if unreachable is not None:
             problems.append(f"{unreachable.describe()}; fix: {unreachable.remedy}")
             return
@@ -142,7 +141,9 @@ async def _detached_logs(
             problems.append(f"{node.host}: cannot read the job's events: {last[0]}")
 
     try:
-        await transport.each(nodes, one)
+        # Bounded waves to connect; then every node's stream at once (a follower may never end).
+        links = await transport.each(nodes, transport.connect)
+        await asyncio.gather(*(one(n, u) for n, u in zip(nodes, links, strict=True)))
     finally:
         await transport.close()
     for _, _, text in sorted(collected):

@@ -35,7 +35,7 @@ class Check:
 
 CHECKS: tuple[Check, ...] = (
     Check("ssh", "ssh", "ssh reachability and key authentication"),
-    Check("python", "python", "the node's python runs the torchherd agent"),
+    Check("python", "py", "the node's python runs the torchherd agent"),
     Check("torch", "torch", "torch imports (and sees the GPUs, if any)"),
     Check("versions", "vers", "python minor, torch, CUDA, NCCL, torchherd equal on all nodes"),
     Check("workdir", "wdir", "the working directory exists"),

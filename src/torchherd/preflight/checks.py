@@ -207,6 +207,8 @@ def nic(node: NodeSpec, findings: Findings, outcome: PlanOutcome) -> CheckResult
     facts = findings.facts.get(host)
     if facts is None:
         return _result("nic", host, Status.SKIP, "not probed")
+    if findings.cluster.transport == "local":
+        return _result("nic", host, Status.SKIP, "standalone: no traffic between machines")
     if host in outcome.no_route:
         return _result("nic", host, Status.FAIL, outcome.no_route[host],
                        "give this node an addr (and iface) in the cluster file, or fix its routes")
@@ -256,19 +258,22 @@ def hostname(node: NodeSpec, findings: Findings, outcome: PlanOutcome) -> CheckR
     facts = findings.facts.get(host)
     if facts is None:
         return _result("hostname", host, Status.SKIP, "not probed")
+    if findings.cluster.transport == "local":
+        return _result("hostname", host, Status.SKIP, "standalone: no other node looks it up")
     name = facts.hostname
     addresses = facts.hostname_addresses
     planned = node_plan(outcome, host)
     addr = planned.local_addr if planned else None
     loopback = [a for a in addresses if _is_loopback(a)]
     if loopback:
-        avoided = (f"herd's plan avoids it with --local-addr={addr}" if addr
-                   else "herd's plan avoids it with --local-addr")
+        instead = f"--local-addr={addr}" if addr else "--local-addr"
         return _result("hostname", host, Status.WARN,
-                       f"its own name {name} resolves to {loopback[0]}: plain torchrun would "
-                       f"advertise that as MASTER_ADDR and other nodes would hang; {avoided}",
-                       f"for other tools, map {name} to {addr or 'its LAN address'} in "
-                       f"/etc/hosts instead of {loopback[0]}", addresses=list(addresses))
+                       f"own name {name} resolves to {loopback[0]}: plain torchrun would "
+                       "advertise that as MASTER_ADDR and the other nodes would hang; herd's "
+                       f"plan avoids it with {instead}",
+                       "nothing to do for herd; for plain torchrun and other tools, map each "
+                       f"node's name to its LAN address in /etc/hosts instead of {loopback[0]}",
+                       addresses=list(addresses))
     if not addresses:
         return _result("hostname", host, Status.WARN, f"its own name {name} does not resolve",
                        f"add {name} to /etc/hosts with its LAN address")

@@ -1,6 +1,7 @@
 """`herd doctor` as a library call: gather findings from every node, then judge them.
 
-    connect (ssh, in parallel) -> full probe (in parallel) -> the launch plan -> TCP tests
+    connect (ssh, in parallel) -> one agent session per node: full probe, listeners
+    -> the launch plan -> TCP tests through the sessions
     -> checks -> [all-reduce through `herd launch`, with --collective] -> PreflightReport
 
 Unlike a launch, nothing here stops at the first broken node: each node's trouble becomes its
@@ -20,7 +21,7 @@ from ..spec import ClusterSpec, NodeSpec
 from ..transport import Transport, Unreachable, for_cluster
 from . import make_report, run_checks
 from .findings import Findings, Limits, ProbeFailure, plan_for
-from .network import NetOptions, network_tests
+from .network import NetOptions, Session, network_tests
 from .report import BusBandwidth, CheckResult, PreflightReport, Status
 
 Say = Callable[[str], None]
@@ -87,65 +88,79 @@ def doctor(
 
 async def gather(cluster: ClusterSpec, options: DoctorOptions, transport: Transport,
                  say: Say) -> Findings:
-    """Everything the checks need, with the transport closed afterwards on every path."""
+    """Everything the checks need; sessions and the transport are closed on every path."""
+    sessions: dict[str, Session] = {}
     try:
         total = len(cluster.nodes)
         done = 0
 
-        def tick(stage: str) -> Callable[[NodeSpec, object], None]:
+        def tick(stage: str, of: int) -> Callable[[NodeSpec, object], None]:
             def on_done(_: NodeSpec, __: object) -> None:
                 nonlocal done
                 done += 1
-                say(f"{stage} {done}/{total}")
+                say(f"{stage} {done}/{of}")
 
             return on_done
 
         say(f"connecting 0/{total}")
-        connected = await transport.each(cluster.nodes, transport.connect, tick("connecting"))
+        connected = await transport.each(cluster.nodes, transport.connect,
+                                         tick("connecting", total))
         unreachable = {u.host: u for u in connected if isinstance(u, Unreachable)}
         reachable = [n for n in cluster.nodes if n.host not in unreachable]
         done = 0
         say(f"probing 0/{len(reachable)}")
-        probed = await transport.each(
-            reachable, lambda node: _probe(cluster, transport, node, options), tick("probing"))
+
+        async def probe(node: NodeSpec) -> NodeFacts | ProbeFailure:
+            outcome = await _probe(cluster, transport, node, options)
+            if isinstance(outcome, tuple):
+                sessions[node.host] = outcome[1]
+                return outcome[0]
+            return outcome
+
+        probed = await transport.each(reachable, probe, tick("probing", len(reachable)))
         facts = {p.host: p for p in probed if isinstance(p, NodeFacts)}
         failures = {p.host: p for p in probed if isinstance(p, ProbeFailure)}
         network, skipped = None, ""
         if cluster.transport == "ssh":
             outcome = plan_for(cluster, facts, options.nproc)
-            if outcome.plan is not None and len(outcome.plan.nodes) >= 1:
-                network = await network_tests(cluster, transport, outcome.plan, options.net, say)
+            if outcome.plan is not None:
+                network = await network_tests(cluster, outcome.plan, sessions, options.net, say)
             else:
                 skipped = f"not tested: {outcome.error}"
         return Findings(cluster=cluster, facts=facts, unreachable=unreachable,
                         probe_failures=failures, network=network, network_skipped=skipped,
                         nproc=options.nproc, limits=options.limits)
     finally:
+        await asyncio.gather(*(session.close() for session in sessions.values()))
         await transport.close()
 
 
 async def _probe(cluster: ClusterSpec, transport: Transport, node: NodeSpec,
-                 options: DoctorOptions) -> NodeFacts | ProbeFailure:
-    request: dict[str, object] = {"full": True, "fresh": options.fresh}
+                 options: DoctorOptions) -> tuple[NodeFacts, Session] | ProbeFailure:
+    """Start the node's agent session; its first answer is the full probe."""
+    probe: dict[str, object] = {"full": True, "fresh": options.fresh}
     if cluster.workdir:
-        request["workdir"] = cluster.workdir
-    if node is cluster.rendezvous_node:
-        request["port"] = cluster.rdzv_port or 0
+        probe["workdir"] = cluster.workdir
+    ports: dict[str, int] = {"ephemeral": 0}
+    if node is cluster.rendezvous_node and cluster.transport == "ssh":
+        ports["rdzv"] = cluster.rdzv_port or 0
     python = cluster.python_for(node)
-    result = await transport.run(node, [python, "-m", "torchherd.agent", "probe"],
-                                 input=json.dumps(request).encode(), timeout=options.probe_timeout)
-    if result.ok:
+    session = await Session.start(cluster, transport, node, {"probe": probe, "ports": ports})
+    hello = await session.hello(options.probe_timeout)
+    if hello is not None:
         try:
-            return NodeFacts.from_probe(node.host, json.loads(result.stdout))
+            return NodeFacts.from_probe(node.host, hello["facts"]), session
         except (ValueError, TypeError, KeyError) as exc:
+            await session.close()
             return ProbeFailure(node.host, python, "bad-output",
                                 f"the probe answered with something that is not its JSON ({exc})")
-    if result.timed_out:
+    if session.timed_out:
         return ProbeFailure(node.host, python, "timeout",
                             f"no answer within {options.probe_timeout:g} s")
-    stderr = result.stderr
-    last = stderr.strip().splitlines()[-1] if stderr.strip() else f"exit code {result.returncode}"
-    if result.returncode == 127 or ("not found" in stderr and "No module" not in stderr):
+    stderr = session.stderr
+    code = session.returncode
+    last = stderr.strip().splitlines()[-1] if stderr.strip() else f"exit code {code}"
+    if code == 127 or ("not found" in stderr and "No module" not in stderr):
         return ProbeFailure(node.host, python, "no-python", last)
     if "No module named" in stderr or "SyntaxError" in stderr:
         return await _what_is_installed(transport, node, python, last)

@@ -1,8 +1,12 @@
-"""The doctor's TCP tests, driven from the launcher through the transport (no traffic of its own).
+"""The doctor's conversations with the nodes, and its TCP tests between them.
 
-Listeners first: every node opens an ephemeral port, the rendezvous node also the store port the
-plan chose. Then connections, all nodes at once with short timeouts, so a firewall that drops
-packets costs one timeout, not one per node:
+Each reachable node runs one `python -m torchherd.agent net session` for the whole doctor run:
+it answers the full probe with its listeners already open (an ephemeral port everywhere, the
+store port on the rendezvous node), then runs the connection tests it is sent. One ssh session
+per node keeps the run fast on a few nodes and gentle on sshd at hundreds.
+
+Tests, all nodes at once with short timeouts, so a firewall that drops packets costs one
+timeout, not one per node:
   star (default)  every node -> the store port and the rendezvous node's ephemeral port;
                   the rendezvous node -> every node's ephemeral port, with latency and, one
                   link at a time, throughput;
@@ -15,12 +19,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..plan import LaunchPlan, NodePlan
-from ..spec import ClusterSpec
+from ..spec import ClusterSpec, NodeSpec
 from ..transport import Transport
 from .findings import NetworkFindings
 from .report import Link
@@ -43,61 +47,121 @@ class NetOptions:
 
 
 @dataclass
-class _Server:
+class Session:
+    """One node's agent session: its process, the ports it listens on, how it ended."""
+
     host: str
-    process: asyncio.subprocess.Process | None
+    process: asyncio.subprocess.Process
     ports: dict[str, int] = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)
+    returncode: int | None = None
+    stderr: str = ""
+    timed_out: bool = False
+
+    @classmethod
+    async def start(cls, cluster: ClusterSpec, transport: Transport, node: NodeSpec,
+                    request: Mapping[str, Any]) -> Session:
+        argv = [cluster.python_for(node), "-m", "torchherd.agent", "net", "session"]
+        process = await transport.start(node, argv)
+        session = cls(node.host, process)
+        await session._send(request)
+        return session
+
+    async def _send(self, request: Mapping[str, Any]) -> bool:
+        stdin = self.process.stdin
+        if stdin is None or stdin.is_closing():
+            return False
+        try:
+            stdin.write((json.dumps(request) + "\n").encode())
+            await stdin.drain()
+        except (ConnectionError, BrokenPipeError):
+            return False
+        return True
+
+    async def _receive(self, timeout: float) -> dict[str, Any] | None:
+        assert self.process.stdout is not None
+        try:
+            line = await asyncio.wait_for(self.process.stdout.readline(), timeout)
+        except TimeoutError:
+            self.timed_out = True
+            await self.close()
+            return None
+        try:
+            value = json.loads(line) if line.strip() else None
+        except ValueError:
+            value = None
+        if value is None:
+            await self.close()
+        return value if isinstance(value, dict) else None
+
+    async def hello(self, timeout: float) -> dict[str, Any] | None:
+        """The probe answer (and the listening ports); None when the agent did not start."""
+        answer = await self._receive(timeout)
+        if answer is not None:
+            self.ports = dict(answer.get("ports") or {})
+            self.errors = dict(answer.get("errors") or {})
+        return answer
+
+    async def ask(self, request: Mapping[str, Any], timeout: float) -> dict[str, Any] | None:
+        if not await self._send(request):
+            return None
+        return await self._receive(timeout)
+
+    async def close(self) -> None:
+        """Close stdin (the agent's cue to end), then collect its exit code and stderr."""
+        process = self.process
+        if process.stdin is not None and not process.stdin.is_closing():
+            process.stdin.close()
+        try:
+            await asyncio.wait_for(process.wait(), 5)
+        except TimeoutError:
+            process.kill()
+            await process.wait()
+        if process.stderr is not None and not self.stderr:
+            self.stderr = (await process.stderr.read()).decode(errors="replace")
+        self.returncode = process.returncode
 
 
 async def network_tests(
     cluster: ClusterSpec,
-    transport: Transport,
     plan: LaunchPlan,
+    sessions: Mapping[str, Session],
     options: NetOptions,
     say: Say | None = None,
 ) -> NetworkFindings:
-    """Run the listeners and connections; every outcome becomes a Link."""
+    """Run the connection tests through the open sessions; every outcome becomes a Link."""
     say = say or (lambda _: None)
     assert plan.rdzv_endpoint is not None
     rdzv_addr, _, port_text = plan.rdzv_endpoint.rpartition(":")
     rdzv_addr = rdzv_addr.strip("[]")
     rdzv_port = int(port_text)
     rdzv = next(n for n in plan.nodes if n.is_host)
-    by_host = {n.host: n for n in plan.nodes}
-
-    say("opening test ports on every node")
-
-    async def start(node: NodePlan) -> _Server:
-        ports = {"ephemeral": 0, **({"rdzv": rdzv_port} if node.is_host else {})}
-        return await _serve(cluster, transport, node.host, ports)
-
-    servers = {s.host: s for s in await asyncio.gather(*(start(n) for n in plan.nodes))}
-    try:
-        listen_errors = {(host, name): error for host, server in servers.items()
-                         for name, error in server.errors.items()}
-        say("connecting between nodes")
-        requests: dict[str, list[dict[str, Any]]] = {n.host: [] for n in plan.nodes}
-        for node in plan.nodes:
-            if "rdzv" in servers[rdzv.host].ports:
-                requests[node.host].append(_target(rdzv, rdzv_addr, rdzv_port, "rdzv"))
-            peers = plan.nodes if options.full else (
-                [n for n in plan.nodes if n is not rdzv] if node is rdzv else [rdzv])
-            for peer in peers:
-                port = servers[peer.host].ports.get("ephemeral")
-                if peer is node or port is None:
-                    continue
-                measure = node is rdzv and not options.full
-                requests[node.host].append(_target(
-                    peer, by_host[peer.host].local_addr or "", port, "ephemeral",
-                    pings=options.pings if (measure or options.full) else 0,
-                    bytes=options.bytes if measure else 0, seconds=options.seconds))
-        links = await _run_checks(cluster, transport, requests, options)
+    nodes = [n for n in plan.nodes if n.host in sessions]
+    listen_errors = {(host, name): error for host, session in sessions.items()
+                     for name, error in session.errors.items()}
+    say("connecting between nodes")
+    requests: dict[str, list[dict[str, Any]]] = {n.host: [] for n in nodes}
+    store_open = "rdzv" in sessions[rdzv.host].ports
+    for node in nodes:
+        if store_open:
+            requests[node.host].append(_target(rdzv, rdzv_addr, rdzv_port, "rdzv"))
         if options.full:
-            say("measuring throughput between every pair")
-            links = await _pairwise_throughput(cluster, transport, plan, servers, links, options)
-    finally:
-        await asyncio.gather(*(_stop(server) for server in servers.values()))
+            peers = nodes
+        else:
+            peers = [n for n in nodes if n is not rdzv] if node is rdzv else [rdzv]
+        for peer in peers:
+            port = sessions[peer.host].ports.get("ephemeral")
+            if peer is node or port is None:
+                continue
+            measure = node is rdzv and not options.full
+            requests[node.host].append(_target(
+                peer, peer.local_addr or "", port, "ephemeral",
+                pings=options.pings if (measure or options.full) else 0,
+                bytes=options.bytes if measure else 0, seconds=options.seconds))
+    links = await _run_checks(sessions, requests, options)
+    if options.full:
+        say("measuring throughput between every pair")
+        links = await _pairwise_throughput(nodes, sessions, links, options)
     return NetworkFindings(rdzv_host=rdzv.host, rdzv_addr=rdzv_addr, rdzv_port=rdzv_port,
                            links=tuple(links), listen_errors=listen_errors, full=options.full)
 
@@ -106,69 +170,22 @@ def _target(node: NodePlan, addr: str, port: int, purpose: str, **extra: Any) ->
     return {"name": f"{node.host}|{purpose}", "addr": addr, "port": port, **extra}
 
 
-async def _serve(cluster: ClusterSpec, transport: Transport, host: str,
-                 ports: dict[str, int]) -> _Server:
-    node = cluster.node(host)
-    argv = [cluster.python_for(node), "-m", "torchherd.agent", "net", "serve"]
-    try:
-        process = await transport.start(node, argv)
-    except OSError as exc:
-        return _Server(host, None, errors={name: str(exc) for name in ports})
-    assert process.stdin is not None and process.stdout is not None
-    process.stdin.write((json.dumps({"ports": ports}) + "\n").encode())
-    await process.stdin.drain()
-    try:
-        line = await asyncio.wait_for(process.stdout.readline(), cluster.connect_timeout + 15)
-        answer = json.loads(line)
-        return _Server(host, process, dict(answer["ports"]), dict(answer["errors"]))
-    except (TimeoutError, ValueError, KeyError) as exc:
-        server = _Server(host, process)
-        await _stop(server)
-        err = b""
-        if process.stderr is not None:
-            err = await process.stderr.read()
-        why = err.decode(errors="replace").strip().splitlines()[-1:] or [type(exc).__name__]
-        server.errors = {name: f"the test listener did not start: {why[0]}" for name in ports}
-        return server
-
-
-async def _stop(server: _Server) -> None:
-    process = server.process
-    if process is None or process.returncode is not None:
-        return
-    if process.stdin is not None and not process.stdin.is_closing():
-        process.stdin.close()  # the listener's cue to end
-    try:
-        await asyncio.wait_for(process.wait(), 5)
-    except TimeoutError:
-        process.kill()
-        await process.wait()
-
-
-async def _run_checks(cluster: ClusterSpec, transport: Transport,
-                      requests: dict[str, list[dict[str, Any]]],
+async def _run_checks(sessions: Mapping[str, Session], requests: dict[str, list[dict[str, Any]]],
                       options: NetOptions) -> list[Link]:
     async def run(host: str) -> list[Link]:
         targets = requests[host]
         if not targets:
             return []
-        node = cluster.node(host)
         measured = sum(1 for t in targets if t.get("bytes"))
         budget = options.timeout * 2 + measured * (options.seconds + options.timeout + 2) + 15
-        result = await transport.run(
-            node, [cluster.python_for(node), "-m", "torchherd.agent", "net", "check"],
-            input=(json.dumps({"targets": targets, "timeout": options.timeout}) + "\n").encode(),
-            timeout=budget + cluster.connect_timeout,
-        )
-        try:
-            answers = json.loads(result.stdout)["results"]
-        except (ValueError, KeyError):
-            why = result.stderr.strip().splitlines()[-1:] or ["no answer"]
-            if result.timed_out:
-                why = [f"no answer within {budget:.0f} s"]
-            answers = [{"ok": False, "error": f"the test did not run: {why[0]}", "reason": "error"}
+        answer = await sessions[host].ask(
+            {"check": {"targets": targets, "timeout": options.timeout}}, budget)
+        results = (answer or {}).get("results")
+        if not isinstance(results, list):
+            why = "no answer in time" if sessions[host].timed_out else "the node's agent ended"
+            results = [{"ok": False, "error": f"the test did not run: {why}", "reason": "error"}
                        for _ in targets]
-        return [_link(host, t, a) for t, a in zip(targets, answers, strict=False)]
+        return [_link(host, t, a) for t, a in zip(targets, results, strict=False)]
 
     found = await asyncio.gather(*(run(host) for host in requests))
     return [link for links in found for link in links]
@@ -197,26 +214,24 @@ def round_robin(hosts: list[str]) -> list[list[tuple[str, str]]]:
     return rounds
 
 
-async def _pairwise_throughput(cluster: ClusterSpec, transport: Transport, plan: LaunchPlan,
-                               servers: dict[str, _Server], links: list[Link],
-                               options: NetOptions) -> list[Link]:
+async def _pairwise_throughput(nodes: list[NodePlan], sessions: Mapping[str, Session],
+                               links: list[Link], options: NetOptions) -> list[Link]:
     reachable = {(x.src, x.dst) for x in links if x.ok and x.purpose == "ephemeral"}
-    by_host = {n.host: n for n in plan.nodes}
+    by_host = {n.host: n for n in nodes}
     measured: dict[tuple[str, str], Link] = {}
-    for pairs in round_robin([n.host for n in plan.nodes]):
+    for pairs in round_robin([n.host for n in nodes]):
         requests: dict[str, list[dict[str, Any]]] = {}
         for a, b in pairs:
-            port = servers[b].ports.get("ephemeral")
+            port = sessions[b].ports.get("ephemeral")
             if (a, b) in reachable and port is not None:
                 requests[a] = [_target(by_host[b], by_host[b].local_addr or "", port, "ephemeral",
                                        bytes=options.bytes, seconds=options.seconds)]
-        for link in await _run_checks(cluster, transport, requests, options):
+        for link in await _run_checks(sessions, requests, options):
             measured[(link.src, link.dst)] = link
     merged = []
     for link in links:
         found = measured.get((link.src, link.dst))
         if found is not None and link.purpose == "ephemeral":
-            link = Link(**{**link.__dict__, "gbits": found.gbits,
-                           "throughput_error": found.throughput_error})
+            link = replace(link, gbits=found.gbits, throughput_error=found.throughput_error)
         merged.append(link)
     return merged

@@ -6,6 +6,8 @@ nodes with the same /etc/hosts line make one remedy, not eight.
 
 from __future__ import annotations
 
+import textwrap
+
 from rich import box
 from rich.console import Console
 from rich.markup import escape
@@ -59,7 +61,7 @@ def render(report: PreflightReport, console: Console, *, verbose: bool = False) 
 
 
 def _table(report: PreflightReport) -> Table:
-    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1))
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=0)
     table.add_column("node", no_wrap=True)
     for check in CHECKS:
         table.add_column(check.header, justify="center", no_wrap=True)
@@ -74,7 +76,7 @@ def _table(report: PreflightReport) -> Table:
 
 def _versions(report: PreflightReport) -> Table:
     table = Table(title="versions that differ", title_justify="left", box=box.SIMPLE_HEAD,
-                  pad_edge=False)
+                  show_edge=False, pad_edge=False)
     table.add_column("")
     for host in report.hosts:
         table.add_column(escape(host))
@@ -101,7 +103,7 @@ def _collective(report: PreflightReport, console: Console) -> None:
     console.print(f"\n{_symbol(result.status)} {escape(result.summary)}")
     if not report.collective:
         return
-    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
     for name in ("size", "time", "algbw", "busbw"):
         table.add_column(name, justify="right")
     for row in report.collective:
@@ -128,11 +130,19 @@ def _problems(report: PreflightReport, console: Console) -> None:
     console.print("\n[bold]What to do[/]")
     for number, ((check, status, remedy), results) in enumerate(groups.items(), start=1):
         first = results[0]
-        where = first.host or "cluster"
-        console.print(f"{number:>2}. {_symbol(status)} {escape(where)} {check}: "
-                      f"{escape(first.summary)}")
+        head = f"{number:>2}. {SYMBOLS[status][0]} "
+        _hanging(console, f"{number:>2}. {_symbol(status)} ", len(head),
+                 f"{first.host or 'cluster'} {check}: {first.summary}")
         others = [r.host for r in results[1:] if r.host]
         if others:
-            console.print(f"      [dim]also on {escape(', '.join(others))}[/]")
+            _hanging(console, " " * len(head), len(head), f"also on {', '.join(others)}", "dim")
         if remedy:
-            console.print(f"      fix: {escape(remedy)}")
+            _hanging(console, " " * len(head), len(head), f"fix: {remedy}")
+
+
+def _hanging(console: Console, head: str, width: int, text: str, style: str = "") -> None:
+    """``head`` then ``text`` wrapped to the console, continuation lines under the text."""
+    lines = textwrap.wrap(text, max(40, console.width - width)) or [""]
+    body = "\n".join((" " * width if i else "") + line for i, line in enumerate(lines))
+    console.print(head + (f"[{style}]{escape(body)}[/]" if style else escape(body)),
+                  soft_wrap=True, highlight=False)

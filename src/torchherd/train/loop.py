@@ -459,8 +459,10 @@ class Trainer:
     # ------------------------------------------------------------------ lifecycle
 
     def close(self) -> None:
-        """Flush and close metrics files. The process group stays (``teardown()`` ends it)."""
+        """Flush metrics, finish deleting pruned snapshots. The process group stays
+        (``teardown()`` ends it)."""
         self.metrics.close()
+        self.snapshotter.close()
 
     def __enter__(self) -> Trainer:
         return self

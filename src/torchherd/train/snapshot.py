@@ -4,7 +4,7 @@ Layout of a snapshot directory::
 
     latest                 one line, "step-N": only ever names a complete snapshot
     step-N/state.pt        torch.save of the state (loaded back with weights_only=True)
-    step-N/manifest.json   format, step, and the SHA-256 and size of every file
+    step-N/manifest.json   format, step, and the size and SHA-256 digests of every file
 
 A save writes ``.tmp-step-N-*``, fsyncs every file and the folder, renames it to ``step-N``,
 then moves ``latest``. A crash at any point leaves the previous snapshot named by ``latest``.
@@ -18,12 +18,15 @@ its local rank 0. Loading agrees across ranks on one step that every rank can re
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import pickle
 import re
+import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -31,7 +34,14 @@ from typing import Any, Literal
 import torch
 import torch.distributed as dist
 
-from torchherd.train._files import fsync_dir, remove_tree, replace_text, sha256_of, write_durably
+from torchherd.train._files import (
+    digest_of,
+    fsync_dir,
+    remove_tree,
+    replace_text,
+    write_durably,
+    write_small,
+)
 from torchherd.train.dist import Context, current_context
 from torchherd.train.errors import SnapshotCorrupt, SnapshotError
 
@@ -80,6 +90,7 @@ class Snapshotter:
         self.ctx = ctx if ctx is not None else current_context()
         self.problems: list[SnapshotProblem] = []
         """Snapshots the last ``load_latest`` had to skip, newest first."""
+        self._deleting: list[threading.Thread] = []
 
     # ----------------------------------------------------------------------------- saving
 
@@ -104,17 +115,18 @@ class Snapshotter:
         tmp = self.directory / f".tmp-{name}-{os.getpid()}"
         tmp.mkdir()
         started = time.perf_counter()
-        digest, size = write_durably(tmp / STATE_FILE, lambda f: torch.save(state, f))
+        with _without_crc32():
+            digest = write_durably(tmp / STATE_FILE, lambda f: torch.save(state, f))
         manifest = {
             "format": FORMAT,
             "step": step,
             "created_unix": time.time(),
             "world_size": self.ctx.world_size,
             "torch": torch.__version__,
-            "files": {STATE_FILE: {"sha256": digest, "bytes": size}},
+            "files": {STATE_FILE: digest.to_json()},
             "meta": meta or {},
         }
-        write_durably(tmp / MANIFEST, lambda f: f.write(json.dumps(manifest, indent=1).encode()))
+        write_small(tmp / MANIFEST, json.dumps(manifest, indent=1).encode())
         fsync_dir(tmp)
         final = self.directory / name
         if final.exists():  # the same step saved again (a rerun): the newer copy wins
@@ -123,15 +135,18 @@ class Snapshotter:
         fsync_dir(self.directory)
         replace_text(self.directory / LATEST, name + "\n")
         self._prune(keep_name=name)
-        log.debug("saved %s (%d bytes) in %.2fs", final, size, time.perf_counter() - started)
+        log.debug("saved %s (%d bytes) in %.2fs", final, digest.size, time.perf_counter() - started)
         return final
 
     def _remove_leftovers(self) -> None:
-        # Temporary folders are left only by a save or a prune that was killed; this process
-        # is the directory's only writer, so none of them can belong to a save in progress.
+        # Temporary folders are left only by a save or a prune that was killed, or are being
+        # deleted by this process's prune threads; this process is the directory's only
+        # writer, so none of them can belong to a save in progress.
         for entry in self.directory.iterdir():
             if entry.name.startswith(".tmp-") and entry.is_dir():
-                remove_tree(entry)
+                if entry.name.startswith(".tmp-delete-") and self._deleting:
+                    continue  # probably one of ours, still being deleted
+                self._forget(remove_tree(entry, background=True))
             elif entry.name.startswith(".tmp-"):
                 entry.unlink(missing_ok=True)
 
@@ -141,7 +156,18 @@ class Snapshotter:
         steps = self.steps()
         for step in steps[self.keep :]:
             if f"step-{step}" != keep_name:
-                remove_tree(self.directory / f"step-{step}")
+                self._forget(remove_tree(self.directory / f"step-{step}", background=True))
+
+    def _forget(self, thread: threading.Thread | None) -> None:
+        self._deleting = [t for t in self._deleting if t.is_alive()]
+        if thread is not None:
+            self._deleting.append(thread)
+
+    def close(self) -> None:
+        """Wait until pruned snapshots are deleted (they are removed on background threads)."""
+        for thread in self._deleting:
+            thread.join()
+        self._deleting = []
 
     # ----------------------------------------------------------------------------- loading
 
@@ -191,12 +217,16 @@ class Snapshotter:
             return f"manifest does not list {STATE_FILE}"
         for name, expected in files.items():
             try:
-                digest, size = sha256_of(folder / name)
+                found = digest_of(folder / name, int(expected["chunk_bytes"]))
             except FileNotFoundError:
                 return f"{name} is missing"
-            if size != expected.get("bytes"):
-                return f"{name} is {size} bytes, manifest says {expected.get('bytes')} (truncated?)"
-            if digest != expected.get("sha256"):
+            except (KeyError, TypeError, ValueError):
+                return f"manifest entry for {name} is malformed"
+            if found.size != expected.get("bytes"):
+                return f"{name} is {found.size} bytes, manifest says {expected.get('bytes')}" + (
+                    " (truncated)" if found.size < expected.get("bytes", 0) else ""
+                )
+            if list(found.sha256_chunks) != expected.get("sha256_chunks"):
                 return f"{name} fails its SHA-256 check (flipped or overwritten bytes)"
         return None
 
@@ -278,3 +308,21 @@ class Snapshotter:
 
     def _collective_device(self) -> torch.device:
         return self.ctx.device if dist.get_backend() == "nccl" else torch.device("cpu")
+
+
+@contextlib.contextmanager
+def _without_crc32() -> Iterator[None]:
+    # torch.save's zip writer CRC32s every record, a full extra pass over the data; the
+    # manifest's SHA-256 already guards the file, so skip it (torch.load does not need it).
+    # Process-wide setting, restored at once; torch < 2.6 has no switch and keeps its CRC.
+    get = getattr(torch.serialization, "get_crc32_options", None)
+    put = getattr(torch.serialization, "set_crc32_options", None)
+    if get is None or put is None:
+        yield
+        return
+    before = get()
+    put(False)
+    try:
+        yield
+    finally:
+        put(before)

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 import zipfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,7 @@ import torch
 from train_helpers import subprocess_env
 
 from torchherd.train import SnapshotCorrupt, SnapshotError, Snapshotter
+from torchherd.train._files import Digest, HashingWriter, digest_of
 from torchherd.train.dist import Context
 
 
@@ -55,17 +57,23 @@ def test_layout_manifest_and_latest_pointer(tmp_path: Path) -> None:
     manifest = json.loads((root / "step-2" / "manifest.json").read_text())
     state_file = root / "step-2" / "state.pt"
     assert manifest["step"] == 2
-    assert manifest["files"]["state.pt"]["bytes"] == state_file.stat().st_size
-    assert (
-        manifest["files"]["state.pt"]["sha256"]
-        == hashlib.sha256(state_file.read_bytes()).hexdigest()
-    )
+    entry = manifest["files"]["state.pt"]
+    assert entry["bytes"] == state_file.stat().st_size
+    # One chunk (the file is under 8 MiB): its digest is the file's plain SHA-256.
+    assert entry["sha256_chunks"] == [hashlib.sha256(state_file.read_bytes()).hexdigest()]
     assert snaps.latest_step() == 2
 
 
 def test_keeps_only_the_newest_three(tmp_path: Path) -> None:
     snaps = saved(tmp_path, [10, 20, 30, 40, 50])
     assert snaps.steps() == [50, 40, 30]
+    snaps.close()
+    assert sorted(p.name for p in (tmp_path / "snaps").iterdir()) == [
+        "latest",
+        "step-30",
+        "step-40",
+        "step-50",
+    ]
     assert not (tmp_path / "snaps" / "step-10").exists()
     assert snaps.load_latest()[0] == 50
 
@@ -174,13 +182,13 @@ def _plant_malicious(root: Path, step: int, marker: Path) -> None:
         for name, payload in entries.items():
             evil.writestr(name, payload)
     content = (folder / "state.pt").read_bytes()
-    manifest = {
-        "format": 1,
-        "step": step,
-        "files": {
-            "state.pt": {"sha256": hashlib.sha256(content).hexdigest(), "bytes": len(content)}
-        },
+    # An attacker can write a matching manifest: the digest proves integrity, not safety.
+    entry = {
+        "bytes": len(content),
+        "chunk_bytes": 8 << 20,
+        "sha256_chunks": [hashlib.sha256(content).hexdigest()],
     }
+    manifest = {"format": 1, "step": step, "files": {"state.pt": entry}}
     (folder / "manifest.json").write_text(json.dumps(manifest))
     (root / "latest").write_text(f"step-{step}\n")
 
@@ -243,4 +251,19 @@ def test_sigkill_during_save_leaves_latest_loadable(tmp_path: Path) -> None:
     assert snaps.problems == []
     # The next save clears the leftover.
     snaps.save(3, state_for(3))
+    snaps.close()
     assert not any(p.name.startswith(".tmp-") for p in root.iterdir())
+
+
+@pytest.mark.parametrize("size", [0, 1, 64, 65, 640, 1000])
+def test_chunk_digests_agree_between_writer_and_reader(tmp_path: Path, size: int) -> None:
+    data = os.urandom(size)
+    path = tmp_path / "file"
+    with ThreadPoolExecutor(2) as pool, open(path, "xb") as raw:
+        writer = HashingWriter(raw, pool, chunk_bytes=64)
+        for start in range(0, size, 37):  # pieces that straddle chunk boundaries
+            writer.write(data[start : start + 37])
+        written = writer.chunk_digests()
+    expected = [hashlib.sha256(data[i : i + 64]).hexdigest() for i in range(0, max(size, 1), 64)]
+    assert written == expected
+    assert digest_of(path, 64) == Digest(size, 64, tuple(expected))

@@ -1,0 +1,179 @@
+"""Benchmark: torchherd.train.Trainer against a hand-written DDP loop (same model, data, steps).
+
+    python bench/trainer_overhead.py [--blocks 16] [--steps 20]
+
+Starts one `torchrun --standalone --nproc-per-node 2` job on CPU/Gloo. Inside it both loops
+are built and warmed up, then run in interleaved blocks of steps (order alternating), each
+timed between two barriers, so that a slowdown of the shared machine hits both alike.
+Prints ratio = median trainer block / median hand-written block (target <= 1.02), and for
+reference the ratio of total times and the median of per-pair ratios. The model is an MLP of
+~3.4M parameters, so the per-step framework cost is measured against real compute and a real
+13 MB gradient all-reduce, not against nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+TARGET = 1.02
+WIDTH, DEPTH, FEATURES, BATCH, WARMUP = 1024, 4, 256, 64, 5
+
+
+def _build() -> tuple[Any, Any]:
+    import torch
+    from torch import nn
+    from torch.utils.data import TensorDataset
+
+    torch.manual_seed(0)
+    layers: list[nn.Module] = [nn.Linear(FEATURES, WIDTH), nn.ReLU()]
+    for _ in range(DEPTH - 1):
+        layers += [nn.Linear(WIDTH, WIDTH), nn.ReLU()]
+    model = nn.Sequential(*layers, nn.Linear(WIDTH, 1))
+    generator = torch.Generator().manual_seed(1)
+    inputs = torch.randn(4096, FEATURES, generator=generator)
+    data = TensorDataset(inputs, inputs[:, :1].sin())
+    return model, data
+
+
+class Handwritten:
+    """The loop every DDP tutorial teaches, able to run a given number of steps at a time."""
+
+    def __init__(self) -> None:
+        import torch
+        from torch.nn.parallel import DistributedDataParallel
+        from torch.utils.data import DataLoader
+        from torch.utils.data.distributed import DistributedSampler
+
+        model, data = _build()
+        self.model = DistributedDataParallel(model)
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-3)
+        self.sampler = DistributedSampler(data, shuffle=True, seed=0)
+        self.loader = DataLoader(data, batch_size=BATCH, sampler=self.sampler)
+        self.batches = self._forever()
+
+    def _forever(self) -> Iterator[Any]:
+        epoch = 0
+        while True:
+            self.sampler.set_epoch(epoch)
+            yield from self.loader
+            epoch += 1
+
+    def run(self, steps: int, done: int) -> None:
+        import torch.distributed as dist
+        from torch.nn import functional as F
+
+        for step in range(done + 1, done + steps + 1):
+            inputs, targets = next(self.batches)
+            loss = F.mse_loss(self.model(inputs), targets)
+            self.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            self.optimizer.step()
+            if step % 10 == 0 and dist.get_rank() == 0:
+                print(f"step {step} loss {loss.item():.4f}", flush=True)
+
+
+class WithTrainer:
+    """The same training through Trainer.fit(), continued ``steps`` at a time."""
+
+    def __init__(self, run_dir: str) -> None:
+        import torch
+        from torch import nn
+
+        from torchherd import train
+
+        model, data = _build()
+        config = train.TrainerConfig(
+            run_dir=run_dir, max_steps=0, batch_size=BATCH, tensorboard=False, resume=False
+        )
+        self.trainer = train.Trainer(
+            model,
+            lambda params: torch.optim.AdamW(params, lr=1e-3),
+            data,
+            train.supervised(nn.functional.mse_loss),
+            config,
+        )
+
+    def run(self, steps: int, done: int) -> None:
+        self.trainer.config.max_steps = done + steps
+        self.trainer.fit()
+
+
+def _timed(loop: Any, steps: int, done: int) -> float:
+    import torch.distributed as dist
+
+    dist.barrier()
+    started = time.perf_counter()
+    loop.run(steps, done)
+    dist.barrier()
+    return time.perf_counter() - started
+
+
+def worker(blocks: int, steps: int) -> None:
+    from torchherd import train
+
+    ctx = train.setup()
+    times: dict[str, list[float]] = {"trainer": [], "handwritten": []}
+    with tempfile.TemporaryDirectory() as scratch:
+        loops = {"handwritten": Handwritten(), "trainer": WithTrainer(scratch)}
+        for loop in loops.values():
+            loop.run(WARMUP, 0)
+        # Interleaved blocks: a slowdown of the (shared) machine hits both loops alike.
+        for index in range(blocks):
+            order = ["handwritten", "trainer"] if index % 2 == 0 else ["trainer", "handwritten"]
+            for kind in order:
+                times[kind].append(_timed(loops[kind], steps, WARMUP + index * steps))
+        loops["trainer"].trainer.close()
+    if ctx.is_main:
+        print("RESULT " + json.dumps(times), flush=True)
+    train.teardown()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--blocks", type=int, default=16, help="timed blocks of each loop")
+    parser.add_argument("--steps", type=int, default=20, help="steps per block")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.worker:
+        worker(args.blocks, args.steps)
+        return 0
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO / "src"), env.get("PYTHONPATH")]))
+    argv_ = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+    argv_ += [__file__, "--worker", "--blocks", str(args.blocks), "--steps", str(args.steps)]
+    started = time.perf_counter()
+    done = subprocess.run(argv_, env=env, capture_output=True, text=True, check=False)
+    lines = [x for x in done.stdout.splitlines() if x.startswith("RESULT ")]
+    if done.returncode != 0 or not lines:
+        print(done.stdout[-3000:], done.stderr[-3000:], sep="\n")
+        return 1
+    times = json.loads(lines[-1][len("RESULT ") :])
+    trainer, hand = times["trainer"], times["handwritten"]
+    ratio = statistics.median(trainer) / statistics.median(hand)
+    paired = statistics.median(t / h for t, h in zip(trainer, hand, strict=True))
+    params = (FEATURES + 1) * WIDTH + (DEPTH - 1) * (WIDTH + 1) * WIDTH + WIDTH + 1
+    per_step = statistics.median(hand) / args.steps
+    print(f"model: MLP {params / 1e6:.1f}M params, batch {BATCH}/rank, 2 ranks, CPU/Gloo")
+    print(f"{args.blocks} interleaved blocks of {args.steps} steps; {per_step * 1e3:.0f} ms/step")
+    for name, values in (("handwritten DDP", hand), ("Trainer", trainer)):
+        print(f"{name:16} median block {statistics.median(values):.3f}s, total {sum(values):.2f}s")
+    print(f"also: ratio of totals {sum(trainer) / sum(hand):.3f}, median paired ratio {paired:.3f}")
+    print(f"ratio = trainer_time / handwritten_time = {ratio:.3f} (medians)")
+    verdict = "PASS" if ratio <= TARGET else "ABOVE TARGET"
+    print(f"target <= {TARGET}: {verdict}; wall {time.perf_counter() - started:.0f}s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

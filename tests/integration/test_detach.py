@@ -1,0 +1,151 @@
+"""Detached jobs on the testbed: `herd launch --detach`, then ps, logs, top and stop from other
+processes, with the launcher long gone; and `herd stop` of an attached job from another terminal."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tests.testbed import Testbed
+
+JOB = """\
+import os, time
+rank = int(os.environ["RANK"])
+print(f"hello from rank {rank}", flush=True)
+for step in range(1, 100000):
+    if rank == 0 or step % 10 == 0:
+        print(f"step {step}", flush=True)
+    time.sleep(0.1)
+"""
+
+
+def herd(args: list[str], home: Path, cwd: Path, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, HERD_HOME=str(home))
+    return subprocess.run([sys.executable, "-m", "torchherd", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=timeout,
+                          stdin=subprocess.DEVNULL)
+
+
+def setup(testbed: Testbed, tmp_path: Path) -> tuple[Path, Path, Path]:
+    project, home = tmp_path / "project", tmp_path / "home"
+    project.mkdir()
+    (project / "job.py").write_text(JOB)
+    config = testbed.write_cluster_file(
+        tmp_path / "herd.toml", nodes=[{"host": "node1", "nproc": 2}, "node2"],
+        workdir=str(project), env={"HERD_HOME": str(home)},
+    )
+    return project, home, config
+
+
+def wait_for(predicate, timeout: float = 60, what: str = "") -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)
+
+
+def job_id_of(stdout: str) -> str:
+    for word in stdout.split():
+        if word.count("-") == 2 and word[:4].isdigit():
+            return word
+    raise AssertionError(f"no job id in {stdout!r}")
+
+
+def test_detached_job_survives_the_launcher_and_is_stopped_from_another_process(
+    testbed: Testbed, tmp_path: Path
+) -> None:
+    project, home, config = setup(testbed, tmp_path)
+    started = time.monotonic()
+    launched = herd(["launch", "-c", str(config), "--detach", "job.py"], home, project)
+    assert launched.returncode == 0, launched.stdout + launched.stderr
+    assert time.monotonic() - started < 60
+    job = job_id_of(launched.stdout)
+    assert f"herd logs {job} -f" in launched.stdout
+    # The launcher has exited; the job runs on, on both nodes.
+    for node in ("node1", "node2"):
+        assert testbed.processes_with_env("HERD_NODE", node)
+    assert len(testbed.processes_with_env("HERD_JOB_ID", job)) >= 2  # torchrun on each node
+    events = home / "nodes" / job / "node1" / "events.jsonl"
+    wait_for(lambda: events.exists() and "step 20" in events.read_text(), what="rank 0 steps")
+    assert len(testbed.processes_with_env("HERD_JOB_ID", job)) >= 5  # + 3 workers
+
+    ps = json.loads(herd(["ps", "--json"], home, project).stdout)
+    row = next(r for r in ps if r["id"] == job)
+    assert (row["state"], row["detached"], row["nodes"], row["world_size"]) == (
+        "running", True, ["node1", "node2"], 3)
+    table = herd(["ps"], home, project).stdout
+    assert any(line.startswith(job) and "running (detached)" in line
+               for line in table.splitlines())
+
+    logs = herd(["logs", job], home, project)
+    assert logs.returncode == 0, logs.stderr
+    for rank, node in ((0, "node1"), (1, "node1"), (2, "node2")):
+        assert f"{node}:{rank} | hello from rank {rank}" in logs.stdout
+    only = herd(["logs", job[:-2], "--rank", "2"], home, project).stdout.splitlines()
+    assert only[0] == "hello from rank 2" and set(only[1:]) <= {f"step {i}" for i in range(99999)}
+
+    top = herd(["top", "-c", str(config), "--once"], home, project)
+    rows = [line.split() for line in top.stdout.splitlines()[1:] if line.strip()]
+    assert [r[0] for r in rows] == ["node1", "node2"]
+    assert all(job in r for r in rows) and "step" in top.stdout
+
+    follower = subprocess.Popen(
+        [sys.executable, "-m", "torchherd", "logs", job, "-f"], cwd=project,
+        env=dict(os.environ, HERD_HOME=str(home)), stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        time.sleep(1)
+        stop = herd(["stop", job], home, tmp_path)  # another process, another directory
+        assert stop.returncode == 0, stop.stdout + stop.stderr
+        assert f"job {job} stopped on every node" in stop.stdout
+        assert testbed.processes_with_env("HERD_JOB_ID", job) == []
+        followed, _ = follower.communicate(timeout=30)  # -f ends with the job
+    finally:
+        follower.kill()
+    assert follower.returncode == 0
+    assert "node1   | herd: job ended on node1 (stopped)" in followed
+    assert "node2   | herd: job ended on node2 (stopped)" in followed
+    row = next(r for r in json.loads(herd(["ps", "--json"], home, project).stdout)
+               if r["id"] == job)
+    assert row["state"] == "stopped" and row["exit_code"] == 130
+
+
+def test_stop_from_another_terminal_ends_an_attached_job(testbed: Testbed, tmp_path: Path) -> None:
+    project, home, config = setup(testbed, tmp_path)
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "torchherd", "launch", "-c", str(config), "job.py"],
+        cwd=project, env=dict(os.environ, HERD_HOME=str(home)), stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True,
+    )
+    try:
+        jobs = home / "jobs"
+        wait_for(lambda: jobs.is_dir() and any(jobs.iterdir()), what="the job record")
+        job = next(jobs.iterdir()).name
+        # The launcher's own files are flushed in blocks; the node's torchrun log is not.
+        pattern = f"nodes/{job}/node1/torchrun/*/attempt_0/0/stdout.log"
+        wait_for(lambda: any("step 5" in p.read_text() for p in home.glob(pattern)),
+                 what="steps")
+        stop = herd(["stop", job], home, tmp_path)
+        assert stop.returncode == 0, stop.stdout + stop.stderr
+        output, _ = launcher.communicate(timeout=60)  # the launcher sees its agents end
+    finally:
+        launcher.kill()
+    assert testbed.processes_with_env("HERD_JOB_ID", job) == []
+    assert "node1  stopped" in output and "node2  stopped" in output
+    assert f"job {job} interrupted" in output and "first failure" not in output
+    assert launcher.returncode == 130
+    record = json.loads((jobs / job / "job.json").read_text())
+    assert record["state"] == "stopped"
+    logs = herd(["logs", job, "--rank", "0"], home, project).stdout.splitlines()
+    assert logs[0] == "hello from rank 0" and "step 5" in logs
+
+
+def test_unknown_job_is_a_usage_error(tmp_path: Path) -> None:
+    for verb in ("stop", "logs"):
+        out = herd([verb, "no-such-job"], tmp_path, tmp_path)
+        assert out.returncode == 2 and "no job 'no-such-job'" in out.stderr
+        assert "Traceback" not in out.stderr

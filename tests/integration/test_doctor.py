@@ -1,0 +1,253 @@
+"""`herd doctor` on the testbed: each fault built for real, and the doctor must name the node and
+the cause. A healthy testbed passes with exit 0 (warning only about the 127.0.1.1 hostnames,
+which the testbed sets up on purpose)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import site
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import torchherd
+from tests.testbed import Testbed
+from torchherd.cli import main
+
+SRC = Path(torchherd.__file__).resolve().parents[1]
+PROJECT = SRC.parent
+
+
+def doctor(capsys: pytest.CaptureFixture[str], path: Path,
+           *args: str) -> tuple[int, dict[str, Any]]:
+    capsys.readouterr()
+    code = main(["doctor", "-c", str(path), "--json", *args])
+    out = capsys.readouterr().out
+    return code, json.loads(out)
+
+
+def result(report: dict[str, Any], check: str, host: str | None) -> dict[str, Any]:
+    for item in report["results"]:
+        if item["check"] == check and item["host"] == host:
+            return item
+    raise AssertionError(f"no {check} result for {host}")
+
+
+def statuses(report: dict[str, Any], check: str) -> dict[str, str]:
+    return {r["host"]: r["status"] for r in report["results"] if r["check"] == check}
+
+
+@pytest.fixture
+def cluster_file(testbed: Testbed, tmp_path: Path) -> Iterator[Path]:
+    yield testbed.write_cluster_file(tmp_path / "herd.toml", connect_timeout=2)
+
+
+def test_healthy_testbed_passes(capsys: pytest.CaptureFixture[str], cluster_file: Path,
+                                testbed: Testbed) -> None:
+    code, report = doctor(capsys, cluster_file)
+    failed = [r for r in report["results"] if r["status"] == "fail"]
+    assert code == 0 and report["ok"], failed
+    hosts = [n.name for n in testbed.nodes]
+    for check in ("ssh", "python", "torch", "versions", "rendezvous", "ports", "nic"):
+        assert set(statuses(report, check).values()) == {"pass"}, (check, report["results"])
+    for node in testbed.nodes:
+        name = result(report, "hostname", node.name)
+        assert name["status"] == "warn"  # the testbed's stock-Debian 127.0.1.1 line
+        assert "127.0.1.1" in name["summary"] and f"--local-addr={node.addr}" in name["summary"]
+        assert "MASTER_ADDR" in name["summary"]
+    # Every other node's link from the rendezvous node was measured.
+    measured = {link["dst"] for link in report["links"] if link["gbits"]}
+    assert measured == set(hosts[1:])
+    assert report["slowest_link"]["src"] == "node1"
+
+    # The same run for people: the table, then the remedies, exit 0.
+    capsys.readouterr()
+    assert main(["doctor", "-c", str(cluster_file)]) == 0
+    text = capsys.readouterr().out
+    assert "ssh" in text and "rdzv" in text and "node4" in text
+    assert "What to do" in text and "also on node2, node3, node4" in text
+    assert "ready" in text
+
+
+def test_node_cut_off_the_network(capsys: pytest.CaptureFixture[str], cluster_file: Path,
+                                  clean_faults: Testbed) -> None:
+    clean_faults.partition("node3")
+    code, report = doctor(capsys, cluster_file)
+    assert code == 3
+    ssh = result(report, "ssh", "node3")
+    assert ssh["status"] == "fail" and "timed out" in ssh["summary"]
+    assert "node3" in ssh["remedy"]
+    assert statuses(report, "ssh") == {"node1": "pass", "node2": "pass", "node3": "fail",
+                                       "node4": "pass"}
+    assert result(report, "python", "node3")["status"] == "skip"
+    # The others are still examined, and pass.
+    assert statuses(report, "rendezvous")["node4"] == "pass"
+
+
+def _venv_without_torch(root: Path) -> Path:
+    """A real venv (no system site-packages: no torch) where torchherd is importable."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root)], check=True)
+    packages = next(root.glob("lib/python3*/site-packages"))
+    (packages / "torchherd-src.pth").write_text(str(SRC) + "\n")
+    for folder in site.getsitepackages():
+        for info in Path(folder).glob("torchherd-*.dist-info"):
+            shutil.copytree(info, packages / info.name)  # the installed torchherd's metadata
+    python = root / "bin" / "python"
+    probe = subprocess.run([str(python), "-c", "import torchherd, importlib.util as u; "
+                            "print(u.find_spec('torch'))"], capture_output=True, text=True)
+    assert probe.stdout.strip() == "None", probe.stderr
+    return python
+
+
+def test_node_whose_python_has_no_torch(capsys: pytest.CaptureFixture[str], testbed: Testbed,
+                                        tmp_path: Path) -> None:
+    python = _venv_without_torch(tmp_path / "venv")
+    path = testbed.write_cluster_file(
+        tmp_path / "herd.toml", connect_timeout=2,
+        nodes=["node1", "node2", {"host": "node3", "python": str(python)}, "node4"])
+    code, report = doctor(capsys, path)
+    assert code == 3
+    torch = result(report, "torch", "node3")
+    assert torch["status"] == "fail"
+    assert f"torch is not installed for {python}" in torch["summary"]
+    assert statuses(report, "torch") == {"node1": "pass", "node2": "pass", "node3": "fail",
+                                         "node4": "pass"}
+
+
+def test_node_whose_python_has_neither_torchherd_nor_torch(
+        capsys: pytest.CaptureFixture[str], testbed: Testbed, tmp_path: Path) -> None:
+    bare = "/usr/bin/python3"  # Debian's own python: no torch, no torchherd
+    if not Path(bare).exists() or subprocess.run(
+            [bare, "-c", "import torch"], capture_output=True).returncode == 0:
+        pytest.skip(f"{bare} is missing or has torch here")
+    path = testbed.write_cluster_file(
+        tmp_path / "herd.toml", connect_timeout=2,
+        nodes=["node1", {"host": "node2", "python": bare}])
+    code, report = doctor(capsys, path)
+    assert code == 3
+    python = result(report, "python", "node2")
+    assert python["status"] == "fail"
+    assert f"torchherd and torch are not installed for {bare}" in python["summary"]
+    assert "pip install torchherd torch" in python["remedy"]
+    assert result(report, "torch", "node2")["status"] == "fail"
+    assert result(report, "python", "node1")["status"] == "pass"
+
+
+@pytest.fixture(scope="module")
+def other_version_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A venv (with the system's torch) where a real build of torchherd 0.1.0.post1 is installed."""
+    root = tmp_path_factory.mktemp("other-version")
+    copy = root / "project"
+    shutil.copytree(SRC / "torchherd", copy / "src" / "torchherd",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    pyproject = (PROJECT / "pyproject.toml").read_text()
+    version = f'version = "{torchherd.__version__}"'
+    assert version in pyproject
+    (copy / "pyproject.toml").write_text(pyproject.replace(version, 'version = "0.1.0.post1"'))
+    (copy / "README.md").write_text("torchherd, built for a test\n")
+    venv = root / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip",
+                    str(venv)], check=True)
+    python = venv / "bin" / "python"
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q",
+                    "--no-deps", "--no-build-isolation", "--no-index", str(copy)], check=True)
+    answer = subprocess.run([str(python), "-c", "import importlib.metadata as m; "
+                             "print(m.version('torchherd'))"], capture_output=True, text=True)
+    assert answer.stdout.strip() == "0.1.0.post1", answer.stderr
+    return python
+
+
+def test_node_whose_environment_differs_in_versions(
+        capsys: pytest.CaptureFixture[str], testbed: Testbed, tmp_path: Path,
+        other_version_python: Path) -> None:
+    path = testbed.write_cluster_file(
+        tmp_path / "herd.toml", connect_timeout=2,
+        nodes=["node1", "node2", {"host": "node3", "python": str(other_version_python)},
+               "node4"])
+    code, report = doctor(capsys, path)
+    assert code == 3
+    versions = result(report, "versions", "node3")
+    assert versions["status"] == "fail"
+    assert "torchherd 0.1.0.post1 here" in versions["summary"]
+    assert "node1, node2, node4" in versions["summary"]
+    assert report["versions"] == {"torchherd": {"node1": torchherd.__version__, "node2":
+                                                torchherd.__version__, "node3": "0.1.0.post1",
+                                                "node4": torchherd.__version__}}
+    assert statuses(report, "versions")["node1"] == "pass"
+
+    # herd launch runs the fast subset and refuses, unless told not to.
+    script = tmp_path / "train.py"
+    script.write_text("print('hello')\n")
+    capsys.readouterr()
+    assert main(["launch", "-c", str(path), "--dry-run", str(script)]) == 3
+    err = capsys.readouterr().err
+    assert "node3: torchherd 0.1.0.post1 here" in err and "--no-preflight" in err
+    assert main(["launch", "-c", str(path), "--dry-run", "--no-preflight", str(script)]) == 0
+
+
+def test_rendezvous_port_blocked_on_the_rendezvous_node(
+        capsys: pytest.CaptureFixture[str], clean_faults: Testbed, tmp_path: Path) -> None:
+    port = 29611
+    path = clean_faults.write_cluster_file(tmp_path / "herd.toml", connect_timeout=2,
+                                           rdzv_port=port)
+    clean_faults.block_port("node1", port)
+    code, report = doctor(capsys, path)
+    assert code == 3
+    host = result(report, "rendezvous", "node1")
+    assert host["status"] == "fail"
+    assert f":{port}" in host["summary"] and "no other node can connect" in host["summary"]
+    assert "timed out" in host["summary"] and "firewall" in host["remedy"]
+    for name in ("node2", "node3", "node4"):
+        node = result(report, "rendezvous", name)
+        assert node["status"] == "fail" and f"node1 {clean_faults.node('node1').addr}:{port}" \
+            in node["summary"]
+    # Only the store port is blocked: ephemeral ports still work.
+    assert set(statuses(report, "ports").values()) == {"pass"}
+
+
+def test_node_asking_for_more_workers_than_it_can_run(
+        capsys: pytest.CaptureFixture[str], testbed: Testbed, tmp_path: Path) -> None:
+    cores = len(os.sched_getaffinity(0))
+    path = testbed.write_cluster_file(
+        tmp_path / "herd.toml", connect_timeout=2,
+        nodes=["node1", "node2", "node3", {"host": "node4", "nproc": cores + 6}])
+    code, report = doctor(capsys, path)
+    workers = result(report, "workers", "node4")
+    assert workers["status"] == "warn"  # CPU workers can share cores; GPUs cannot (unit tests)
+    assert f"{cores + 6} workers" in workers["summary"]
+    assert f"{cores} CPU core" in workers["summary"]
+    assert f"nproc = {cores}" in workers["remedy"]
+    assert statuses(report, "workers")["node1"] == "pass"
+    assert code == 0
+
+
+def test_collective_runs_a_real_all_reduce(capsys: pytest.CaptureFixture[str],
+                                           testbed: Testbed, tmp_path: Path) -> None:
+    path = testbed.write_cluster_file(tmp_path / "herd.toml", connect_timeout=2,
+                                      nodes=["node1", "node2"])
+    code, report = doctor(capsys, path, "--collective")
+    collective = result(report, "collective", None)
+    assert code == 0, collective
+    assert collective["status"] == "pass" and "gloo" in collective["summary"]
+    assert collective["data"]["world_size"] == 2
+    rows = report["collective"]
+    assert [r["size_bytes"] for r in rows] == [4 << 10, 256 << 10, 4 << 20, 32 << 20]
+    for row in rows:
+        assert row["busbw_gbytes"] == pytest.approx(row["algbw_gbytes"] * 2 * (2 - 1) / 2)
+        assert row["busbw_gbytes"] > 0
+
+
+def test_full_tests_every_pair(capsys: pytest.CaptureFixture[str], cluster_file: Path) -> None:
+    code, report = doctor(capsys, cluster_file, "--full")
+    assert code == 0
+    pairs = {(x["src"], x["dst"]) for x in report["links"] if x["purpose"] == "ephemeral"}
+    hosts = [f"node{k}" for k in range(1, 5)]
+    assert pairs == {(a, b) for a in hosts for b in hosts if a != b}
+    measured = {frozenset((x["src"], x["dst"])) for x in report["links"] if x["gbits"]}
+    assert len(measured) == 6  # every pair once
