@@ -42,8 +42,10 @@ class GPTConfig:
     """Width of the residual stream."""
     dropout: float = 0.1
     """Dropout probability in attention and MLP outputs."""
-    lr: float = 1e-3
-    """Peak learning rate of AdamW (cosine decay to 10% over the run)."""
+    lr: float = 3e-3
+    """Peak learning rate of AdamW (cosine decay to 10% over decay_steps)."""
+    decay_steps: int | None = None
+    """Steps of the LR decay (default: max_steps); keep it fixed across resumes."""
     eval_fraction: float = 0.1
     """Share of the text held out for evaluation."""
 
@@ -164,7 +166,9 @@ def main(argv: list[str] | None = None) -> int:
     ids = torch.tensor([alphabet.index(c) for c in text], dtype=torch.long)
     split = int(len(ids) * (1 - gpt_config.eval_fraction))
     model = GPT(gpt_config, len(alphabet))
-    total = config.max_steps or 1000
+    # The schedule's horizon is part of the run: a resume with another --max-steps and no
+    # --decay-steps would follow a different curve from the snapshot on.
+    total = gpt_config.decay_steps or config.max_steps or 1000
 
     def schedule(optimizer: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LRScheduler:
         cosine = lambda step: 0.1 + 0.45 * (1 + math.cos(math.pi * min(step / total, 1)))  # noqa: E731

@@ -131,6 +131,10 @@ class Supervisor:
         if node.state in ("starting", "running"):
             self._lost(node)
 
+    def agent_request(self, plan: NodePlan) -> dict[str, Any]:
+        """The request an agent reads first on stdin; `herd launch --detach` sends it too."""
+        return self._request(plan)
+
     def _request(self, plan: NodePlan) -> dict[str, Any]:
         return {
             "job_id": self.plan.job_id,

@@ -54,7 +54,7 @@ def test_healthy_testbed_passes(capsys: pytest.CaptureFixture[str], cluster_file
     failed = [r for r in report["results"] if r["status"] == "fail"]
     assert code == 0 and report["ok"], failed
     hosts = [n.name for n in testbed.nodes]
-    for check in ("ssh", "python", "torch", "versions", "rendezvous", "ports", "nic"):
+    for check in ("ssh", "python", "torch", "versions", "workdir", "rendezvous", "ports", "nic"):
         assert set(statuses(report, check).values()) == {"pass"}, (check, report["results"])
     for node in testbed.nodes:
         name = result(report, "hostname", node.name)
@@ -88,6 +88,19 @@ def test_node_cut_off_the_network(capsys: pytest.CaptureFixture[str], cluster_fi
     assert result(report, "python", "node3")["status"] == "skip"
     # The others are still examined, and pass.
     assert statuses(report, "rendezvous")["node4"] == "pass"
+
+
+def test_missing_working_directory(capsys: pytest.CaptureFixture[str], testbed: Testbed,
+                                   tmp_path: Path) -> None:
+    missing = tmp_path / "not-synced-yet"
+    path = testbed.write_cluster_file(tmp_path / "herd.toml", connect_timeout=2,
+                                      workdir=str(missing), nodes=["node1", "node2"])
+    code, report = doctor(capsys, path)
+    assert code == 3
+    for name in ("node1", "node2"):
+        workdir = result(report, "workdir", name)
+        assert workdir["status"] == "fail" and str(missing) in workdir["summary"]
+        assert "herd sync" in workdir["remedy"]
 
 
 def _venv_without_torch(root: Path) -> Path:

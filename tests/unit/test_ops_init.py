@@ -78,5 +78,8 @@ def test_cli_init_exit_codes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     assert "wrote herd.toml: 2 node(s) [gpu1, gpu2×4]" in capsys.readouterr().out
     assert main(["init", "gpu3"]) == 2
     assert "already exists" in capsys.readouterr().err
-    assert main(["init"]) == 2
-    assert main(["init", "bad host"]) == 2
+    assert main(["init", "-o", "other.toml"]) == 2
+    assert "no hosts given" in capsys.readouterr().err
+    assert main(["init", "gpu1:0", "-o", "other.toml"]) == 2
+    assert "worker count must be 1 or more" in capsys.readouterr().err
+    assert not (tmp_path / "other.toml").exists()

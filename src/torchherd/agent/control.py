@@ -164,7 +164,7 @@ def status(request: dict[str, Any]) -> dict[str, Any]:
 # logs
 
 
-def logs(request: dict[str, Any], out: Any = None) -> int:
+def logs(request: dict[str, Any], out: Any = None, watch_stdin: bool = True) -> int:
     """Copy a detached job's events (``events.jsonl``) to stdout; with follow, until it ends.
 
     Only events are sent (one JSON line each), filtered by rank when asked, so the launcher
@@ -180,7 +180,7 @@ def logs(request: dict[str, Any], out: Any = None) -> int:
         out.write(encode({"e": "error", "message": f"no events file {path} on this node"}))
         out.flush()
         return 1
-    if follow:
+    if follow and watch_stdin:
         _exit_when_stdin_closes()
     idle_since = time.monotonic()
     with open(path, "rb") as handle:

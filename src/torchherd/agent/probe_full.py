@@ -105,8 +105,10 @@ def collect_full(request: dict[str, Any], workdir: str | None) -> dict[str, Any]
         if facts["torch"].get("ok"):
             _write_cache(fingerprint, facts["torch"])
     facts["nvidia_smi"] = smi
+    facts["driver"] = _driver_version()
     if gpu_process is not None and apps_process is not None:
-        facts["gpus"], facts["driver"] = _gpus(_finish(gpu_process, 15))
+        facts["gpus"], driver = _gpus(_finish(gpu_process, 15))
+        facts["driver"] = driver or facts["driver"]
         # The torch import above may show up on a GPU for a moment; it is not someone else's.
         ours = {torch_process.pid} if torch_process is not None else set()
         facts["gpu_processes"] = [a for a in _gpu_apps(_finish(apps_process, 15))
@@ -212,6 +214,17 @@ def _write_cache(fingerprint: str | None, value: dict[str, Any]) -> None:
 
 # ---------------------------------------------------------------------------------------------
 # GPUs, memory, disk, credentials
+
+
+def _driver_version() -> str | None:
+    """The NVIDIA kernel driver's version, without nvidia-smi (None when not loaded)."""
+    try:
+        with open("/proc/driver/nvidia/version") as driver:
+            first = driver.readline()
+    except OSError:
+        return None
+    words = first.split()
+    return next((w for w in words if w[:1].isdigit() and "." in w), first.strip() or None)
 
 
 def _gpus(result: tuple[int, str, str]) -> tuple[list[dict[str, Any]], str | None]:

@@ -13,7 +13,7 @@ from rich.table import Table
 
 from ..errors import EXIT_NODE_NOT_READY, EXIT_OK
 from ..jobs import JobRecord, list_records
-from ..ops.jobctl import find_record, refresh, stop_job
+from ..ops.jobctl import RUNNING_STATES, find_record, refresh, stop_job
 from ..ops.joblogs import show_logs
 from .app import app
 
@@ -135,6 +135,10 @@ def stop_command(
         else:
             line = f"ended {node.processes} process(es), none left"
         print(f"  {node.host.ljust(width)}  {line}")
+    if report.ok and report.previous_state not in RUNNING_STATES:
+        print(f"job {record.id} had already ended ({report.previous_state}); "
+              "nothing of it is left on its nodes")
+        return EXIT_OK
     if report.ok:
         print(f"job {record.id} stopped on every node")
         return EXIT_OK

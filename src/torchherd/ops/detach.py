@@ -9,6 +9,7 @@ it. If any node cannot start, the nodes that did are stopped again: a job needs 
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import time
 from dataclasses import replace
@@ -18,10 +19,11 @@ from typing import Any, TextIO
 from ..agent.protocol import decode
 from ..errors import EXIT_NODE_NOT_READY, EXIT_OK
 from ..jobs import JobRecord, job_dir
-from ..logs import Failure, RunResult
+from ..logs import Failure, JobOutput, RunResult
 from ..plan import LaunchPlan, NodePlan
 from ..redact import redact_text
 from ..spec import ClusterSpec, NodeSpec
+from ..supervise import Supervisor
 from ..transport import Transport
 from .jobctl import cluster_file_of, cluster_snapshot, stop_nodes
 from .remote import agent_argv
@@ -30,18 +32,11 @@ from .remote import agent_argv
 START_TIMEOUT = 150.0
 
 
-def detach_request(plan: LaunchPlan, node: NodePlan) -> dict[str, Any]:
-    """The agent's job request (as the Supervisor sends it) with ``detach`` set."""
-    return {
-        "job_id": plan.job_id,
-        "node": node.name,
-        "workdir": plan.workdir,
-        "argv": list(node.argv),
-        "env": dict(node.env),
-        "secret_env": dict(plan.secret_env),
-        "grace": plan.grace,
-        "detach": True,
-    }
+def detach_request(supervisor: Supervisor, node: NodePlan) -> dict[str, Any]:
+    """The Supervisor's job request with ``detach`` set (and no heartbeat: nobody will ping)."""
+    request = supervisor.agent_request(node) | {"detach": True}
+    request.pop("heartbeat", None)
+    return request
 
 
 async def start_node(
@@ -109,9 +104,14 @@ async def start_detached(
         stream.write(banner + "\n")
     plans = {p.host: p for p in plan.nodes}
     nodes = [n for n in cluster.nodes if n.host in plans]
+    output = JobOutput(Path(record.log_dir), list(plans), plan.world_size,
+                       stream=io.StringIO(), secrets=secrets)
+    output.note(banner)  # the launcher's side of the job directory says what was started
+    output.close()
+    supervisor = Supervisor(plan, cluster, transport, output)
 
     async def start(node: NodeSpec) -> dict[str, Any]:
-        return await start_node(transport, node, detach_request(plan, plans[node.host]))
+        return await start_node(transport, node, detach_request(supervisor, plans[node.host]))
 
     events = dict(zip([n.host for n in nodes], await transport.each(nodes, start), strict=True))
     started = {h: e for h, e in events.items() if e.get("e") == "started"}

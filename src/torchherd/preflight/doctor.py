@@ -66,9 +66,12 @@ def doctor(
     say: Say | None = None,
 ) -> PreflightReport:
     """Examine every node and return the report (never raises for a broken node)."""
+    from ..launch import with_workdir
+
     options = options or DoctorOptions()
     say = say or (lambda _: None)
     started = time.monotonic()
+    cluster = with_workdir(cluster)  # where a launch would run the job, checked the same way
     findings = asyncio.run(gather(cluster, options, transport or for_cluster(cluster), say))
     extra: tuple[CheckResult, ...] = ()
     rows: tuple[BusBandwidth, ...] = ()

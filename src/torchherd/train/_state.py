@@ -21,7 +21,7 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.nn.parallel import DistributedDataParallel
 from torch.optim import Optimizer
 
-from torchherd.train.errors import SnapshotMismatch
+from torchherd.train.errors import SnapshotMismatch, TrainError
 
 __all__ = [
     "unwrap",
@@ -65,26 +65,66 @@ def load_model_state(model: nn.Module, state: dict[str, Any], sharded: bool) -> 
         unwrap(model).load_state_dict(state)
 
 
+def _param_names(model: nn.Module) -> dict[int, str]:
+    # named_parameters() lists a tied parameter once, under its first name, as DCP does.
+    return {id(param): name for name, param in unwrap(model).named_parameters()}
+
+
 def optimizer_state(
     model: nn.Module, optimizer: Optimizer, sharded: bool, everywhere: bool
 ) -> dict[str, Any]:
-    """Full optimizer state. Unsharded optimizers keep torch's own format, which needs no
-    collective and never runs the warm-up step that distributed helpers take on empty state."""
+    """Full optimizer state keyed by parameter names (DCP's format), whatever the wrapper.
+
+    Unsharded optimizers are converted by hand: it needs no collective, and DCP's helper would
+    run a warm-up step on an optimizer that has no state yet, changing what it resumes.
+    """
     if sharded:
         return get_optimizer_state_dict(model, optimizer, options=_full(everywhere))
-    return optimizer.state_dict()
+    names = _param_names(model)
+    params = [param for group in optimizer.param_groups for param in group["params"]]
+    unnamed = [index for index, param in enumerate(params) if id(param) not in names]
+    if unnamed:
+        raise TrainError(
+            f"the optimizer holds {len(unnamed)} tensor(s) that are not parameters of the model",
+            remedy="build the optimizer from model.parameters() (or a factory given them)",
+        )
+    name_of = [names[id(param)] for param in params]
+    native = optimizer.state_dict()
+    return {
+        "state": {name_of[index]: value for index, value in native["state"].items()},
+        "param_groups": [
+            {**group, "params": [name_of[index] for index in group["params"]]}
+            for group in native["param_groups"]
+        ],
+    }
 
 
 def load_optimizer_state(
     model: nn.Module, optimizer: Optimizer, state: dict[str, Any], sharded: bool
 ) -> None:
-    """Load what ``optimizer_state`` produced."""
+    """Load what ``optimizer_state`` produced, under any wrapper; KeyError/ValueError when the
+    snapshot's parameters or groups do not match this optimizer's."""
     if sharded:
         set_optimizer_state_dict(
             model, optimizer, state, options=StateDictOptions(full_state_dict=True)
         )
-    else:
-        optimizer.load_state_dict(state)
+        return
+    names = _param_names(model)
+    current = [[names[id(p)] for p in group["params"]] for group in optimizer.param_groups]
+    saved = state["param_groups"]
+    if len(saved) != len(current):
+        raise ValueError(f"{len(saved)} parameter groups in the snapshot, {len(current)} here")
+    index: dict[str, int] = {}
+    groups = []
+    for number, (here, there) in enumerate(zip(current, saved, strict=True)):
+        if set(here) != set(there["params"]):
+            raise ValueError(f"parameter group {number} holds different parameters")
+        # Positions follow this optimizer's order, which is how load_state_dict pairs them.
+        ids = list(range(len(index), len(index) + len(here)))
+        index.update(zip(here, ids, strict=True))
+        groups.append({**there, "params": ids})
+    native_state = {index[name]: value for name, value in state["state"].items()}
+    optimizer.load_state_dict({"state": native_state, "param_groups": groups})
 
 
 def _shapes(state: dict[str, Any]) -> dict[str, tuple[int, ...]]:

@@ -1,0 +1,28 @@
+"""examples/minimal.py with every training step slowed by 20 ms, so a test can kill a worker
+mid-run. The sleep changes no number: losses and weights are those of the example itself."""
+
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "examples"))
+
+import minimal  # noqa: E402
+
+from torchherd import train  # noqa: E402
+
+supervised = train.supervised
+
+
+def slow_supervised(loss):  # type: ignore[no-untyped-def]
+    step = supervised(loss)
+
+    def slowed(*args, **kwargs):  # type: ignore[no-untyped-def]
+        time.sleep(0.02)
+        return step(*args, **kwargs)
+
+    return slowed
+
+
+train.supervised = slow_supervised
+raise SystemExit(minimal.main())

@@ -1,0 +1,96 @@
+"""herd top: GPU readings (recorded nvidia-smi output), step rates, the table."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from torchherd.agent import sample
+from torchherd.agent.control import write_agent_record
+from torchherd.cli.top import render
+from torchherd.ops.top import NodeLoad
+
+# nvidia-smi --query-gpu=index,name,utilization.gpu,memory.used,memory.total,temperature.gpu,
+# power.draw --format=csv,noheader,nounits, on a 2-GPU node (one without a power reading)
+NVIDIA_SMI = """\
+0, NVIDIA H100 80GB HBM3, 97, 71234, 81559, 66, 612.45
+1, NVIDIA H100 80GB HBM3, 35, 1024, 81559, 41, [N/A]
+"""
+
+
+def test_parse_nvidia_smi() -> None:
+    gpus = sample.parse_nvidia_smi(NVIDIA_SMI)
+    assert gpus[0] == {"index": 0.0, "name": "NVIDIA H100 80GB HBM3", "util": 97.0,
+                       "mem_used": 71234 << 20, "mem_total": 81559 << 20, "temp": 66.0,
+                       "power": 612.45}
+    assert gpus[1]["power"] is None
+    load = NodeLoad("gpu1", gpus=tuple(gpus))
+    assert load.gpu_summary() == {"count": 2, "util": 66.0, "mem_used": 72258 << 20,
+                                  "mem_total": 163118 << 20, "temp": 66.0, "power": 612.45}
+    assert sample.parse_nvidia_smi("garbage\n") == []
+
+
+def test_cpu_and_memory_readings_are_sane() -> None:
+    busy, total = sample.cpu_times()
+    assert 0 <= busy <= total
+    memory = sample.memory()
+    assert 0 < memory["used"] < memory["total"]
+
+
+def test_step_rate_from_local_rank_zeros_log(tmp_path: Path) -> None:
+    node_dir = tmp_path / "nodes" / "job1" / "n1"
+    log = node_dir / "torchrun" / "job1_x" / "attempt_0" / "0" / "stdout.log"
+    log.parent.mkdir(parents=True)
+    log.write_text("hello\nstep 10 loss 1.0\n")
+    write_agent_record(str(node_dir), "job1", "n1", detached=True)  # this process: "running"
+    (tmp_path / "nodes" / "job2" / "n2").mkdir(parents=True)  # another node's: not listed
+    write_agent_record(str(tmp_path / "nodes" / "job2" / "n2"), "job2", "n2", detached=True)
+    sampler = sample.Sampler(str(tmp_path), "n1")
+    time.sleep(0.2)
+    with log.open("a") as handle:
+        handle.write("Step: 30 | loss 0.5\n")
+    first = sampler.sample()
+    [job] = first["jobs"]
+    assert (job["job_id"], job["step"]) == ("job1", 30)
+    assert 20 / 0.5 < job["step_rate"] < 20 / 0.15
+    again = sampler.sample()["jobs"][0]
+    assert again["step_rate"] == job["step_rate"]  # unchanged step: the last rate, and its age
+    assert again["step_age"] >= 0
+    assert 0 <= first["cpu_percent"] <= 100 and first["hostname"]
+    json.dumps(first)  # what the verb prints
+
+
+def test_render_has_a_row_per_node_and_says_why_a_node_is_missing() -> None:
+    loads = [
+        NodeLoad("gpu1", cpu_percent=12.0, mem_used=8 << 30, mem_total=64 << 30,
+                 gpus=tuple(sample.parse_nvidia_smi(NVIDIA_SMI)),
+                 jobs=({"job_id": "j1", "step": 1200, "step_rate": 3.25, "step_age": 0.5},)),
+        NodeLoad("cpu1", cpu_percent=50.0, mem_used=1 << 30, mem_total=4 << 30),
+        NodeLoad("gone", error="gone: connection timed out"),
+    ]
+    buffer = io.StringIO()
+    Console(file=buffer, width=200).print(render(loads))
+    lines = buffer.getvalue().splitlines()
+    assert [line.split()[0] for line in lines[1:]] == ["gpu1", "cpu1", "gone"]
+    assert "2× NVIDIA H100 80GB HBM3" in lines[1] and "step 1200, 3.25/s" in lines[1]
+    assert lines[2].split()[1:4] == ["50", "1.0/4.0", "none"]
+    assert "connection timed out" in lines[3]
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/stat"), reason="needs Linux /proc")
+def test_top_verb_answers_json(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "torchherd.agent", "top"],
+                         input=json.dumps({"window": 0.1, "herd_home": str(tmp_path)}),
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert data["jobs"] == [] and data["memory"]["total"] > 0
