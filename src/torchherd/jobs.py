@@ -44,6 +44,8 @@ class JobRecord:
     from any directory, even when the cluster file has changed since."""
     node_dirs: dict[str, str] = field(default_factory=dict)
     """host -> the job's directory on that node (detached jobs: events.jsonl lives there)."""
+    restarts: int = 0
+    """Times the launcher restarted the whole job after a failure."""
 
     def save(self) -> None:
         directory = job_dir(self.id)

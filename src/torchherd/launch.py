@@ -14,13 +14,13 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TextIO
 
 from . import __version__
 from .agent.protocol import missing_module
-from .errors import ConfigError, Interrupted, NodeNotReady
+from .errors import EXIT_JOB_FAILED, ConfigError, HerdError, Interrupted, NodeNotReady
 from .facts import NodeFacts
 from .jobs import JobRecord, job_dir
 from .logs import JobOutput, RunResult, render_summary
@@ -132,6 +132,17 @@ def fast_preflight(cluster: ClusterSpec, facts: Mapping[str, NodeFacts]) -> list
     return [r.line() for r in fast_checks(cluster, facts) if r.status is Status.FAIL]
 
 
+@dataclass(frozen=True)
+class Prepared:
+    """Everything a launch learned before starting: enough to plan a restart too."""
+
+    cluster: ClusterSpec
+    """The cluster, its workdir resolved."""
+    facts: dict[str, NodeFacts]
+    secrets: dict[str, str]
+    plan: LaunchPlan
+
+
 async def prepare(
     cluster: ClusterSpec,
     job: JobSpec,
@@ -139,7 +150,7 @@ async def prepare(
     *,
     preflight: bool = True,
     progress: Progress | None = None,
-) -> LaunchPlan:
+) -> Prepared:
     """Connect, probe and check every node, then make the plan."""
     say = progress or (lambda _: None)
     secrets = read_env_file(cluster.env_file) if cluster.env_file else {}
@@ -160,7 +171,30 @@ async def prepare(
             "fix them, or launch anyway with --no-preflight",
             hosts=tuple(p.split(":", 1)[0] for p in problems),
         )
-    return make_plan(cluster, job, facts, secrets)
+    return Prepared(cluster, facts, secrets, make_plan(cluster, job, facts, secrets))
+
+
+async def replan(prepared: Prepared, job: JobSpec, transport: Transport) -> LaunchPlan:
+    """The plan for a restart: the same nodes, a fresh rendezvous id and a port free now."""
+    cluster, facts = prepared.cluster, dict(prepared.facts)
+    if cluster.transport == "ssh":
+        first = cluster.rendezvous_node
+        fresh = await probe_all(
+            cluster.select([first.host]), transport, port_on_first=cluster.rdzv_port or 0
+        )
+        facts[first.host] = fresh[first.host]
+    return make_plan(cluster, job, facts, prepared.secrets)
+
+
+@dataclass(frozen=True)
+class RestartPolicy:
+    """When the launcher restarts a failed job (all nodes, fresh rendezvous)."""
+
+    max_restarts: int = 0
+
+    def should_restart(self, result: RunResult, restarts_done: int) -> bool:
+        # Only a job that ran and failed; never one interrupted or whose nodes are not ready.
+        return result.exit_code == EXIT_JOB_FAILED and restarts_done < self.max_restarts
 
 
 def with_workdir(cluster: ClusterSpec) -> ClusterSpec:
@@ -211,11 +245,12 @@ async def _launch(
         )
         _on_signals(loop, preparing.cancel)
         try:
-            plan = await preparing
+            prepared = await preparing
         except asyncio.CancelledError:
             raise Interrupted("interrupted before the job started; nothing was started") from None
         finally:
             progress.clear()
+        plan = prepared.plan
         if options.dry_run:
             return plan
         if options.detach:
@@ -225,22 +260,25 @@ async def _launch(
                 cluster, plan, transport, stream, log_dir=options.log_dir,
                 banner=banner(plan, cluster),
             )
-        return await _supervise(cluster, plan, transport, options, stream, loop)
+        return await _supervise(prepared, job, transport, options, stream, loop)
     finally:
         _restore_signals(loop)
         await transport.close()
 
 
 async def _supervise(
-    cluster: ClusterSpec,
-    plan: LaunchPlan,
+    prepared: Prepared,
+    job: JobSpec,
     transport: Transport,
     options: LaunchOptions,
     stream: TextIO,
     loop: asyncio.AbstractEventLoop,
+    policy: RestartPolicy | None = None,
 ) -> RunResult:
     from .supervise import Supervisor
 
+    cluster, plan = prepared.cluster, prepared.plan
+    policy = policy or RestartPolicy(job.max_restarts)
     log_dir = options.log_dir or job_dir(plan.job_id)
     secrets = list(plan.secret_env.values())
     output = JobOutput(
@@ -263,17 +301,46 @@ async def _supervise(
     )
     record.save()
     output.note(banner(plan, cluster))
+    started = time.monotonic()
+    restarts = 0
+    interrupted = False
     supervisor = Supervisor(plan, cluster, transport, output)
-    _on_signals(loop, supervisor.interrupt)
+
+    def interrupt() -> None:
+        nonlocal interrupted
+        interrupted = True
+        supervisor.interrupt()
+
+    _on_signals(loop, interrupt)
     try:
-        result = await supervisor.run()
+        while True:
+            result = await supervisor.run()
+            if interrupted or not policy.should_restart(result, restarts):
+                break
+            restarts += 1
+            cause = result.first_failure.headline() if result.first_failure else "a node failed"
+            output.note(
+                f"herd: {cause}; restarting the job on every node "
+                f"(restart {restarts} of {policy.max_restarts})"
+            )
+            try:
+                plan = await replan(prepared, replace(job, attempt=restarts), transport)
+            except HerdError as exc:
+                output.note(f"herd: cannot restart: {exc.message}")
+                break
+            record.rdzv_endpoint = plan.rdzv_endpoint
+            record.save()
+            supervisor = Supervisor(plan, cluster, transport, output)
     finally:
         output.flush()
+    result.restarts = restarts
+    result.duration = time.monotonic() - started
     output.note(render_summary(result))
     output.close()
     record.state = {0: "succeeded", 130: "stopped"}.get(result.exit_code, "failed")
     record.ended = time.time()
     record.exit_code = result.exit_code
+    record.restarts = restarts
     if result.first_failure is not None:
         failure = result.first_failure
         record.first_failure = {

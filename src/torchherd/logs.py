@@ -51,6 +51,8 @@ class RunResult:
     first_failure: Failure | None = None
     duration: float = 0.0
     log_dir: Path | None = None
+    restarts: int = 0
+    """Times the whole job was restarted after a failure."""
 
 
 class JobOutput:
@@ -125,7 +127,8 @@ class JobOutput:
 def render_summary(result: RunResult) -> str:
     """The closing block: status per node and the first failure with its last stderr lines."""
     state = {0: "succeeded", 130: "interrupted"}.get(result.exit_code, "failed")
-    lines = [f"job {result.job_id} {state} in {result.duration:.1f} s"]
+    after = f" after {result.restarts} restart(s)" if result.restarts else ""
+    lines = [f"job {result.job_id} {state} in {result.duration:.1f} s{after}"]
     width = max((len(h) for h in result.node_status), default=0)
     for host, status in result.node_status.items():
         lines.append(f"  {host.ljust(width)}  {status}")

@@ -38,7 +38,9 @@ class JobSpec:
     nproc: int | None = None
     """Workers on every node, overriding the cluster file and the GPU count."""
     max_restarts: int = 0
-    """Times torchrun restarts the workers after a failure before the job fails."""
+    """Times herd restarts the whole job (every node) after a failure before it fails."""
+    attempt: int = 0
+    """0 for the first run; n for the n-th restart (its own rendezvous id)."""
     job_id: str = field(default_factory=lambda: new_job_id())
     """Unique id: rendezvous id, job directory name and the tag on every process."""
     grace: float = 10.0
@@ -142,10 +144,13 @@ def make_plan(
             f"--nproc-per-node={nproc}",
             "--rdzv-backend=c10d",
             f"--rdzv-endpoint={endpoint}",
-            f"--rdzv-id={job.job_id}",
+            f"--rdzv-id={rendezvous_id(job)}",
             f"--rdzv-conf=is_host={1 if is_host else 0}",
             f"--local-addr={local_addr}",
-            f"--max-restarts={job.max_restarts}",
+            # Restarts are herd's (every node, fresh rendezvous), never torchrun's: torchrun counts
+            # restarts per node, so after one node restarts its workers the nodes can disagree
+            # on the store prefix of the new attempt and hang or reach dead workers.
+            "--max-restarts=0",
             "--tee=3",
             *_entry_args(job),
         )
@@ -184,7 +189,7 @@ def _standalone_plan(
         "torchherd.agent.elastic",
         "--standalone",
         f"--nproc-per-node={nproc}",
-        f"--max-restarts={job.max_restarts}",
+        "--max-restarts=0",
         "--tee=3",
         *_entry_args(job),
     )
@@ -208,6 +213,11 @@ def _standalone_plan(
         grace=job.grace,
         secret_env=secret_env,
     )
+
+
+def rendezvous_id(job: JobSpec) -> str:
+    """Unique per job and per attempt, so a restart never meets the state of the last one."""
+    return job.job_id if job.attempt == 0 else f"{job.job_id}-r{job.attempt}"
 
 
 def _worker_env(cluster: ClusterSpec, facts: NodeFacts, nproc: int) -> dict[str, str]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from torchherd.errors import ConfigError, NodeNotReady
@@ -158,11 +160,14 @@ def test_nproc_defaults_to_gpus_then_one_and_cli_overrides() -> None:
 
 
 def test_module_entry_and_restarts() -> None:
-    plan = make_plan(
-        two_nodes(), JobSpec(entry=("pkg.train", "--x"), module=True, max_restarts=2), recorded()
-    )
+    job = JobSpec(entry=("pkg.train", "--x"), module=True, max_restarts=2, job_id="j9")
+    plan = make_plan(two_nodes(), job, recorded())
     assert plan.nodes[0].argv[-3:] == ("--module", "pkg.train", "--x")
-    assert "--max-restarts=2" in plan.nodes[0].argv
+    # herd restarts every node itself; torchrun's per-node restarts stay off.
+    assert "--max-restarts=0" in plan.nodes[0].argv
+    assert "--rdzv-id=j9" in plan.nodes[0].argv
+    again = make_plan(two_nodes(), replace(job, attempt=1), recorded())
+    assert all("--rdzv-id=j9-r1" in node.argv for node in again.nodes)
 
 
 def test_standalone_plan_for_this_machine() -> None:
