@@ -136,24 +136,15 @@ def make_plan(
             for name in IFNAME_VARS:
                 if name not in user_set:
                     env[name] = iface
-        argv = (
-            cluster.python_for(node),
-            "-m",
-            "torchherd.agent.elastic",
+        rendezvous = (
             f"--nnodes={len(cluster.nodes)}",
-            f"--nproc-per-node={nproc}",
             "--rdzv-backend=c10d",
             f"--rdzv-endpoint={endpoint}",
             f"--rdzv-id={rendezvous_id(job)}",
             f"--rdzv-conf=is_host={1 if is_host else 0}",
             f"--local-addr={local_addr}",
-            # Restarts are herd's (every node, fresh rendezvous), never torchrun's: torchrun counts
-            # restarts per node, so after one node restarts its workers the nodes can disagree
-            # on the store prefix of the new attempt and hang or reach dead workers.
-            "--max-restarts=0",
-            "--tee=3",
-            *_entry_args(job),
         )
+        argv = _elastic_argv(cluster.python_for(node), rendezvous, nproc, job)
         plans.append(
             NodePlan(
                 host=node.host,
@@ -183,16 +174,7 @@ def _standalone_plan(
 ) -> LaunchPlan:
     node = cluster.nodes[0]
     nproc = _nproc(node, job, facts[node.host])
-    argv = (
-        cluster.python_for(node),
-        "-m",
-        "torchherd.agent.elastic",
-        "--standalone",
-        f"--nproc-per-node={nproc}",
-        "--max-restarts=0",
-        "--tee=3",
-        *_entry_args(job),
-    )
+    argv = _elastic_argv(cluster.python_for(node), ("--standalone",), nproc, job)
     plan = NodePlan(
         host=node.host,
         name=node.name,
@@ -212,6 +194,25 @@ def _standalone_plan(
         workdir=cluster.workdir,
         grace=job.grace,
         secret_env=secret_env,
+    )
+
+
+def _elastic_argv(
+    python: str, rendezvous: tuple[str, ...], nproc: int, job: JobSpec
+) -> tuple[str, ...]:
+    """torchrun (through herd's wrapper) with the given rendezvous arguments."""
+    return (
+        python,
+        "-m",
+        "torchherd.agent.elastic",
+        *rendezvous,
+        f"--nproc-per-node={nproc}",
+        # Restarts are herd's (every node, fresh rendezvous), never torchrun's: torchrun counts
+        # restarts per node, so after one node restarts its workers the nodes can disagree on
+        # the store prefix of the new attempt and hang or reach dead workers.
+        "--max-restarts=0",
+        "--tee=3",
+        *_entry_args(job),
     )
 
 

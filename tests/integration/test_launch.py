@@ -62,6 +62,32 @@ def assert_nothing_left(testbed: Testbed, home: Path) -> None:
     assert not left, f"processes of the job still running: {left}"
 
 
+def start_sleeping_job(
+    path: Path, home: Path, ranks: int, **popen: object
+) -> subprocess.Popen[str]:
+    """Launch allreduce.py --sleep 300 and return once all ``ranks`` ranks are asleep."""
+    env = dict(os.environ, HERD_HOME=str(home), PYTHONUNBUFFERED="1")
+    command = [sys.executable, "-m", "torchherd", "launch", "-c", str(path), "allreduce.py"]
+    process = subprocess.Popen(
+        [*command, "--sleep", "300"],
+        cwd=SCRIPTS,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        **popen,  # type: ignore[call-overload]
+    )
+    sleeping: set[str] = set()
+    assert process.stdout is not None
+    for line in process.stdout:
+        if "SLEEPING" in line:
+            sleeping.add(line.split("rank=")[1].split()[0])
+        if len(sleeping) == ranks:
+            return process
+    process.kill()
+    raise AssertionError("the job never reached its sleep")
+
+
 def test_two_nodes_two_workers_allreduce(testbed: Testbed, tmp_path: Path) -> None:
     path = cluster(
         testbed, tmp_path, [{"host": "node1", "nproc": 2}, {"host": "node2", "nproc": 2}]
@@ -119,34 +145,8 @@ def test_sigint_leaves_no_process_of_the_job(testbed: Testbed, tmp_path: Path) -
         testbed, tmp_path, [{"host": "node1", "nproc": 2}, {"host": "node2", "nproc": 2}]
     )
     home = tmp_path / "home"
-    env = dict(os.environ, HERD_HOME=str(home), PYTHONUNBUFFERED="1")
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "torchherd",
-            "launch",
-            "-c",
-            str(path),
-            "allreduce.py",
-            "--sleep",
-            "300",
-        ],
-        cwd=SCRIPTS,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    process = start_sleeping_job(path, home, 4)
     try:
-        sleeping = set()
-        assert process.stdout is not None
-        for line in process.stdout:
-            if "SLEEPING" in line:
-                sleeping.add(line.split("rank=")[1].split()[0])
-            if len(sleeping) == 4:
-                break
-        assert len(sleeping) == 4, "the job never reached its sleep"
         job_id = next((home / "jobs").iterdir()).name
         assert len(testbed.processes_with_env("HERD_JOB_ID", job_id)) >= 6  # 2 torchrun + 4 workers
         process.send_signal(signal.SIGINT)
@@ -164,33 +164,8 @@ def test_launcher_killed_agents_end_the_job(testbed: Testbed, tmp_path: Path) ->
         testbed, tmp_path, [{"host": "node1", "nproc": 1}, {"host": "node2", "nproc": 1}]
     )
     home = tmp_path / "home"
-    env = dict(os.environ, HERD_HOME=str(home), PYTHONUNBUFFERED="1")
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "torchherd",
-            "launch",
-            "-c",
-            str(path),
-            "allreduce.py",
-            "--sleep",
-            "300",
-        ],
-        cwd=SCRIPTS,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
+    process = start_sleeping_job(path, home, 2, start_new_session=True)
     try:
-        assert process.stdout is not None
-        count = 0
-        for line in process.stdout:
-            count += "SLEEPING" in line
-            if count == 2:
-                break
         # SIGKILL the launcher and its ssh clients: the links drop, as when a laptop dies.
         os.killpg(process.pid, signal.SIGKILL)
         process.wait(timeout=10)
@@ -257,21 +232,12 @@ def test_node_cut_off_mid_run(clean_faults: Testbed, tmp_path: Path) -> None:
     """A partition closes no connection: herd must notice the silence, name the node, stop the
     rest, and the cut-off node's own agent must end its job when the launcher's pings stop."""
     testbed = clean_faults
-    path = cluster(testbed, tmp_path, [{"host": "node1", "nproc": 1}, {"host": "node2", "nproc": 1}])
-    home = tmp_path / "home"
-    env = dict(os.environ, HERD_HOME=str(home), PYTHONUNBUFFERED="1")
-    process = subprocess.Popen(
-        [sys.executable, "-m", "torchherd", "launch", "-c", str(path), "allreduce.py",
-         "--sleep", "300"],
-        cwd=SCRIPTS, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    path = cluster(
+        testbed, tmp_path, [{"host": "node1", "nproc": 1}, {"host": "node2", "nproc": 1}]
     )
+    home = tmp_path / "home"
+    process = start_sleeping_job(path, home, 2)
     try:
-        assert process.stdout is not None
-        count = 0
-        for line in process.stdout:
-            count += "SLEEPING" in line
-            if count == 2:
-                break
         job_id = next((home / "jobs").iterdir()).name
         testbed.partition("node2")
         cut = time.monotonic()
