@@ -1,6 +1,6 @@
 """Benchmark: torchherd.train.Trainer against a hand-written DDP loop (same model, data, steps).
 
-    python bench/trainer_overhead.py [--blocks 16] [--steps 20]
+    python bench/trainer_overhead.py [--blocks 24] [--steps 20]
 
 Starts one `torchrun --standalone --nproc-per-node 2` job on CPU/Gloo. Inside it both loops
 are built and warmed up, then run in interleaved blocks of steps (order alternating), each
@@ -141,7 +141,7 @@ def worker(blocks: int, steps: int) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--blocks", type=int, default=16, help="timed blocks of each loop")
+    parser.add_argument("--blocks", type=int, default=24, help="timed blocks of each loop")
     parser.add_argument("--steps", type=int, default=20, help="steps per block")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from tests.testbed import Testbed
@@ -23,7 +24,9 @@ for step in range(1, 100000):
 """
 
 
-def herd(args: list[str], home: Path, cwd: Path, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+def herd(
+    args: list[str], home: Path, cwd: Path, timeout: float = 180
+) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, HERD_HOME=str(home))
     return subprocess.run([sys.executable, "-m", "torchherd", *args], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=timeout,
@@ -41,7 +44,7 @@ def setup(testbed: Testbed, tmp_path: Path) -> tuple[Path, Path, Path]:
     return project, home, config
 
 
-def wait_for(predicate, timeout: float = 60, what: str = "") -> None:  # type: ignore[no-untyped-def]
+def wait_for(predicate: Callable[[], bool], timeout: float = 60, what: str = "") -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"

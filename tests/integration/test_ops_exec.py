@@ -13,7 +13,9 @@ from pathlib import Path
 from tests.testbed import Testbed
 
 
-def herd(args: list[str], home: Path, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+def herd(
+    args: list[str], home: Path, cwd: Path, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, HERD_HOME=str(home))
     return subprocess.run([sys.executable, "-m", "torchherd", *args], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=timeout)

@@ -12,8 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from torchherd.spec import load_cluster_file
 from tests.testbed import Testbed
+from torchherd.spec import load_cluster_file
 
 
 def herd(args: list[str], tmp: Path, **env: str) -> subprocess.CompletedProcess[str]:

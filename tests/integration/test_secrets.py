@@ -20,14 +20,15 @@ from tests.testbed import Testbed
 NAMES = ("HERD_SENTINEL_TOKEN", "PLAIN_VALUE", "WANDB_API_KEY")
 JOB = """\
 import hashlib, os, sys, time
+NAMES = NAMES_HERE
 rank = int(os.environ["RANK"])
-got = hashlib.sha256("|".join(os.environ.get(n, "") for n in %r).encode()).hexdigest()
+got = hashlib.sha256("|".join(os.environ.get(n, "") for n in NAMES).encode()).hexdigest()
 print(f"rank {rank}: secrets {'ok' if got == sys.argv[1] else 'WRONG'}", flush=True)
 if sys.argv[2] == "leak" and rank == 0:
     print("the token is " + os.environ["HERD_SENTINEL_TOKEN"], flush=True)
     raise SystemExit("failing with " + os.environ["HERD_SENTINEL_TOKEN"])
 time.sleep(60)
-""" % (NAMES,)
+""".replace("NAMES_HERE", repr(NAMES))
 
 
 def herd(args: list[str], home: Path, cwd: Path) -> subprocess.CompletedProcess[str]:

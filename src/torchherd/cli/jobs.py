@@ -8,7 +8,6 @@ import time
 from typing import Any
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from ..errors import EXIT_NODE_NOT_READY, EXIT_OK
@@ -16,12 +15,7 @@ from ..jobs import JobRecord, list_records
 from ..ops.jobctl import RUNNING_STATES, find_record, refresh, stop_job
 from ..ops.joblogs import show_logs
 from .app import app
-
-
-def console() -> Console:
-    """Rich output; off a terminal, wide enough that tables are never cut for a pipe or a file."""
-    tty = sys.stdout.isatty()
-    return Console(width=None if tty else 200, highlight=False, soft_wrap=not tty)
+from .ops import console
 
 
 def runtime(record: JobRecord, now: float | None = None) -> float:

@@ -26,6 +26,7 @@ _COLORS = ("36", "33", "35", "32", "34", "91", "96", "93", "95", "92")
 
 
 def console(stderr: bool = False) -> Console:
+    """Rich output; off a terminal, wide enough that tables are never cut for a pipe or a file."""
     stream = sys.stderr if stderr else sys.stdout
     tty = stream.isatty()
     return Console(file=stream, width=None if tty else 200, highlight=False, soft_wrap=not tty)
@@ -145,6 +146,7 @@ def ssh_setup_command(
 
 @app.command(
     "exec",
+    options_metavar="[OPTIONS] -- COMMAND...",
     context_settings={"allow_extra_args": True, "ignore_unknown_options": True,
                       "allow_interspersed_args": False},
 )
@@ -158,8 +160,8 @@ def exec_command(
     """Run -- COMMAND... on every node in parallel; lines prefixed by host, then a table.
 
     The words are joined with spaces and run by each node's shell, as `ssh HOST COMMAND`
-    would, in [cluster] workdir (else in this directory where the node has it, else in the
-    home directory). Exit 0 when every node succeeded, 1 when one failed, 3 when one was
+    would, in the cluster's workdir (else in this directory where the node has it, else in
+    the home directory). Exit 0 when every node succeeded, 1 when one failed, 3 when one was
     unreachable. Example: herd exec -- pip install -r requirements.txt
     """
     from ..ops.fanout import run_everywhere

@@ -43,7 +43,11 @@ async def start_node(
     transport: Transport, node: NodeSpec, request: dict[str, Any]
 ) -> dict[str, Any]:
     """Start one detached agent; its first event ("started" or "error")."""
-    process = await transport.start(node, agent_argv(transport.cluster, node, "run"))
+    try:
+        process = await transport.start(node, agent_argv(transport.cluster, node, "run"))
+    except OSError as exc:  # the local transport runs the interpreter itself
+        return {"e": "error", "message": f"cannot start the agent on {node.host}: {exc}",
+                "remedy": "check python for this node in herd.toml"}
     assert process.stdin is not None and process.stdout is not None
     try:
         process.stdin.write(json.dumps(request).encode() + b"\n")
@@ -111,7 +115,12 @@ async def start_detached(
     supervisor = Supervisor(plan, cluster, transport, output)
 
     async def start(node: NodeSpec) -> dict[str, Any]:
-        return await start_node(transport, node, detach_request(supervisor, plans[node.host]))
+        # Never raise: the other nodes' starts would be cancelled half-way, and a subprocess
+        # cancelled while it is being created can hang asyncio's shutdown.
+        try:
+            return await start_node(transport, node, detach_request(supervisor, plans[node.host]))
+        except Exception as exc:
+            return {"e": "error", "message": f"{node.host}: {type(exc).__name__}: {exc}"}
 
     events = dict(zip([n.host for n in nodes], await transport.each(nodes, start), strict=True))
     started = {h: e for h, e in events.items() if e.get("e") == "started"}

@@ -109,9 +109,18 @@ def setup(backend: str | None = None, timeout: timedelta | None = None) -> Conte
     )
 
 
-def teardown() -> None:
-    """Leave the process group, if one exists; safe to call more than once."""
+def teardown(barrier: bool = True) -> None:
+    """Leave the process group, if one exists; safe to call more than once.
+
+    The barrier first lets every rank finish its last collective. Without it, a process group
+    still referenced by a DDP or FSDP model is destroyed later, at interpreter exit, while a
+    Gloo thread may still need the GIL to release the last collective's tensors: the process
+    then hangs on exit (seen with torch 2.13). Pass ``barrier=False`` in error handlers, where
+    a peer may be gone.
+    """
     if dist.is_available() and dist.is_initialized():
+        if barrier:
+            dist.barrier()
         dist.destroy_process_group()
 
 

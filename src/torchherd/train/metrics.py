@@ -81,7 +81,7 @@ class MetricsLogger:
         self.flops_per_sample = flops_per_sample
         # Peak FLOP/s of one device; MFU is reported only when it and the model's FLOPs are known.
         self.peak = peak if peak is not None else (peak_flops(device) if device else None)
-        self.stream = stream if stream is not None else sys.stdout
+        self._stream = stream  # None: whatever sys.stdout is when a line is printed
         self._file: IO[str] | None = None
         self._tb: Any = None
         self._window_start = time.perf_counter()
@@ -147,8 +147,7 @@ class MetricsLogger:
             self._scalars(record)
         out.flush()
         if show:
-            self.stream.write(self._progress_line(last) + "\n")
-            self.stream.flush()
+            self._print(self._progress_line(last))
 
     def log_eval(self, step: int, values: dict[str, float]) -> None:
         """Append an evaluation record and print it."""
@@ -159,14 +158,17 @@ class MetricsLogger:
         self._jsonl().flush()
         self._scalars(record)
         shown = " | ".join(f"{k} {v:.4f}" for k, v in values.items())
-        self.stream.write(f"eval step {step} | {shown}\n")
-        self.stream.flush()
+        self._print(f"eval step {step} | {shown}")
 
     def message(self, text: str) -> None:
         """Print one line on rank 0 (resume notices, the end of training)."""
         if self.enabled:
-            self.stream.write(text + "\n")
-            self.stream.flush()
+            self._print(text)
+
+    def _print(self, line: str) -> None:
+        stream = self._stream if self._stream is not None else sys.stdout
+        stream.write(line + "\n")
+        stream.flush()
 
     def _scalars(self, record: dict[str, Any]) -> None:
         if self._tb is None:

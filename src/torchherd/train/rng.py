@@ -31,7 +31,7 @@ def get_rng_state() -> dict[str, Any]:
         kind, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
         state["numpy"] = {
             "kind": str(kind),
-            "keys": torch.from_numpy(keys.astype(np.int64)),
+            "keys": torch.from_numpy(np.asarray(keys).astype(np.int64)),
             "pos": int(pos),
             "has_gauss": int(has_gauss),
             "cached_gaussian": float(cached),

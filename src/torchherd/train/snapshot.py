@@ -29,7 +29,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import IO, Any, Literal, cast
 
 import torch
 import torch.distributed as dist
@@ -116,7 +116,9 @@ class Snapshotter:
         tmp.mkdir()
         started = time.perf_counter()
         with _without_crc32():
-            digest = write_durably(tmp / STATE_FILE, lambda f: torch.save(state, f))
+            digest = write_durably(
+                tmp / STATE_FILE, lambda f: torch.save(state, cast(IO[bytes], f))
+            )
         manifest = {
             "format": FORMAT,
             "step": step,
@@ -206,27 +208,27 @@ class Snapshotter:
         try:
             manifest = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))
             files = manifest["files"]
-            found = (manifest.get("format"), manifest.get("step"))
-            if found != (FORMAT, step):
-                return f"manifest is for format {found[0]} step {found[1]}"
+            header = (manifest.get("format"), manifest.get("step"))
+            if header != (FORMAT, step):
+                return f"manifest is for format {header[0]} step {header[1]}"
         except FileNotFoundError:
             return "no manifest.json (incomplete or not a torchherd snapshot)"
-        except (ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
+        except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError) as exc:
             return f"manifest.json is unreadable ({exc.__class__.__name__}: {exc})"
-        if STATE_FILE not in files:
+        if not isinstance(files, dict) or STATE_FILE not in files:
             return f"manifest does not list {STATE_FILE}"
         for name, expected in files.items():
             try:
-                found = digest_of(folder / name, int(expected["chunk_bytes"]))
+                size = int(expected["bytes"])
+                digest = digest_of(folder / name, int(expected["chunk_bytes"]))
             except FileNotFoundError:
                 return f"{name} is missing"
             except (KeyError, TypeError, ValueError):
                 return f"manifest entry for {name} is malformed"
-            if found.size != expected.get("bytes"):
-                return f"{name} is {found.size} bytes, manifest says {expected.get('bytes')}" + (
-                    " (truncated)" if found.size < expected.get("bytes", 0) else ""
-                )
-            if list(found.sha256_chunks) != expected.get("sha256_chunks"):
+            if digest.size != size:
+                hint = " (truncated)" if digest.size < size else ""
+                return f"{name} is {digest.size} bytes, manifest says {size}{hint}"
+            if list(digest.sha256_chunks) != expected.get("sha256_chunks"):
                 return f"{name} fails its SHA-256 check (flipped or overwritten bytes)"
         return None
 

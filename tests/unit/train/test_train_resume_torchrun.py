@@ -117,6 +117,28 @@ def test_killed_and_resumed_run_matches_a_straight_run(tmp_path: Path, job_scrip
         assert torch.equal(rank_a["torch"], rank_b["torch"])
 
 
+def test_fsdp_stopped_and_resumed_matches_a_straight_run(tmp_path: Path, job_script: Path) -> None:
+    common = ["--parallel", "fsdp", "--snapshot-every", "3"]
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    run_checked(
+        torchrun_argv(2, job_script, ["--run-dir", str(straight), "--max-steps", "8", *common])
+    )
+    run_checked(
+        torchrun_argv(2, job_script, ["--run-dir", str(split), "--max-steps", "4", *common])
+    )
+    resumed = run_checked(
+        torchrun_argv(2, job_script, ["--run-dir", str(split), "--max-steps", "8", *common])
+    )
+    assert "RESULT resumed_from=4 step=8" in resumed.stdout
+    expected, got = read_metrics(straight), read_metrics(split)
+    assert [(r["step"], r["loss"]) for r in got] == [(r["step"], r["loss"]) for r in expected]
+    (_, state_a), (_, state_b) = _final_state(straight), _final_state(split)
+    # The snapshot holds full (unsharded) tensors, loadable without FSDP.
+    assert state_a["model"]["0.weight"].shape == (64, 16)
+    for key, tensor in state_a["model"].items():
+        assert torch.equal(tensor, state_b["model"][key]), key
+
+
 def _consumed(run_dir: Path, ranks: int, up_to: int | None = None) -> list[int]:
     seen: list[int] = []
     for rank in range(ranks):

@@ -48,6 +48,7 @@ def main() -> int:
     parser.add_argument("--drop-last", action="store_true")
     parser.add_argument("--step-sleep", type=float, default=0.0)
     parser.add_argument("--record-indices", action="store_true")
+    parser.add_argument("--parallel", default="auto", choices=["auto", "ddp", "fsdp", "none"])
     args = parser.parse_args()
 
     ctx = train.setup()
@@ -61,6 +62,7 @@ def main() -> int:
         drop_last=args.drop_last,
         max_grad_norm=1.0,
         log_every=1,  # flush every step, so a killed run has written what it did
+        parallel=args.parallel,
     )
     train.seed_everything(config.seed)
     model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Dropout(0.2), nn.Linear(64, 1))
