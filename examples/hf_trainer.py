@@ -133,6 +133,11 @@ def main(argv: list[str] | None = None) -> int:
     trainer.train(resume_from_checkpoint=last)
     if trainer.is_world_process_zero():
         print(f"done: {trainer.state.global_step} steps, resumed from {last}")
+    if torch.distributed.is_initialized():
+        # The Trainer leaves its process group to interpreter exit, where destroying it while
+        # a Gloo thread still finishes the last collective can hang or abort the process.
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
     return 0
 
 

@@ -7,12 +7,17 @@ parsing, no buffering beyond the line, so thousands of lines per second stay che
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TextIO
 
 from .redact import redact_text
+
+# Seconds output may sit in buffers: lines reach a pipe, `herd logs` and the files this late at
+# most (the supervisor also flushes when the job goes quiet), without a syscall per line.
+FLUSH_EVERY = 0.2
 
 # ANSI colours cycled per node on a terminal; plain text everywhere else.
 _PALETTE = ("36", "33", "35", "32", "34", "91", "96", "93", "95", "92")
@@ -77,6 +82,7 @@ class JobOutput:
         self.width = max(len(h) for h in hosts) + 1 + len(str(max(world_size - 1, 0)))
         self._secrets = [s for s in secrets if s]
         self._files: dict[str, IO[str]] = {}
+        self._flushed = time.monotonic()
         self._merged = open(log_dir / "output.log", "a", encoding="utf-8")
 
     def prefix(self, host: str, rank: int | None) -> str:
@@ -95,6 +101,8 @@ class JobOutput:
         self.stream.write(shown + "\n")
         self._merged.write(f"{label} | {text}\n")
         self._file(host, rank).write(text + "\n")
+        if time.monotonic() - self._flushed > FLUSH_EVERY:
+            self.flush()
 
     def note(self, text: str) -> None:
         """herd's own words (banner, restarts, summary): console and merged log."""
@@ -105,6 +113,7 @@ class JobOutput:
         self.stream.flush()
 
     def flush(self) -> None:
+        self._flushed = time.monotonic()
         self.stream.flush()
         self._merged.flush()
         for handle in self._files.values():

@@ -130,7 +130,7 @@ def make_plan(
         is_host = node is first
         local_addr, iface = _address_and_iface(node, node_facts, rdzv_addr, is_host)
         nproc = _nproc(node, job, node_facts)
-        env = _worker_env(cluster, node_facts, nproc)
+        env = _worker_env(cluster, node_facts, nproc, job)
         user_set = set(cluster.env) | set(node_facts.env)
         if iface:
             for name in IFNAME_VARS:
@@ -184,7 +184,7 @@ def _standalone_plan(
         iface=None,
         is_host=True,
         argv=argv,
-        env=_worker_env(cluster, facts[node.host], nproc),
+        env=_worker_env(cluster, facts[node.host], nproc, job),
     )
     return LaunchPlan(
         job_id=job.job_id,
@@ -221,13 +221,17 @@ def rendezvous_id(job: JobSpec) -> str:
     return job.job_id if job.attempt == 0 else f"{job.job_id}-r{job.attempt}"
 
 
-def _worker_env(cluster: ClusterSpec, facts: NodeFacts, nproc: int) -> dict[str, str]:
+def _worker_env(
+    cluster: ClusterSpec, facts: NodeFacts, nproc: int, job: JobSpec
+) -> dict[str, str]:
     """The cluster's env plus a fair share of CPU threads per worker.
 
     torchrun sets OMP_NUM_THREADS=1 (with a warning) when several workers share a node, which
     starves CPU workers; the node's cores divided among its workers is as safe and faster.
     """
     env = dict(cluster.env)
+    # torchrun's TORCHELASTIC_RESTART_COUNT stays 0 (herd restarts, not torchrun): this says.
+    env["HERD_ATTEMPT"] = str(job.attempt)
     if "OMP_NUM_THREADS" not in env and "OMP_NUM_THREADS" not in facts.env:
         env["OMP_NUM_THREADS"] = str(max(1, facts.cpu_count // nproc))
     return env

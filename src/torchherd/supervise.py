@@ -23,7 +23,7 @@ from typing import Any
 
 from .agent.protocol import decode, missing_module
 from .errors import EXIT_INTERRUPTED, EXIT_JOB_FAILED, EXIT_NODE_NOT_READY, EXIT_OK
-from .logs import Failure, JobOutput, RunResult
+from .logs import FLUSH_EVERY, Failure, JobOutput, RunResult
 from .plan import LaunchPlan, NodePlan
 from .spec import ClusterSpec
 from .transport import Transport
@@ -72,11 +72,13 @@ class Supervisor:
         tasks = [asyncio.create_task(self._run_node(node)) for node in self.nodes.values()]
         watchdog = asyncio.create_task(self._cut_off_after_deadline())
         heartbeat = asyncio.create_task(self._ping_agents())
+        flusher = asyncio.create_task(self._flush_output())
         try:
             await asyncio.gather(*tasks)
         finally:
             watchdog.cancel()
             heartbeat.cancel()
+            flusher.cancel()
             for task in tasks:
                 task.cancel()
         return self._result(time.monotonic() - started)
@@ -221,6 +223,11 @@ class Supervisor:
             process.stdin.close()
         except (ConnectionError, OSError, RuntimeError):
             pass
+
+    async def _flush_output(self) -> None:
+        while True:
+            await asyncio.sleep(FLUSH_EVERY)
+            self.output.flush()
 
     async def _ping_agents(self) -> None:
         while True:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import time
 import traceback
@@ -30,6 +31,7 @@ _REMEDIES = {
 
 def main(argv: list[str]) -> int:
     try:
+        from torch.distributed.elastic.multiprocessing.api import SignalException
         from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
         from torch.distributed.run import parse_args, run
     except ImportError as exc:
@@ -59,6 +61,11 @@ def main(argv: list[str]) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+    except SignalException as exc:
+        # The agent asked torchrun to stop (herd stop, Ctrl-C, another node failed): a clean
+        # stop, not an error worth a traceback.
+        print(f"torchherd: torchrun stopped by {signal.Signals(exc.sigval).name}", file=sys.stderr)
+        return 128 + int(exc.sigval)
     except Exception as exc:  # any other torchrun error: record it with the remedy we know
         name = type(exc).__name__
         traceback.print_exc()
