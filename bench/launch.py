@@ -26,7 +26,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.testbed import Testbed  # noqa: E402
 
-FIRST_LINE = '''\
+FIRST_LINE = """\
 import os
 import torch  # a real training script imports torch first
 print(f"FIRST rank={os.environ['RANK']}", flush=True)
@@ -34,7 +34,7 @@ import torch.distributed as dist
 dist.init_process_group("gloo")
 dist.barrier()
 dist.destroy_process_group()
-'''
+"""
 
 
 def wait_for_ranks(streams: list, world: int, started: float) -> float:
@@ -67,7 +67,11 @@ def run_herd(bed: Testbed, cluster_file: Path, workdir: Path, world: int, home: 
     started = time.monotonic()
     process = subprocess.Popen(
         [sys.executable, "-m", "torchherd", "launch", "-c", str(cluster_file), "first_line.py"],
-        cwd=workdir, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        cwd=workdir,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
     )
     elapsed = wait_for_ranks([process.stdout], world, started)
     if process.wait(120) != 0:
@@ -75,7 +79,9 @@ def run_herd(bed: Testbed, cluster_file: Path, workdir: Path, world: int, home: 
     return elapsed
 
 
-def run_baseline(bed: Testbed, nodes: int, nproc: int, workdir: Path, port: int, run_id: str) -> float:
+def run_baseline(
+    bed: Testbed, nodes: int, nproc: int, workdir: Path, port: int, run_id: str
+) -> float:
     first = bed.nodes[0]
     processes = []
     started = time.monotonic()
@@ -86,10 +92,14 @@ def run_baseline(bed: Testbed, nodes: int, nproc: int, workdir: Path, port: int,
             f"--rdzv-backend=c10d --rdzv-endpoint={first.addr}:{port} --rdzv-id={run_id} "
             f"--rdzv-conf=is_host={1 if index == 0 else 0} --local-addr={node.addr} first_line.py"
         )
-        processes.append(subprocess.Popen(
-            ["ssh", "-F", str(bed.ssh_config), "-o", "BatchMode=yes", node.name, command],
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-        ))
+        processes.append(
+            subprocess.Popen(
+                ["ssh", "-F", str(bed.ssh_config), "-o", "BatchMode=yes", node.name, command],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                text=True,
+            )
+        )
     elapsed = wait_for_ranks([p.stdout for p in processes], nodes * nproc, started)
     for process in processes:
         if process.wait(120) != 0:
@@ -119,9 +129,14 @@ def main() -> int:
         run_baseline(bed, args.nodes, args.nproc, workdir, 29400, "warm")
         run_herd(bed, cluster_file, workdir, world, home)
         for repeat in range(args.repeats):
-            base_times.append(run_baseline(bed, args.nodes, args.nproc, workdir, 29401 + repeat, f"b{repeat}"))
+            base_times.append(
+                run_baseline(bed, args.nodes, args.nproc, workdir, 29401 + repeat, f"b{repeat}")
+            )
             herd_times.append(run_herd(bed, cluster_file, workdir, world, home))
-            print(f"run {repeat + 1}: baseline {base_times[-1]:.2f} s   herd {herd_times[-1]:.2f} s", flush=True)
+            print(
+                f"run {repeat + 1}: baseline {base_times[-1]:.2f} s   herd {herd_times[-1]:.2f} s",
+                flush=True,
+            )
     herd_median, base_median = statistics.median(herd_times), statistics.median(base_times)
     ratio = herd_median / base_median
     print(f"\n{args.nodes} nodes x {args.nproc} workers, {args.repeats} runs each (median):")

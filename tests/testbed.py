@@ -51,8 +51,10 @@ __all__ = [
 # base 36 (5 chars, enough for pid_max 4194304) + 3 random chars. Interface names stay <= 15 chars.
 _PREFIX = "hrd"
 _KIND_BRIDGE, _KIND_VETH, _KIND_NS, _KIND_SINK = "b", "v", "n", "s"
-_NAME_RE = re.compile(rf"^{_PREFIX}[{_KIND_BRIDGE}{_KIND_VETH}{_KIND_NS}{_KIND_SINK}]"
-                      r"(?P<tag>(?P<pid>[0-9a-z]{5})[0-9a-z]{3})(?:\d{0,3})$")
+_NAME_RE = re.compile(
+    rf"^{_PREFIX}[{_KIND_BRIDGE}{_KIND_VETH}{_KIND_NS}{_KIND_SINK}]"
+    r"(?P<tag>(?P<pid>[0-9a-z]{5})[0-9a-z]{3})(?:\d{0,3})$"
+)
 _TMP_PREFIX = "herd-testbed-"
 _TMP_RE = re.compile(rf"^{_TMP_PREFIX}(?P<tag>(?P<pid>[0-9a-z]{{5}})[0-9a-z]{{3}})-")
 _B36 = "0123456789abcdefghijklmnopqrstuvwxyz"
@@ -86,13 +88,15 @@ class TestNode:
 # small helpers
 
 
-def _run(argv: list[str], *, check: bool = True, timeout: float = 30,
-         **kw: Any) -> subprocess.CompletedProcess[str]:
+def _run(
+    argv: list[str], *, check: bool = True, timeout: float = 30, **kw: Any
+) -> subprocess.CompletedProcess[str]:
     """Run a command with text output; on failure, the error carries its stderr."""
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, **kw)
     if check and proc.returncode != 0:
-        raise TestbedError(f"`{' '.join(argv)}` exited {proc.returncode}: "
-                           f"{(proc.stderr or proc.stdout).strip()}")
+        raise TestbedError(
+            f"`{' '.join(argv)}` exited {proc.returncode}: {(proc.stderr or proc.stdout).strip()}"
+        )
     return proc
 
 
@@ -180,8 +184,7 @@ def _remove_run(tag: str) -> list[str]:
     """Remove everything carrying `tag`: processes, veths, bridge, namespaces, /etc/netns dirs,
     temp dirs. Never raises; returns what it removed (for the cleaner's report)."""
     removed: list[str] = []
-    namespaces = [ns for ns in _netns_names()
-                  if (m := _NAME_RE.match(ns)) and m["tag"] == tag]
+    namespaces = [ns for ns in _netns_names() if (m := _NAME_RE.match(ns)) and m["tag"] == tag]
     for ns in namespaces:
         _kill_netns_processes(ns)
     # Root-side veth ends first (that removes both ends at once), then the bridge.
@@ -245,8 +248,22 @@ def testbed_available() -> tuple[bool, str]:
     probe = f"{_PREFIX}{_KIND_NS}{_b36(os.getpid(), 5)}zzz"
     try:
         _run(["ip", "netns", "add", probe])
-        _run(["ip", "-n", probe, "link", "add", "name", "probe0", "type", "veth",
-              "peer", "name", "probe1"])
+        _run(
+            [
+                "ip",
+                "-n",
+                probe,
+                "link",
+                "add",
+                "name",
+                "probe0",
+                "type",
+                "veth",
+                "peer",
+                "name",
+                "probe1",
+            ]
+        )
         _run(["ip", "-n", probe, "link", "add", "name", "probebr", "type", "bridge"])
     except (TestbedError, OSError, subprocess.SubprocessError) as exc:
         return False, f"cannot create network namespaces, veths or bridges here: {exc}"
@@ -393,8 +410,12 @@ class Testbed:
         hosts = list(self.subnet.hosts())
         bridge_addr = hosts[0]  # .1: lets the launcher in the root namespace reach the nodes
         self.nodes = [
-            TestNode(name=f"node{k}", ns=f"{_PREFIX}{_KIND_NS}{self.tag}{k}",
-                     addr=str(hosts[9 + k]), iface="eth0")
+            TestNode(
+                name=f"node{k}",
+                ns=f"{_PREFIX}{_KIND_NS}{self.tag}{k}",
+                addr=str(hosts[9 + k]),
+                iface="eth0",
+            )
             for k in range(1, self._count + 1)
         ]
         self._make_keys()
@@ -433,8 +454,20 @@ class Testbed:
         raise TestbedError("no free 10.x.y.0/24 subnet for the testbed bridge")
 
     def _make_keys(self) -> None:
-        _run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "herd-testbed-client",
-              "-f", str(self.tmp / "id_ed25519")])
+        _run(
+            [
+                "ssh-keygen",
+                "-q",
+                "-t",
+                "ed25519",
+                "-N",
+                "",
+                "-C",
+                "herd-testbed-client",
+                "-f",
+                str(self.tmp / "id_ed25519"),
+            ]
+        )
         shutil.copy(self.tmp / "id_ed25519.pub", self.tmp / "authorized_keys")
         (self.tmp / "known_hosts").touch()
 
@@ -454,13 +487,37 @@ class Testbed:
         (etc / "resolv.conf").write_text("# herd testbed node: no DNS, names come from hosts\n")
         _run(["ip", "netns", "add", node.ns])
         _run(["ip", "-n", node.ns, "link", "set", "lo", "up"])
-        _run(["ip", "link", "add", "name", veth, "type", "veth", "peer", "name", node.iface,
-              "netns", node.ns])
+        _run(
+            [
+                "ip",
+                "link",
+                "add",
+                "name",
+                veth,
+                "type",
+                "veth",
+                "peer",
+                "name",
+                node.iface,
+                "netns",
+                node.ns,
+            ]
+        )
         _run(["ip", "link", "set", veth, "master", self.bridge])
         _run(["ip", "link", "set", veth, "up"])
         # Only the connected /24: no default route, so nothing can leave the testbed.
-        _run(["ip", "-n", node.ns, "addr", "add", f"{node.addr}/{self.subnet.prefixlen}",
-              "dev", node.iface])
+        _run(
+            [
+                "ip",
+                "-n",
+                node.ns,
+                "addr",
+                "add",
+                f"{node.addr}/{self.subnet.prefixlen}",
+                "dev",
+                node.iface,
+            ]
+        )
         _run(["ip", "-n", node.ns, "link", "set", node.iface, "up"])
         key = self.tmp / f"{node.name}_host_ed25519"
         _run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", node.name, "-f", str(key)])
@@ -488,8 +545,12 @@ class Testbed:
         # OpenSSH >= 9.8 throttles addresses whose connections die early, which fault-injection
         # tests do on purpose; older versions reject the option, so only set it where known.
         sshd = _sshd_binary() or "/usr/sbin/sshd"
-        if _run([sshd, "-t", "-f", str(cfg), "-o", "PerSourcePenalties=no"],
-                check=False).returncode == 0:
+        if (
+            _run(
+                [sshd, "-t", "-f", str(cfg), "-o", "PerSourcePenalties=no"], check=False
+            ).returncode
+            == 0
+        ):
             cfg.write_text("\n".join([*config, "PerSourcePenalties no"]) + "\n")
 
     def _write_ssh_config(self) -> None:
@@ -497,16 +558,20 @@ class Testbed:
         blocks = []
         for node in self.nodes:
             # The address is an alias too, so a cluster file naming nodes by address works.
-            blocks.append("\n".join([
-                f"Host {node.name} {node.addr}",
-                f"    HostName {node.addr}",
-                "    User root",
-                f"    IdentityFile {key}",
-                "    IdentitiesOnly yes",
-                f"    UserKnownHostsFile {self.tmp / 'known_hosts'}",
-                "    StrictHostKeyChecking accept-new",
-                "    LogLevel ERROR",
-            ]))
+            blocks.append(
+                "\n".join(
+                    [
+                        f"Host {node.name} {node.addr}",
+                        f"    HostName {node.addr}",
+                        "    User root",
+                        f"    IdentityFile {key}",
+                        "    IdentitiesOnly yes",
+                        f"    UserKnownHostsFile {self.tmp / 'known_hosts'}",
+                        "    StrictHostKeyChecking accept-new",
+                        "    LogLevel ERROR",
+                    ]
+                )
+            )
         self.ssh_config = self.tmp / "ssh_config"
         self.ssh_config.write_text("\n\n".join(blocks) + "\n")
 
@@ -519,9 +584,22 @@ class Testbed:
             # over /etc; unshare --uts: the node's own hostname. Each execs the next, so the
             # Popen pid is sshd's, and that pid is the handle ns_run enters.
             self._sshd[node.name] = subprocess.Popen(
-                ["ip", "netns", "exec", node.ns, "unshare", "--uts", "--", "sh", "-c",
-                 f'hostname {node.name} && exec {sshd} -D -e -f "$0"', str(cfg)],
-                stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                [
+                    "ip",
+                    "netns",
+                    "exec",
+                    node.ns,
+                    "unshare",
+                    "--uts",
+                    "--",
+                    "sh",
+                    "-c",
+                    f'hostname {node.name} && exec {sshd} -D -e -f "$0"',
+                    str(cfg),
+                ],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
                 start_new_session=True,  # the terminal's Ctrl-C is for pytest, not for sshd
             )
 
@@ -537,10 +615,14 @@ class Testbed:
             except OSError:
                 time.sleep(0.05)
         log = (self.tmp / f"{node.name}_sshd.log").read_text(errors="replace").strip()
-        state = (f"exited {proc.returncode}" if proc.poll() is not None
-                 else f"not listening after {_SSHD_READY_S:.0f}s")
-        raise TestbedError(f"sshd on {node.name} ({node.ns}, {node.addr}:22) {state}; "
-                           f"its log:\n{log or '(empty)'}")
+        state = (
+            f"exited {proc.returncode}"
+            if proc.poll() is not None
+            else f"not listening after {_SSHD_READY_S:.0f}s"
+        )
+        raise TestbedError(
+            f"sshd on {node.name} ({node.ns}, {node.addr}:22) {state}; its log:\n{log or '(empty)'}"
+        )
 
     def _check_mesh(self) -> None:
         """Node-to-node TCP must work; it does not when the host filters bridged traffic."""
@@ -555,7 +637,8 @@ class Testbed:
                     f"{node.name} cannot reach {peer.name} ({peer.addr}:22) across the bridge: "
                     f"{proc.stderr.strip().splitlines()[-1:]}. If net.bridge.bridge-nf-call-"
                     "iptables is 1 and the FORWARD policy is DROP (Docker does this), bridged "
-                    "traffic is filtered by the host firewall.")
+                    "traffic is filtered by the host firewall."
+                )
 
     # ---- access ----------------------------------------------------------------------------
 
@@ -568,18 +651,33 @@ class Testbed:
         for node in self.nodes:
             if name_or_index in (node.name, node.ns, node.addr):
                 return node
-        raise KeyError(f"no testbed node {name_or_index!r}; nodes: "
-                       f"{', '.join(n.name for n in self.nodes)}")
+        raise KeyError(
+            f"no testbed node {name_or_index!r}; nodes: {', '.join(n.name for n in self.nodes)}"
+        )
 
     def _enter(self, node: TestNode, cwd: str | os.PathLike[str] | None) -> list[str]:
         pid = self._sshd[node.name].pid
         # --mount: the sshd's mount namespace is the one `ip netns exec` made, where the node's
         # /etc/hosts is bound; entering it resets the cwd, so --wd restores the caller's.
-        return ["nsenter", f"--target={pid}", "--net", "--uts", "--mount",
-                f"--wd={os.fspath(cwd) if cwd is not None else os.getcwd()}", "--"]
+        return [
+            "nsenter",
+            f"--target={pid}",
+            "--net",
+            "--uts",
+            "--mount",
+            f"--wd={os.fspath(cwd) if cwd is not None else os.getcwd()}",
+            "--",
+        ]
 
-    def ns_run(self, node: str | int | TestNode, argv: list[str], *, check: bool = True,
-               timeout: float = 30, **kw: Any) -> subprocess.CompletedProcess[str]:
+    def ns_run(
+        self,
+        node: str | int | TestNode,
+        argv: list[str],
+        *,
+        check: bool = True,
+        timeout: float = 30,
+        **kw: Any,
+    ) -> subprocess.CompletedProcess[str]:
         """Run argv inside the node (its network, UTS and mount namespaces), text output."""
         n = self.node(node)
         if not {"stdout", "stderr", "capture_output"} & kw.keys():
@@ -592,8 +690,9 @@ class Testbed:
             exc.add_note(f"on {n.name}; stderr: {(exc.stderr or '').strip()}")
             raise
 
-    def ns_popen(self, node: str | int | TestNode, argv: list[str],
-                 **kw: Any) -> subprocess.Popen[Any]:
+    def ns_popen(
+        self, node: str | int | TestNode, argv: list[str], **kw: Any
+    ) -> subprocess.Popen[Any]:
         """Start argv in the background inside the node; close() ends it if the test does not.
         The returned pid is the process itself (nsenter execs it)."""
         n = self.node(node)
@@ -601,19 +700,42 @@ class Testbed:
         self._popens.append(proc)
         return proc
 
-    def ssh(self, node: str | int | TestNode, command: str, *, timeout: float = 30,
-            connect_timeout: int = 5) -> subprocess.CompletedProcess[str]:
+    def ssh(
+        self,
+        node: str | int | TestNode,
+        command: str,
+        *,
+        timeout: float = 30,
+        connect_timeout: int = 5,
+    ) -> subprocess.CompletedProcess[str]:
         """Run a shell command on the node over real ssh (rc 255: ssh itself failed)."""
         n = self.node(node)
         return subprocess.run(
-            ["ssh", "-F", str(self.ssh_config), "-o", "BatchMode=yes",
-             "-o", f"ConnectTimeout={connect_timeout}", n.name, command],
-            capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL,
+            [
+                "ssh",
+                "-F",
+                str(self.ssh_config),
+                "-o",
+                "BatchMode=yes",
+                "-o",
+                f"ConnectTimeout={connect_timeout}",
+                n.name,
+                command,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            stdin=subprocess.DEVNULL,
         )
 
-    def write_cluster_file(self, path: Path | None = None, *,
-                           nodes: list[str | dict[str, Any]] | None = None,
-                           python: str | None = None, **cluster_keys: Any) -> Path:
+    def write_cluster_file(
+        self,
+        path: Path | None = None,
+        *,
+        nodes: list[str | dict[str, Any]] | None = None,
+        python: str | None = None,
+        **cluster_keys: Any,
+    ) -> Path:
         """Write a herd.toml for this testbed (default: self.tmp / "herd.toml")."""
         cluster: dict[str, Any] = {
             "python": python or sys.executable,
@@ -666,13 +788,19 @@ class Testbed:
         """Whichever of iptables / -nft / -legacy works in a node namespace here."""
         if self._iptables is None:
             for candidate in ("iptables", "iptables-nft", "iptables-legacy"):
-                if shutil.which(candidate) and self.ns_run(
-                        self.nodes[0], [candidate, "-w", "5", "-S"], check=False).returncode == 0:
+                if (
+                    shutil.which(candidate)
+                    and self.ns_run(
+                        self.nodes[0], [candidate, "-w", "5", "-S"], check=False
+                    ).returncode
+                    == 0
+                ):
                     self._iptables = candidate
                     break
             else:
-                raise TestbedError("no working iptables (tried iptables, -nft, -legacy): "
-                                   "apt-get install iptables")
+                raise TestbedError(
+                    "no working iptables (tried iptables, -nft, -legacy): apt-get install iptables"
+                )
         return self._iptables
 
     def _block_rule(self, node: TestNode, port: int) -> list[str]:
@@ -703,15 +831,27 @@ class Testbed:
         if ms <= 0:
             raise ValueError(f"delay must be positive, not {ms} ms")
         self.undelay(n)
-        netem = self.ns_run(n, ["tc", "qdisc", "replace", "dev", n.iface, "root", "netem",
-                                "delay", f"{ms}ms"], check=False)
+        netem = self.ns_run(
+            n,
+            ["tc", "qdisc", "replace", "dev", n.iface, "root", "netem", "delay", f"{ms}ms"],
+            check=False,
+        )
         if netem.returncode == 0:
             self._delayed[n.name] = None
             return
         delayer = self.ns_popen(
-            n, [sys.executable, str(Path(__file__).resolve()), "_nfqueue-delay",
-                str(_NFQUEUE_NUM), str(ms)],
-            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            n,
+            [
+                sys.executable,
+                str(Path(__file__).resolve()),
+                "_nfqueue-delay",
+                str(_NFQUEUE_NUM),
+                str(ms),
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
         )
         assert delayer.stdout is not None
         ready, _, _ = select.select([delayer.stdout], [], [], 10)
@@ -719,8 +859,10 @@ class Testbed:
         if line.strip() != "ready":
             delayer.kill()
             err = delayer.communicate(timeout=5)[1]
-            raise TestbedError(f"cannot delay {n.name}: no netem ({netem.stderr.strip()}) and "
-                               f"the NFQUEUE delayer failed: {err.strip() or line.strip()}")
+            raise TestbedError(
+                f"cannot delay {n.name}: no netem ({netem.stderr.strip()}) and "
+                f"the NFQUEUE delayer failed: {err.strip() or line.strip()}"
+            )
         self._delayed[n.name] = delayer
         try:
             self._ns_check(n, [self._iptables_bin(), "-w", "5", "-A", *self._delay_rule(n)])
@@ -753,23 +895,44 @@ class Testbed:
         self._ns_check(n, [self._iptables_bin(), "-w", "5", "-D", *self._delay_rule(n)])
         self._stop_delayer(delayer)
 
-    def add_nic(self, node: str | int | TestNode, name: str = "docker0",
-                addr: str = "172.31.0.1/16") -> None:
+    def add_nic(
+        self, node: str | int | TestNode, name: str = "docker0", addr: str = "172.31.0.1/16"
+    ) -> None:
         """Add a second, up NIC with `addr` inside the node (for NIC-choice tests).
 
         A dummy device where the kernel has one; otherwise a veth whose peer sits in a private
         sink namespace with no address and no route, so nothing sent on it can leave the testbed.
         """
         n = self.node(node)
-        if self.ns_run(n, ["ip", "link", "add", "name", name, "type", "dummy"],
-                       check=False).returncode != 0:
+        if (
+            self.ns_run(
+                n, ["ip", "link", "add", "name", name, "type", "dummy"], check=False
+            ).returncode
+            != 0
+        ):
             sink = f"{_PREFIX}{_KIND_SINK}{self.tag}"
             if sink not in _netns_names():
                 _run(["ip", "netns", "add", sink])
             self._nic_count += 1
             peer = f"p{self._nic_count}"
-            _run(["ip", "-n", sink, "link", "add", "name", peer, "type", "veth",
-                  "peer", "name", name, "netns", n.ns])
+            _run(
+                [
+                    "ip",
+                    "-n",
+                    sink,
+                    "link",
+                    "add",
+                    "name",
+                    peer,
+                    "type",
+                    "veth",
+                    "peer",
+                    "name",
+                    name,
+                    "netns",
+                    n.ns,
+                ]
+            )
             _run(["ip", "-n", sink, "link", "set", peer, "up"])
         self._nics.setdefault(n.name, set()).add(name)
         _run(["ip", "-n", n.ns, "addr", "add", addr, "dev", name])
@@ -788,11 +951,15 @@ class Testbed:
     def _revert_faults(self, *, strict: bool) -> None:
         errors: list[str] = []
         actions: list[tuple[Callable[..., None], tuple[Any, ...]]] = [
-            (self.heal, (name,)) for name in sorted(self._partitioned)]
+            (self.heal, (name,)) for name in sorted(self._partitioned)
+        ]
         actions += [(self.unblock_port, key) for key in sorted(self._blocked)]
         actions += [(self.undelay, (name,)) for name in sorted(self._delayed)]
-        actions += [(self.remove_nic, (name, nic))
-                    for name, nics in sorted(self._nics.items()) for nic in sorted(nics)]
+        actions += [
+            (self.remove_nic, (name, nic))
+            for name, nics in sorted(self._nics.items())
+            for nic in sorted(nics)
+        ]
         for action, args in actions:
             try:
                 action(*args)
@@ -804,8 +971,10 @@ class Testbed:
     def _ns_check(self, node: TestNode, argv: list[str]) -> None:
         proc = self.ns_run(node, argv, check=False)
         if proc.returncode != 0:
-            raise TestbedError(f"on {node.name}: `{' '.join(argv)}` exited {proc.returncode}: "
-                               f"{proc.stderr.strip()}")
+            raise TestbedError(
+                f"on {node.name}: `{' '.join(argv)}` exited {proc.returncode}: "
+                f"{proc.stderr.strip()}"
+            )
 
 
 # --------------------------------------------------------------------------------------------
@@ -840,15 +1009,18 @@ def _nfqueue_delay(queue: int, ms: int) -> int:
         nonlocal seq
         seq += 1
         body = struct.pack("=BBH", socket.AF_UNSPEC, 0, socket.htons(queue)) + attrs
-        header = struct.pack("=IHHII", 16 + len(body), (_NFNL_SUBSYS_QUEUE << 8) | msg, flags,
-                             seq, 0)
+        header = struct.pack(
+            "=IHHII", 16 + len(body), (_NFNL_SUBSYS_QUEUE << 8) | msg, flags, seq, 0
+        )
         sock.send(header + body)
 
-    send(_NFQNL_MSG_CONFIG,
-         _nl_attr(_NFQA_CFG_CMD, struct.pack("!BxH", _NFQNL_CFG_CMD_BIND, socket.AF_INET))
-         + _nl_attr(_NFQA_CFG_PARAMS, struct.pack("!IB", 0xFFFF, _NFQNL_COPY_META))
-         + _nl_attr(_NFQA_CFG_QUEUE_MAXLEN, struct.pack("!I", 65536)),
-         _NLM_F_REQUEST | _NLM_F_ACK)
+    send(
+        _NFQNL_MSG_CONFIG,
+        _nl_attr(_NFQA_CFG_CMD, struct.pack("!BxH", _NFQNL_CFG_CMD_BIND, socket.AF_INET))
+        + _nl_attr(_NFQA_CFG_PARAMS, struct.pack("!IB", 0xFFFF, _NFQNL_COPY_META))
+        + _nl_attr(_NFQA_CFG_QUEUE_MAXLEN, struct.pack("!I", 65536)),
+        _NLM_F_REQUEST | _NLM_F_ACK,
+    )
     reply = sock.recv(65536)
     if struct.unpack_from("=H", reply, 4)[0] == _NLMSG_ERROR:
         err = -struct.unpack_from("=i", reply, 16)[0]
@@ -858,8 +1030,10 @@ def _nfqueue_delay(queue: int, ms: int) -> int:
 
     def accept_through(packet_id: int) -> None:
         # A batch verdict accepts every queued packet up to this id; ids only grow.
-        send(_NFQNL_MSG_VERDICT_BATCH,
-             _nl_attr(_NFQA_VERDICT_HDR, struct.pack("!II", _NF_ACCEPT, packet_id)))
+        send(
+            _NFQNL_MSG_VERDICT_BATCH,
+            _nl_attr(_NFQA_VERDICT_HDR, struct.pack("!II", _NF_ACCEPT, packet_id)),
+        )
 
     def stop(*_: object) -> None:
         raise SystemExit(0)
@@ -889,8 +1063,9 @@ def _nfqueue_delay(queue: int, ms: int) -> int:
                             if alen < 4:
                                 break
                             if akind & 0x3FFF == _NFQA_PACKET_HDR:
-                                pending.append((now + delay, struct.unpack_from("!I", data,
-                                                                                at + 4)[0]))
+                                pending.append(
+                                    (now + delay, struct.unpack_from("!I", data, at + 4)[0])
+                                )
                             at += (alen + 3) & ~3
                     offset += (length + 3) & ~3
             now, due = time.monotonic(), None

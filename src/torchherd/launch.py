@@ -22,9 +22,9 @@ from . import __version__
 from .agent.protocol import missing_module
 from .errors import EXIT_JOB_FAILED, ConfigError, HerdError, Interrupted, NodeNotReady
 from .facts import NodeFacts
-from .jobs import JobRecord, job_dir
+from .jobs import job_dir
 from .logs import JobOutput, RunResult, render_summary
-from .ops.jobctl import cluster_file_of, cluster_snapshot
+from .ops.jobctl import new_record
 from .plan import JobSpec, LaunchPlan, make_plan
 from .redact import redact_text
 from .spec import ClusterSpec, NodeSpec, read_env_file
@@ -104,7 +104,9 @@ async def probe_all(
     return {facts.host: facts for facts in results if isinstance(facts, NodeFacts)}
 
 
-def explain_probe_failure(node: NodeSpec, python: str, code: int, stderr: str, result: object) -> str:
+def explain_probe_failure(
+    node: NodeSpec, python: str, code: int, stderr: str, result: object
+) -> str:
     """One line (host first) saying why the probe failed on a node, with the fix."""
     unreachable = getattr(result, "unreachable", None)
     if unreachable is not None:
@@ -206,7 +208,9 @@ def with_workdir(cluster: ClusterSpec) -> ClusterSpec:
 
 
 def banner(plan: LaunchPlan, cluster: ClusterSpec) -> str:
-    where = f"rendezvous {plan.rdzv_endpoint}" if plan.rdzv_endpoint else "standalone on this machine"
+    where = (
+        f"rendezvous {plan.rdzv_endpoint}" if plan.rdzv_endpoint else "standalone on this machine"
+    )
     nodes = ", ".join(f"{n.host}×{n.nproc}" for n in plan.nodes)
     return (
         f"herd {__version__}: job {plan.job_id} on {len(plan.nodes)} node(s) [{nodes}], "
@@ -225,7 +229,9 @@ def launch(
 ) -> RunResult | LaunchPlan:
     """Run the job to its end and return its result (or the plan, for a dry run)."""
     options = options or LaunchOptions()
-    return asyncio.run(_launch(cluster, job, options, stream or sys.stdout, err or sys.stderr, transport))
+    return asyncio.run(
+        _launch(cluster, job, options, stream or sys.stdout, err or sys.stderr, transport)
+    )
 
 
 async def _launch(
@@ -257,7 +263,11 @@ async def _launch(
             from .ops.detach import start_detached
 
             return await start_detached(
-                cluster, plan, transport, stream, log_dir=options.log_dir,
+                cluster,
+                plan,
+                transport,
+                stream,
+                log_dir=options.log_dir,
                 banner=banner(plan, cluster),
             )
         return await _supervise(prepared, job, transport, options, stream, loop)
@@ -282,23 +292,14 @@ async def _supervise(
     log_dir = options.log_dir or job_dir(plan.job_id)
     secrets = list(plan.secret_env.values())
     output = JobOutput(
-        log_dir, [n.host for n in plan.nodes], plan.world_size, stream=stream,
-        color=options.color, secrets=secrets,
+        log_dir,
+        [n.host for n in plan.nodes],
+        plan.world_size,
+        stream=stream,
+        color=options.color,
+        secrets=secrets,
     )
-    record = JobRecord(
-        id=plan.job_id,
-        state="running",
-        started=time.time(),
-        source=cluster.source,
-        nodes=[{"host": n.host, "nproc": n.nproc} for n in plan.nodes],
-        world_size=plan.world_size,
-        command=[redact_text(a, secrets) for a in plan.nodes[0].argv],
-        rdzv_endpoint=plan.rdzv_endpoint,
-        log_dir=str(log_dir),
-        # So `herd stop JOB` from another terminal can reach the nodes.
-        cluster=cluster_snapshot(cluster, secrets),
-        cluster_file=cluster_file_of(cluster),
-    )
+    record = new_record(cluster, plan, log_dir, state="running")
     record.save()
     output.note(banner(plan, cluster))
     started = time.monotonic()

@@ -83,7 +83,8 @@ class JobOutput:
         self._secrets = [s for s in secrets if s]
         self._files: dict[str, IO[str]] = {}
         self._flushed = time.monotonic()
-        self._merged = open(log_dir / "output.log", "a", encoding="utf-8")
+        # Open for the whole job, closed in close(): a with-block cannot span a job.
+        self._merged = open(log_dir / "output.log", "a", encoding="utf-8")  # noqa: SIM115
 
     def prefix(self, host: str, rank: int | None) -> str:
         label = f"{host}:{rank}" if rank is not None else host
@@ -123,7 +124,8 @@ class JobOutput:
         name = f"rank-{rank}.log" if rank is not None else f"node-{host}.log"
         handle = self._files.get(name)
         if handle is None:
-            handle = self._files[name] = open(self.log_dir / name, "a", encoding="utf-8")
+            handle = open(self.log_dir / name, "a", encoding="utf-8")  # noqa: SIM115
+            self._files[name] = handle
         return handle
 
     def close(self) -> None:

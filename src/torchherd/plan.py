@@ -221,9 +221,7 @@ def rendezvous_id(job: JobSpec) -> str:
     return job.job_id if job.attempt == 0 else f"{job.job_id}-r{job.attempt}"
 
 
-def _worker_env(
-    cluster: ClusterSpec, facts: NodeFacts, nproc: int, job: JobSpec
-) -> dict[str, str]:
+def _worker_env(cluster: ClusterSpec, facts: NodeFacts, nproc: int, job: JobSpec) -> dict[str, str]:
     """The cluster's env plus a fair share of CPU threads per worker.
 
     torchrun sets OMP_NUM_THREADS=1 (with a warning) when several workers share a node, which

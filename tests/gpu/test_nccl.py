@@ -36,8 +36,11 @@ def test_nccl_allreduce_one_worker_per_gpu(tmp_path: Path) -> None:
     (tmp_path / "nccl_allreduce.py").write_text(SCRIPT)
     run = subprocess.run(
         [sys.executable, "-m", "torchherd", "launch", "nccl_allreduce.py"],
-        cwd=tmp_path, env=dict(os.environ, HERD_HOME=str(tmp_path / "home")),
-        capture_output=True, text=True, timeout=300,
+        cwd=tmp_path,
+        env=dict(os.environ, HERD_HOME=str(tmp_path / "home")),
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert run.returncode == 0, run.stdout + run.stderr
     found = re.findall(r"NCCL rank=(\d+) world=(\d+) sum=(\d+) device=(\d+)", run.stdout)

@@ -28,9 +28,15 @@ def herd(
     args: list[str], home: Path, cwd: Path, timeout: float = 180
 ) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, HERD_HOME=str(home))
-    return subprocess.run([sys.executable, "-m", "torchherd", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=timeout,
-                          stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        [sys.executable, "-m", "torchherd", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 def setup(testbed: Testbed, tmp_path: Path) -> tuple[Path, Path, Path]:
@@ -38,8 +44,10 @@ def setup(testbed: Testbed, tmp_path: Path) -> tuple[Path, Path, Path]:
     project.mkdir()
     (project / "job.py").write_text(JOB)
     config = testbed.write_cluster_file(
-        tmp_path / "herd.toml", nodes=[{"host": "node1", "nproc": 2}, "node2"],
-        workdir=str(project), env={"HERD_HOME": str(home)},
+        tmp_path / "herd.toml",
+        nodes=[{"host": "node1", "nproc": 2}, "node2"],
+        workdir=str(project),
+        env={"HERD_HOME": str(home)},
     )
     return project, home, config
 
@@ -79,10 +87,13 @@ def test_detached_job_survives_the_launcher_and_is_stopped_from_another_process(
     ps = json.loads(herd(["ps", "--json"], home, project).stdout)
     row = next(r for r in ps if r["id"] == job)
     assert (row["state"], row["detached"], row["nodes"], row["world_size"]) == (
-        "running", True, ["node1", "node2"], 3)
+        "running",
+        True,
+        ["node1", "node2"],
+        3,
+    )
     table = herd(["ps"], home, project).stdout
-    assert any(line.startswith(job) and "running (detached)" in line
-               for line in table.splitlines())
+    assert any(line.startswith(job) and "running (detached)" in line for line in table.splitlines())
 
     logs = herd(["logs", job], home, project)
     assert logs.returncode == 0, logs.stderr
@@ -97,8 +108,11 @@ def test_detached_job_survives_the_launcher_and_is_stopped_from_another_process(
     assert all(job in r for r in rows) and "step" in top.stdout
 
     follower = subprocess.Popen(
-        [sys.executable, "-m", "torchherd", "logs", job, "-f"], cwd=project,
-        env=dict(os.environ, HERD_HOME=str(home)), stdout=subprocess.PIPE, text=True,
+        [sys.executable, "-m", "torchherd", "logs", job, "-f"],
+        cwd=project,
+        env=dict(os.environ, HERD_HOME=str(home)),
+        stdout=subprocess.PIPE,
+        text=True,
     )
     try:
         time.sleep(1)
@@ -112,8 +126,9 @@ def test_detached_job_survives_the_launcher_and_is_stopped_from_another_process(
     assert follower.returncode == 0
     assert "node1   | herd: job ended on node1 (stopped)" in followed
     assert "node2   | herd: job ended on node2 (stopped)" in followed
-    row = next(r for r in json.loads(herd(["ps", "--json"], home, project).stdout)
-               if r["id"] == job)
+    row = next(
+        r for r in json.loads(herd(["ps", "--json"], home, project).stdout) if r["id"] == job
+    )
     assert row["state"] == "stopped" and row["exit_code"] == 130
 
 
@@ -121,8 +136,11 @@ def test_stop_from_another_terminal_ends_an_attached_job(testbed: Testbed, tmp_p
     project, home, config = setup(testbed, tmp_path)
     launcher = subprocess.Popen(
         [sys.executable, "-m", "torchherd", "launch", "-c", str(config), "job.py"],
-        cwd=project, env=dict(os.environ, HERD_HOME=str(home)), stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT, text=True,
+        cwd=project,
+        env=dict(os.environ, HERD_HOME=str(home)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
     try:
         jobs = home / "jobs"
@@ -130,8 +148,7 @@ def test_stop_from_another_terminal_ends_an_attached_job(testbed: Testbed, tmp_p
         job = next(jobs.iterdir()).name
         # The launcher's own files are flushed in blocks; the node's torchrun log is not.
         pattern = f"nodes/{job}/node1/torchrun/*/attempt_0/0/stdout.log"
-        wait_for(lambda: any("step 5" in p.read_text() for p in home.glob(pattern)),
-                 what="steps")
+        wait_for(lambda: any("step 5" in p.read_text() for p in home.glob(pattern)), what="steps")
         stop = herd(["stop", job], home, tmp_path)
         assert stop.returncode == 0, stop.stdout + stop.stderr
         output, _ = launcher.communicate(timeout=60)  # the launcher sees its agents end

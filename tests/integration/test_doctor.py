@@ -24,8 +24,9 @@ SRC = Path(torchherd.__file__).resolve().parents[1]
 PROJECT = SRC.parent
 
 
-def doctor(capsys: pytest.CaptureFixture[str], path: Path,
-           *args: str) -> tuple[int, dict[str, Any]]:
+def doctor(
+    capsys: pytest.CaptureFixture[str], path: Path, *args: str
+) -> tuple[int, dict[str, Any]]:
     capsys.readouterr()
     code = main(["doctor", "-c", str(path), "--json", *args])
     out = capsys.readouterr().out
@@ -48,8 +49,9 @@ def cluster_file(testbed: Testbed, tmp_path: Path) -> Iterator[Path]:
     yield testbed.write_cluster_file(tmp_path / "herd.toml", connect_timeout=2)
 
 
-def test_healthy_testbed_passes(capsys: pytest.CaptureFixture[str], cluster_file: Path,
-                                testbed: Testbed) -> None:
+def test_healthy_testbed_passes(
+    capsys: pytest.CaptureFixture[str], cluster_file: Path, testbed: Testbed
+) -> None:
     code, report = doctor(capsys, cluster_file)
     failed = [r for r in report["results"] if r["status"] == "fail"]
     assert code == 0 and report["ok"], failed
@@ -75,26 +77,33 @@ def test_healthy_testbed_passes(capsys: pytest.CaptureFixture[str], cluster_file
     assert "ready" in text
 
 
-def test_node_cut_off_the_network(capsys: pytest.CaptureFixture[str], cluster_file: Path,
-                                  clean_faults: Testbed) -> None:
+def test_node_cut_off_the_network(
+    capsys: pytest.CaptureFixture[str], cluster_file: Path, clean_faults: Testbed
+) -> None:
     clean_faults.partition("node3")
     code, report = doctor(capsys, cluster_file)
     assert code == 3
     ssh = result(report, "ssh", "node3")
     assert ssh["status"] == "fail" and "timed out" in ssh["summary"]
     assert "node3" in ssh["remedy"]
-    assert statuses(report, "ssh") == {"node1": "pass", "node2": "pass", "node3": "fail",
-                                       "node4": "pass"}
+    assert statuses(report, "ssh") == {
+        "node1": "pass",
+        "node2": "pass",
+        "node3": "fail",
+        "node4": "pass",
+    }
     assert result(report, "python", "node3")["status"] == "skip"
     # The others are still examined, and pass.
     assert statuses(report, "rendezvous")["node4"] == "pass"
 
 
-def test_missing_working_directory(capsys: pytest.CaptureFixture[str], testbed: Testbed,
-                                   tmp_path: Path) -> None:
+def test_missing_working_directory(
+    capsys: pytest.CaptureFixture[str], testbed: Testbed, tmp_path: Path
+) -> None:
     missing = tmp_path / "not-synced-yet"
-    path = testbed.write_cluster_file(tmp_path / "herd.toml", connect_timeout=2,
-                                      workdir=str(missing), nodes=["node1", "node2"])
+    path = testbed.write_cluster_file(
+        tmp_path / "herd.toml", connect_timeout=2, workdir=str(missing), nodes=["node1", "node2"]
+    )
     code, report = doctor(capsys, path)
     assert code == 3
     for name in ("node1", "node2"):
@@ -112,36 +121,51 @@ def _venv_without_torch(root: Path) -> Path:
         for info in Path(folder).glob("torchherd-*.dist-info"):
             shutil.copytree(info, packages / info.name)  # the installed torchherd's metadata
     python = root / "bin" / "python"
-    probe = subprocess.run([str(python), "-c", "import torchherd, importlib.util as u; "
-                            "print(u.find_spec('torch'))"], capture_output=True, text=True)
+    probe = subprocess.run(
+        [str(python), "-c", "import torchherd, importlib.util as u; print(u.find_spec('torch'))"],
+        capture_output=True,
+        text=True,
+    )
     assert probe.stdout.strip() == "None", probe.stderr
     return python
 
 
-def test_node_whose_python_has_no_torch(capsys: pytest.CaptureFixture[str], testbed: Testbed,
-                                        tmp_path: Path) -> None:
+def test_node_whose_python_has_no_torch(
+    capsys: pytest.CaptureFixture[str], testbed: Testbed, tmp_path: Path
+) -> None:
     python = _venv_without_torch(tmp_path / "venv")
     path = testbed.write_cluster_file(
-        tmp_path / "herd.toml", connect_timeout=2,
-        nodes=["node1", "node2", {"host": "node3", "python": str(python)}, "node4"])
+        tmp_path / "herd.toml",
+        connect_timeout=2,
+        nodes=["node1", "node2", {"host": "node3", "python": str(python)}, "node4"],
+    )
     code, report = doctor(capsys, path)
     assert code == 3
     torch = result(report, "torch", "node3")
     assert torch["status"] == "fail"
     assert f"torch is not installed for {python}" in torch["summary"]
-    assert statuses(report, "torch") == {"node1": "pass", "node2": "pass", "node3": "fail",
-                                         "node4": "pass"}
+    assert statuses(report, "torch") == {
+        "node1": "pass",
+        "node2": "pass",
+        "node3": "fail",
+        "node4": "pass",
+    }
 
 
 def test_node_whose_python_has_neither_torchherd_nor_torch(
-        capsys: pytest.CaptureFixture[str], testbed: Testbed, tmp_path: Path) -> None:
+    capsys: pytest.CaptureFixture[str], testbed: Testbed, tmp_path: Path
+) -> None:
     bare = "/usr/bin/python3"  # Debian's own python: no torch, no torchherd
-    if not Path(bare).exists() or subprocess.run(
-            [bare, "-c", "import torch"], capture_output=True).returncode == 0:
+    if (
+        not Path(bare).exists()
+        or subprocess.run([bare, "-c", "import torch"], capture_output=True).returncode == 0
+    ):
         pytest.skip(f"{bare} is missing or has torch here")
     path = testbed.write_cluster_file(
-        tmp_path / "herd.toml", connect_timeout=2,
-        nodes=["node1", {"host": "node2", "python": bare}])
+        tmp_path / "herd.toml",
+        connect_timeout=2,
+        nodes=["node1", {"host": "node2", "python": bare}],
+    )
     code, report = doctor(capsys, path)
     assert code == 3
     python = result(report, "python", "node2")
@@ -157,41 +181,67 @@ def other_version_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A venv (with the system's torch) where a real build of torchherd 0.1.0.post1 is installed."""
     root = tmp_path_factory.mktemp("other-version")
     copy = root / "project"
-    shutil.copytree(SRC / "torchherd", copy / "src" / "torchherd",
-                    ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(
+        SRC / "torchherd", copy / "src" / "torchherd", ignore=shutil.ignore_patterns("__pycache__")
+    )
     pyproject = (PROJECT / "pyproject.toml").read_text()
     version = f'version = "{torchherd.__version__}"'
     assert version in pyproject
     (copy / "pyproject.toml").write_text(pyproject.replace(version, 'version = "0.1.0.post1"'))
     (copy / "README.md").write_text("torchherd, built for a test\n")
     venv = root / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip",
-                    str(venv)], check=True)
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)],
+        check=True,
+    )
     python = venv / "bin" / "python"
-    subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q",
-                    "--no-deps", "--no-build-isolation", "--no-index", str(copy)], check=True)
-    answer = subprocess.run([str(python), "-c", "import importlib.metadata as m; "
-                             "print(m.version('torchherd'))"], capture_output=True, text=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "--python",
+            str(python),
+            "install",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            str(copy),
+        ],
+        check=True,
+    )
+    answer = subprocess.run(
+        [str(python), "-c", "import importlib.metadata as m; print(m.version('torchherd'))"],
+        capture_output=True,
+        text=True,
+    )
     assert answer.stdout.strip() == "0.1.0.post1", answer.stderr
     return python
 
 
 def test_node_whose_environment_differs_in_versions(
-        capsys: pytest.CaptureFixture[str], testbed: Testbed, tmp_path: Path,
-        other_version_python: Path) -> None:
+    capsys: pytest.CaptureFixture[str], testbed: Testbed, tmp_path: Path, other_version_python: Path
+) -> None:
     path = testbed.write_cluster_file(
-        tmp_path / "herd.toml", connect_timeout=2,
-        nodes=["node1", "node2", {"host": "node3", "python": str(other_version_python)},
-               "node4"])
+        tmp_path / "herd.toml",
+        connect_timeout=2,
+        nodes=["node1", "node2", {"host": "node3", "python": str(other_version_python)}, "node4"],
+    )
     code, report = doctor(capsys, path)
     assert code == 3
     versions = result(report, "versions", "node3")
     assert versions["status"] == "fail"
     assert "torchherd 0.1.0.post1 here" in versions["summary"]
     assert "node1, node2, node4" in versions["summary"]
-    assert report["versions"] == {"torchherd": {"node1": torchherd.__version__, "node2":
-                                                torchherd.__version__, "node3": "0.1.0.post1",
-                                                "node4": torchherd.__version__}}
+    assert report["versions"] == {
+        "torchherd": {
+            "node1": torchherd.__version__,
+            "node2": torchherd.__version__,
+            "node3": "0.1.0.post1",
+            "node4": torchherd.__version__,
+        }
+    }
     assert statuses(report, "versions")["node1"] == "pass"
 
     # herd launch runs the fast subset and refuses, unless told not to.
@@ -205,10 +255,12 @@ def test_node_whose_environment_differs_in_versions(
 
 
 def test_rendezvous_port_blocked_on_the_rendezvous_node(
-        capsys: pytest.CaptureFixture[str], clean_faults: Testbed, tmp_path: Path) -> None:
+    capsys: pytest.CaptureFixture[str], clean_faults: Testbed, tmp_path: Path
+) -> None:
     port = 29611
-    path = clean_faults.write_cluster_file(tmp_path / "herd.toml", connect_timeout=2,
-                                           rdzv_port=port)
+    path = clean_faults.write_cluster_file(
+        tmp_path / "herd.toml", connect_timeout=2, rdzv_port=port
+    )
     clean_faults.block_port("node1", port)
     code, report = doctor(capsys, path)
     assert code == 3
@@ -218,18 +270,23 @@ def test_rendezvous_port_blocked_on_the_rendezvous_node(
     assert "timed out" in host["summary"] and "firewall" in host["remedy"]
     for name in ("node2", "node3", "node4"):
         node = result(report, "rendezvous", name)
-        assert node["status"] == "fail" and f"node1 {clean_faults.node('node1').addr}:{port}" \
-            in node["summary"]
+        assert (
+            node["status"] == "fail"
+            and f"node1 {clean_faults.node('node1').addr}:{port}" in node["summary"]
+        )
     # Only the store port is blocked: ephemeral ports still work.
     assert set(statuses(report, "ports").values()) == {"pass"}
 
 
 def test_node_asking_for_more_workers_than_it_can_run(
-        capsys: pytest.CaptureFixture[str], testbed: Testbed, tmp_path: Path) -> None:
+    capsys: pytest.CaptureFixture[str], testbed: Testbed, tmp_path: Path
+) -> None:
     cores = len(os.sched_getaffinity(0))
     path = testbed.write_cluster_file(
-        tmp_path / "herd.toml", connect_timeout=2,
-        nodes=["node1", "node2", "node3", {"host": "node4", "nproc": cores + 6}])
+        tmp_path / "herd.toml",
+        connect_timeout=2,
+        nodes=["node1", "node2", "node3", {"host": "node4", "nproc": cores + 6}],
+    )
     code, report = doctor(capsys, path)
     workers = result(report, "workers", "node4")
     assert workers["status"] == "warn"  # CPU workers can share cores; GPUs cannot (unit tests)
@@ -240,10 +297,12 @@ def test_node_asking_for_more_workers_than_it_can_run(
     assert code == 0
 
 
-def test_collective_runs_a_real_all_reduce(capsys: pytest.CaptureFixture[str],
-                                           testbed: Testbed, tmp_path: Path) -> None:
-    path = testbed.write_cluster_file(tmp_path / "herd.toml", connect_timeout=2,
-                                      nodes=["node1", "node2"])
+def test_collective_runs_a_real_all_reduce(
+    capsys: pytest.CaptureFixture[str], testbed: Testbed, tmp_path: Path
+) -> None:
+    path = testbed.write_cluster_file(
+        tmp_path / "herd.toml", connect_timeout=2, nodes=["node1", "node2"]
+    )
     code, report = doctor(capsys, path, "--collective")
     collective = result(report, "collective", None)
     assert code == 0, collective

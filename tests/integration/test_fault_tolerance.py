@@ -43,15 +43,32 @@ def launch(testbed: Testbed, tmp_path: Path, name: str) -> tuple[subprocess.Pope
     home = tmp_path / name / "home"
     home.mkdir(parents=True)
     path = testbed.write_cluster_file(
-        tmp_path / name / "herd.toml", nodes=[{"host": "node1", "nproc": 1}, {"host": "node2", "nproc": 1}],
-        workdir=str(SCRIPTS), env={"HERD_HOME": str(home)},
+        tmp_path / name / "herd.toml",
+        nodes=[{"host": "node1", "nproc": 1}, {"host": "node2", "nproc": 1}],
+        workdir=str(SCRIPTS),
+        env={"HERD_HOME": str(home)},
     )
     run_dir = tmp_path / name / "run"
     process = subprocess.Popen(
-        [sys.executable, "-m", "torchherd", "launch", "-c", str(path), "--max-restarts", "1",
-         "slow_minimal.py", *ARGS, "--run-dir", str(run_dir)],
-        cwd=SCRIPTS, env=dict(os.environ, HERD_HOME=str(home)),
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        [
+            sys.executable,
+            "-m",
+            "torchherd",
+            "launch",
+            "-c",
+            str(path),
+            "--max-restarts",
+            "1",
+            "slow_minimal.py",
+            *ARGS,
+            "--run-dir",
+            str(run_dir),
+        ],
+        cwd=SCRIPTS,
+        env=dict(os.environ, HERD_HOME=str(home)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
     return process, home, run_dir
 

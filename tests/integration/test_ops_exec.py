@@ -17,8 +17,14 @@ def herd(
     args: list[str], home: Path, cwd: Path, timeout: float = 120
 ) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, HERD_HOME=str(home))
-    return subprocess.run([sys.executable, "-m", "torchherd", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "torchherd", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def test_exec_on_three_nodes_with_one_failing(testbed: Testbed, tmp_path: Path) -> None:
@@ -30,9 +36,11 @@ def test_exec_on_three_nodes_with_one_failing(testbed: Testbed, tmp_path: Path) 
     for name in ("node1", "node2", "node3"):
         assert f"{name} | {name}" in out.stdout  # output prefixed by host
         assert f"{name} | to stderr" in out.stderr
-    rows = {line.split()[0]: line.split() for line in out.stdout.splitlines()
-            if line.split() and line.split()[0] in ("node1", "node2", "node3")
-            and "|" not in line}
+    rows = {
+        line.split()[0]: line.split()
+        for line in out.stdout.splitlines()
+        if line.split() and line.split()[0] in ("node1", "node2", "node3") and "|" not in line
+    }
     assert rows["node1"][1] == "0" and rows["node1"][3] == "ok"
     assert rows["node2"][1] == "1" and rows["node2"][3] == "failed"
     assert rows["node3"][1] == "0" and rows["node3"][3] == "ok"
@@ -44,8 +52,21 @@ def test_exec_json_runs_in_the_workdir_and_selects_nodes(testbed: Testbed, tmp_p
     workdir.mkdir()
     (workdir / "requirements.txt").write_text("torchherd\n")
     config = testbed.write_cluster_file(tmp_path / "herd.toml", workdir=str(workdir))
-    out = herd(["exec", "-c", str(config), "--nodes", "node2,node4", "--json", "--",
-                "cat", "requirements.txt"], tmp_path, tmp_path)
+    out = herd(
+        [
+            "exec",
+            "-c",
+            str(config),
+            "--nodes",
+            "node2,node4",
+            "--json",
+            "--",
+            "cat",
+            "requirements.txt",
+        ],
+        tmp_path,
+        tmp_path,
+    )
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)
     assert result["ok"] is True
@@ -57,8 +78,11 @@ def test_exec_timeout_ends_the_remote_command(testbed: Testbed, tmp_path: Path) 
     config = testbed.write_cluster_file(tmp_path / "herd.toml", nodes=["node1", "node3"])
     tag = uuid.uuid4().hex
     started = time.monotonic()
-    out = herd(["exec", "-c", str(config), "--timeout", "1", "--",
-                f"HERD_TEST_TAG={tag} sleep 60"], tmp_path, tmp_path)
+    out = herd(
+        ["exec", "-c", str(config), "--timeout", "1", "--", f"HERD_TEST_TAG={tag} sleep 60"],
+        tmp_path,
+        tmp_path,
+    )
     assert out.returncode == 1
     assert time.monotonic() - started < 30
     assert out.stdout.count("timeout") == 2
@@ -87,7 +111,10 @@ def test_top_once_prints_a_row_per_node(testbed: Testbed, tmp_path: Path) -> Non
         used, total = row[2].split("/")
         assert 0 < float(used) <= float(total)
         assert row[3] == "none"  # no GPUs on the testbed: CPU and memory only
-    data = json.loads(herd(["top", "-c", str(config), "--once", "--json", "--nodes", "node1"],
-                           tmp_path, tmp_path).stdout)
+    data = json.loads(
+        herd(
+            ["top", "-c", str(config), "--once", "--json", "--nodes", "node1"], tmp_path, tmp_path
+        ).stdout
+    )
     assert [d["host"] for d in data] == ["node1"] and data[0]["gpus"] == []
     assert data[0]["mem_total"] > 0 and data[0]["error"] is None

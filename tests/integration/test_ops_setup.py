@@ -18,9 +18,13 @@ from torchherd.spec import load_cluster_file
 
 def herd(args: list[str], tmp: Path, **env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "torchherd", *args], cwd=tmp,
+        [sys.executable, "-m", "torchherd", *args],
+        cwd=tmp,
         env=dict(os.environ, HERD_HOME=str(tmp / "herd-home"), **env),
-        capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
         start_new_session=True,  # no controlling terminal: ssh could not ask for a password
     )
 
@@ -29,8 +33,16 @@ def test_init_probe_writes_a_valid_file_and_never_overwrites(
     testbed: Testbed, tmp_path: Path
 ) -> None:
     target = tmp_path / "herd.toml"
-    args = ["init", "node1", "node2:3", "--probe", "--ssh-config", str(testbed.ssh_config),
-            "--workdir", "~/project"]
+    args = [
+        "init",
+        "node1",
+        "node2:3",
+        "--probe",
+        "--ssh-config",
+        str(testbed.ssh_config),
+        "--workdir",
+        "~/project",
+    ]
     out = herd(args, tmp_path)
     assert out.returncode == 0, out.stderr
     assert "wrote herd.toml: 2 node(s) [node1×1, node2×3]" in out.stdout
@@ -60,8 +72,9 @@ def ssh_config(testbed: Testbed, tmp: Path, identity: Path, known_hosts: Path) -
 
 
 def table(stdout: str) -> dict[str, list[str]]:
-    return {line.split()[0]: line.split()[1:] for line in stdout.splitlines()
-            if line.startswith("node")}
+    return {
+        line.split()[0]: line.split()[1:] for line in stdout.splitlines() if line.startswith("node")
+    }
 
 
 def test_ssh_setup_creates_a_key_records_host_keys_and_reports_each_node(
@@ -72,7 +85,8 @@ def test_ssh_setup_creates_a_key_records_host_keys_and_reports_each_node(
     known_hosts = tmp_path / "known_hosts"
     new_key = home / ".ssh" / "id_ed25519"
     config = testbed.write_cluster_file(
-        tmp_path / "fresh.toml", nodes=["node1", "node2"],
+        tmp_path / "fresh.toml",
+        nodes=["node1", "node2"],
         ssh_config=str(ssh_config(testbed, tmp_path, new_key, known_hosts)),
     )
     out = herd(["ssh-setup", "-c", str(config)], tmp_path, HOME=str(home))
@@ -86,31 +100,38 @@ def test_ssh_setup_creates_a_key_records_host_keys_and_reports_each_node(
         assert rows[name][:2] == ["skipped", "recorded"]
         assert "authentication failed" in " ".join(rows[name][2:])
         addr = testbed.node(name).addr
-        found = subprocess.run(["ssh-keygen", "-F", addr, "-f", str(known_hosts)],
-                               capture_output=True, text=True)
+        found = subprocess.run(
+            ["ssh-keygen", "-F", addr, "-f", str(known_hosts)], capture_output=True, text=True
+        )
         assert found.returncode == 0  # host key recorded (accept-new)
 
     # The testbed's key is authorized everywhere: nothing to install, every login verified.
     testbed_key = testbed.ssh_config.parent / "id_ed25519"
     good = testbed.write_cluster_file(
-        tmp_path / "good.toml", nodes=["node1", "node2"],
+        tmp_path / "good.toml",
+        nodes=["node1", "node2"],
         ssh_config=str(ssh_config(testbed, tmp_path, testbed_key, known_hosts)),
     )
     out = herd(["ssh-setup", "-c", str(good)], tmp_path, HOME=str(home))
     assert out.returncode == 0, out.stdout + out.stderr
-    assert table(out.stdout) == {"node1": ["already", "known", "ok"],
-                                 "node2": ["already", "known", "ok"]}
+    assert table(out.stdout) == {
+        "node1": ["already", "known", "ok"],
+        "node2": ["already", "known", "ok"],
+    }
     assert "key login works on all 2 node(s)" in out.stdout
 
     # A node whose host key changed is refused, never trusted blindly.
     other = tmp_path / "other_host_key"
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other)], check=True)
     node2 = testbed.node("node2").addr
-    subprocess.run(["ssh-keygen", "-R", node2, "-f", str(known_hosts)], capture_output=True,
-                   check=True)
+    subprocess.run(
+        ["ssh-keygen", "-R", node2, "-f", str(known_hosts)], capture_output=True, check=True
+    )
     with known_hosts.open("a") as handle:
-        handle.write(f"{node2} {Path(f'{other}.pub').read_text().split(' ', 2)[0]} "
-                     f"{Path(f'{other}.pub').read_text().split()[1]}\n")
+        handle.write(
+            f"{node2} {Path(f'{other}.pub').read_text().split(' ', 2)[0]} "
+            f"{Path(f'{other}.pub').read_text().split()[1]}\n"
+        )
     out = herd(["ssh-setup", "-c", str(good)], tmp_path, HOME=str(home))
     assert out.returncode == 3
     rows = table(out.stdout)

@@ -17,8 +17,14 @@ from tests.testbed import Testbed
 
 def herd(args: list[str], home: Path, cwd: Path) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, HERD_HOME=str(home))
-    return subprocess.run([sys.executable, "-m", "torchherd", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "torchherd", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def make_project(root: Path) -> Path:
@@ -39,10 +45,12 @@ def make_project(root: Path) -> Path:
 def test_sync_copies_honours_ignores_and_repeats_cheaply(testbed: Testbed, tmp_path: Path) -> None:
     src = make_project(tmp_path)
     dst = tmp_path / "dst"
-    config = testbed.write_cluster_file(tmp_path / "herd.toml", nodes=["node1", "node2", "node3"],
-                                        workdir=str(dst))
-    first = herd(["sync", str(src), "-c", str(config), "--exclude", "*.tmp", "--json"],
-                 tmp_path, tmp_path)
+    config = testbed.write_cluster_file(
+        tmp_path / "herd.toml", nodes=["node1", "node2", "node3"], workdir=str(dst)
+    )
+    first = herd(
+        ["sync", str(src), "-c", str(config), "--exclude", "*.tmp", "--json"], tmp_path, tmp_path
+    )
     assert first.returncode == 0, first.stderr
     results = {r["host"]: r for r in json.loads(first.stdout)["results"]}
     # One filesystem under all three nodes: the first is copied to, the others see its copy.
@@ -56,8 +64,9 @@ def test_sync_copies_honours_ignores_and_repeats_cheaply(testbed: Testbed, tmp_p
     assert listing == ["./.gitignore", "./pkg/model.py", "./train.py"]
     assert not list(src.glob(".herd-sync-*")) and not list(dst.glob(".herd-sync-*"))
 
-    second = herd(["sync", str(src), "-c", str(config), "--exclude", "*.tmp", "--json"],
-                  tmp_path, tmp_path)
+    second = herd(
+        ["sync", str(src), "-c", str(config), "--exclude", "*.tmp", "--json"], tmp_path, tmp_path
+    )
     again = json.loads(second.stdout)["results"][0]
     assert again["status"] == "copied" and again["files"] == 0
     assert again["bytes_sent"] < results["node1"]["bytes_sent"] / 5  # almost nothing
@@ -73,8 +82,9 @@ def test_sync_copies_honours_ignores_and_repeats_cheaply(testbed: Testbed, tmp_p
 
 def test_sync_skips_nodes_that_see_the_source_itself(testbed: Testbed, tmp_path: Path) -> None:
     src = make_project(tmp_path)
-    config = testbed.write_cluster_file(tmp_path / "herd.toml", nodes=["node1", "node2"],
-                                        workdir=str(src))
+    config = testbed.write_cluster_file(
+        tmp_path / "herd.toml", nodes=["node1", "node2"], workdir=str(src)
+    )
     out = herd(["sync", str(src), "-c", str(config), "--json"], tmp_path, tmp_path)
     assert out.returncode == 0, out.stderr
     for result in json.loads(out.stdout)["results"]:

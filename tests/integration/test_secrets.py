@@ -33,8 +33,15 @@ time.sleep(60)
 
 def herd(args: list[str], home: Path, cwd: Path) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, HERD_HOME=str(home))
-    return subprocess.run([sys.executable, "-m", "torchherd", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=180, stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        [sys.executable, "-m", "torchherd", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 def command_lines_with(values: list[str]) -> list[str]:
@@ -44,8 +51,12 @@ def command_lines_with(values: list[str]) -> list[str]:
         if not entry.isdigit():
             continue
         try:
-            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode(
-                errors="replace")
+            cmdline = (
+                Path(f"/proc/{entry}/cmdline")
+                .read_bytes()
+                .replace(b"\0", b" ")
+                .decode(errors="replace")
+            )
         except OSError:
             continue
         if any(v in cmdline for v in values):
@@ -71,23 +82,27 @@ def test_secrets_reach_the_job_and_nothing_else(testbed: Testbed, tmp_path: Path
     project.mkdir()
     (project / "job.py").write_text(JOB)
     env_file = tmp_path / "secrets.env"
-    env_file.write_text(f"HERD_SENTINEL_TOKEN={secrets['HERD_SENTINEL_TOKEN']}\n"
-                        f"export PLAIN_VALUE='{secrets['PLAIN_VALUE']}'\n")
+    env_file.write_text(
+        f"HERD_SENTINEL_TOKEN={secrets['HERD_SENTINEL_TOKEN']}\n"
+        f"export PLAIN_VALUE='{secrets['PLAIN_VALUE']}'\n"
+    )
     config = testbed.write_cluster_file(
-        tmp_path / "herd.toml", nodes=["node1", "node2"], workdir=str(project),
+        tmp_path / "herd.toml",
+        nodes=["node1", "node2"],
+        workdir=str(project),
         env={"HERD_HOME": str(home), "WANDB_API_KEY": secrets["WANDB_API_KEY"]},
         env_file=str(env_file),
     )
 
-    dry = herd(["launch", "-c", str(config), "--dry-run", "job.py", digest, "quiet"], home,
-               project)
+    dry = herd(["launch", "-c", str(config), "--dry-run", "job.py", digest, "quiet"], home, project)
     assert dry.returncode == 0, dry.stderr
     assert "HERD_SENTINEL_TOKEN=********" in dry.stdout and "WANDB_API_KEY=********" in dry.stdout
     assert not any(v in dry.stdout + dry.stderr for v in values)
 
     # A detached job that keeps quiet: then no file herd or torchrun writes holds a secret.
-    launched = herd(["launch", "-c", str(config), "--detach", "job.py", digest, "quiet"], home,
-                    project)
+    launched = herd(
+        ["launch", "-c", str(config), "--detach", "job.py", digest, "quiet"], home, project
+    )
     assert launched.returncode == 0, launched.stdout + launched.stderr
     job = next((home / "jobs").iterdir()).name
     try:
@@ -98,8 +113,9 @@ def test_secrets_reach_the_job_and_nothing_else(testbed: Testbed, tmp_path: Path
             assert time.monotonic() < deadline, "the workers never reported their secrets"
             time.sleep(0.2)
         assert command_lines_with(values) == []  # while every process of the job runs
-        shown = herd(["logs", job], home, project).stdout + herd(["ps", "--json"], home,
-                                                                  project).stdout
+        shown = (
+            herd(["logs", job], home, project).stdout + herd(["ps", "--json"], home, project).stdout
+        )
         assert "node2:1 | rank 1: secrets ok" in shown
     finally:
         assert herd(["stop", job], home, project).returncode == 0

@@ -18,7 +18,9 @@ from tests.testbed import Testbed
 def test_each_ssh_failure_is_classified(testbed: Testbed, tmp_path: Path) -> None:
     target = testbed.node("node2")
     wrong_key = tmp_path / "wrong_key"
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(wrong_key)], check=True)
+    subprocess.run(
+        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(wrong_key)], check=True
+    )
     # A known_hosts that remembers another key for node2: what a reinstalled node looks like.
     changed_hosts = tmp_path / "changed_known_hosts"
     changed_hosts.write_text(f"{target.addr} {(wrong_key.with_suffix('.pub')).read_text()}")

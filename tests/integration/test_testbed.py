@@ -39,9 +39,7 @@ def test_each_node_has_its_own_name_and_hosts_file(testbed: Testbed) -> None:
         assert hostname == node.name
         resolved = {line.split()[1]: line.split()[0] for line in lines}
         # The stock-Debian trap: a node's own name is loopback, the others are reachable.
-        assert resolved == {
-            n.name: "127.0.1.1" if n is node else n.addr for n in testbed.nodes
-        }
+        assert resolved == {n.name: "127.0.1.1" if n is node else n.addr for n in testbed.nodes}
 
 
 def test_ns_run_enters_the_node(testbed: Testbed, tmp_path: Path) -> None:
@@ -55,7 +53,7 @@ def test_ns_run_enters_the_node(testbed: Testbed, tmp_path: Path) -> None:
 
 def test_node_reaches_peer_sshd_over_the_bridge(testbed: Testbed) -> None:
     peer = testbed.node("node2")
-    out = testbed.ssh("node1", f"{sys.executable} -c \"{_CONNECT}\" {peer.addr} 22 3")
+    out = testbed.ssh("node1", f'{sys.executable} -c "{_CONNECT}" {peer.addr} 22 3')
     assert out.returncode == 0, out.stderr
 
 
@@ -76,9 +74,12 @@ def test_partition_cuts_the_node_off_and_heal_restores_it(clean_faults: Testbed)
 def test_block_port_drops_incoming_tcp(clean_faults: Testbed) -> None:
     bed = clean_faults
     node1 = bed.node("node1")
-    server = bed.ns_popen(node1, [sys.executable, "-m", "http.server", "29555", "--bind",
-                                  node1.addr], stdout=subprocess.DEVNULL,
-                          stderr=subprocess.DEVNULL)
+    server = bed.ns_popen(
+        node1,
+        [sys.executable, "-m", "http.server", "29555", "--bind", node1.addr],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         deadline = time.monotonic() + 10
         while not _connects(bed, "node2", node1, 29555) and time.monotonic() < deadline:
@@ -146,13 +147,18 @@ def test_processes_with_env_finds_exactly_the_tagged_processes(testbed: Testbed)
 
 def test_write_cluster_file(testbed: Testbed, tmp_path: Path) -> None:
     path = testbed.write_cluster_file(
-        tmp_path / "herd.toml", nodes=["node1", {"host": "node2", "nproc": 1}],
-        env={"X": "1", "A.B": 'q"uote'}, workdir=str(tmp_path),
+        tmp_path / "herd.toml",
+        nodes=["node1", {"host": "node2", "nproc": 1}],
+        env={"X": "1", "A.B": 'q"uote'},
+        workdir=str(tmp_path),
     )
     doc = tomllib.loads(path.read_text())
     assert doc["cluster"] == {
-        "python": sys.executable, "ssh_config": str(testbed.ssh_config), "connect_timeout": 5,
-        "env": {"X": "1", "A.B": 'q"uote'}, "workdir": str(tmp_path),
+        "python": sys.executable,
+        "ssh_config": str(testbed.ssh_config),
+        "connect_timeout": 5,
+        "env": {"X": "1", "A.B": 'q"uote'},
+        "workdir": str(tmp_path),
     }
     assert doc["node"] == [{"host": "node1"}, {"host": "node2", "nproc": 1}]
     default = tomllib.loads(testbed.write_cluster_file().read_text())

@@ -19,7 +19,8 @@ def tagged(tag: str) -> list[int]:
     for entry in os.listdir("/proc"):
         try:
             if entry.isdigit() and wanted in Path(f"/proc/{entry}/environ").read_bytes().split(
-                    b"\0"):
+                b"\0"
+            ):
                 found.append(int(entry))
         except OSError:
             pass
@@ -28,8 +29,11 @@ def tagged(tag: str) -> list[int]:
 
 def test_lines_are_reported_per_stream_and_exit_codes_kept() -> None:
     lines: list[tuple[str, str, str]] = []
-    results = run_everywhere(local_cluster(), "echo out; echo err >&2; exit 3",
-                             on_line=lambda h, s, t: lines.append((h, s, t)))
+    results = run_everywhere(
+        local_cluster(),
+        "echo out; echo err >&2; exit 3",
+        on_line=lambda h, s, t: lines.append((h, s, t)),
+    )
     assert sorted(lines) == [("localhost", "e", "err"), ("localhost", "o", "out")]
     [result] = results
     assert (result.status, result.exit_code, result.ok) == ("failed", 3, False)
@@ -67,7 +71,9 @@ def test_timeout_ends_the_whole_process_group() -> None:
 
 @pytest.mark.parametrize("words", [["true"], ["exit", "0"]])
 def test_cli_exec_returns_zero_when_every_node_succeeds(
-    words: list[str], capsys: pytest.CaptureFixture[str], tmp_path: Path,
+    words: list[str],
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from torchherd.cli import main

@@ -21,13 +21,24 @@ from torchherd.spec import load_cluster_file, parse_cluster_toml
 
 def test_render_round_trips_through_the_loader(tmp_path: Path) -> None:
     cluster = nodes_from(["gpu1", "gpu2:4,alice@10.0.0.7:2"], None)
-    text = render(cluster.nodes, python="/opt/venv/bin/python", workdir="~/project",
-                  ssh_config='/etc/odd "name"', comments={"gpu1": "8 × NVIDIA H100"})
+    text = render(
+        cluster.nodes,
+        python="/opt/venv/bin/python",
+        workdir="~/project",
+        ssh_config='/etc/odd "name"',
+        comments={"gpu1": "8 × NVIDIA H100"},
+    )
     spec = parse_cluster_toml(text, "t.toml")
     assert [(n.host, n.nproc) for n in spec.nodes] == [
-        ("gpu1", None), ("gpu2", 4), ("alice@10.0.0.7", 2)]
+        ("gpu1", None),
+        ("gpu2", 4),
+        ("alice@10.0.0.7", 2),
+    ]
     assert (spec.python, spec.workdir, spec.ssh_config) == (
-        "/opt/venv/bin/python", "~/project", '/etc/odd "name"')
+        "/opt/venv/bin/python",
+        "~/project",
+        '/etc/odd "name"',
+    )
     assert 'host = "gpu1"  # 8 × NVIDIA H100' in text
     assert '# env_file = ".env"' in text  # the optional keys are shown, commented out
 
@@ -36,7 +47,9 @@ def test_hostfile_and_errors(tmp_path: Path) -> None:
     hostfile = tmp_path / "hosts"
     hostfile.write_text("gpu1 slots=8\n# comment\ngpu2 slots=4\n")
     assert [(n.host, n.nproc) for n in nodes_from([], str(hostfile)).nodes] == [
-        ("gpu1", 8), ("gpu2", 4)]
+        ("gpu1", 8),
+        ("gpu2", 4),
+    ]
     with pytest.raises(ConfigError, match="not both"):
         nodes_from(["gpu1"], str(hostfile))
     with pytest.raises(ConfigError, match="no hosts"):
@@ -49,8 +62,12 @@ def test_hostfile_and_errors(tmp_path: Path) -> None:
 
 def test_probed_counts_fill_only_missing_nproc() -> None:
     cluster = nodes_from(["a", "b:3", "c", "d"], None)
-    probes = [GpuProbe("a", 8, ("NVIDIA H100 80GB HBM3",) * 8), GpuProbe("b", 2),
-              GpuProbe("c", 0), GpuProbe("d", None, error="unreachable")]
+    probes = [
+        GpuProbe("a", 8, ("NVIDIA H100 80GB HBM3",) * 8),
+        GpuProbe("b", 2),
+        GpuProbe("c", 0),
+        GpuProbe("d", None, error="unreachable"),
+    ]
     nodes = with_probed_nproc(cluster, probes)
     assert [(n.host, n.nproc) for n in nodes] == [("a", 8), ("b", 3), ("c", 1), ("d", None)]
     assert describe_gpus(probes[0]) == "8 × NVIDIA H100 80GB HBM3"
@@ -71,8 +88,9 @@ def test_write_refuses_to_overwrite_without_force(tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == ["herd.toml"]  # no temporary left
 
 
-def test_cli_init_exit_codes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                             capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_init_exit_codes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.chdir(tmp_path)
     assert main(["init", "gpu1", "gpu2:4"]) == 0
     assert "wrote herd.toml: 2 node(s) [gpu1, gpu2×4]" in capsys.readouterr().out

@@ -41,17 +41,28 @@ def herd_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 def record(job_id: str = "1122-000000-abcd", **fields: Any) -> JobRecord:
     values: dict[str, Any] = dict(
-        id=job_id, state="running", started=time.time() - 5, source="herd.toml",
-        nodes=[{"host": "gpu1", "nproc": 2}, {"host": "bob@gpu2", "nproc": 1}], world_size=3,
-        command=["python"], rdzv_endpoint=None, log_dir="/tmp", detached=True,
+        id=job_id,
+        state="running",
+        started=time.time() - 5,
+        source="herd.toml",
+        nodes=[{"host": "gpu1", "nproc": 2}, {"host": "bob@gpu2", "nproc": 1}],
+        world_size=3,
+        command=["python"],
+        rdzv_endpoint=None,
+        log_dir="/tmp",
+        detached=True,
     )
     values.update(fields)
     return JobRecord(**values)
 
 
 def test_cluster_snapshot_masks_secrets_and_round_trips(tmp_path: Path) -> None:
-    cluster = parse_host_list("gpu1:2,bob@gpu2", ssh_config="cfg", env_file=".env",
-                              env={"HF_TOKEN": "abc", "NCCL_DEBUG": "WARN", "X": "val-s3cret"})
+    cluster = parse_host_list(
+        "gpu1:2,bob@gpu2",
+        ssh_config="cfg",
+        env_file=".env",
+        env={"HF_TOKEN": "abc", "NCCL_DEBUG": "WARN", "X": "val-s3cret"},
+    )
     snap = cluster_snapshot(cluster, secrets=["val-s3cret"])
     assert snap["env"] == {"HF_TOKEN": "********", "NCCL_DEBUG": "WARN", "X": "********"}
     assert snap["ssh_config"] == os.path.abspath("cfg")
@@ -83,15 +94,37 @@ def test_apply_status_keeps_running_jobs_and_records_how_they_ended() -> None:
     assert job.state == "running"
     apply_status(job, [answer("gpu1"), AgentAnswer("bob@gpu2", None, "unreachable")])
     assert job.state == "running"  # a node we cannot see may still run it
-    apply_status(job, [answer("gpu1", exit={"code": 0, "ts": 10.0}),
-                       answer("bob@gpu2", exit={"code": 0, "ts": 12.0})])
+    apply_status(
+        job,
+        [
+            answer("gpu1", exit={"code": 0, "ts": 10.0}),
+            answer("bob@gpu2", exit={"code": 0, "ts": 12.0}),
+        ],
+    )
     assert (job.state, job.exit_code, job.ended) == ("succeeded", 0, 12.0)
     failed = record("1122-000000-ffff")
-    failure = {"rank": 2, "exitcode": 1, "signal": None, "message": "boom\nmore",
-               "timestamp": 5}
-    apply_status(failed, [answer("gpu1", exit={"code": 1, "failures": [
-        {"rank": 0, "exitcode": -15, "signal": "SIGTERM", "message": "", "timestamp": 4}]}),
-        answer("bob@gpu2", exit={"code": 1, "failures": [failure]})])
+    failure = {"rank": 2, "exitcode": 1, "signal": None, "message": "boom\nmore", "timestamp": 5}
+    apply_status(
+        failed,
+        [
+            answer(
+                "gpu1",
+                exit={
+                    "code": 1,
+                    "failures": [
+                        {
+                            "rank": 0,
+                            "exitcode": -15,
+                            "signal": "SIGTERM",
+                            "message": "",
+                            "timestamp": 4,
+                        }
+                    ],
+                },
+            ),
+            answer("bob@gpu2", exit={"code": 1, "failures": [failure]}),
+        ],
+    )
     assert failed.state == "failed" and failed.first_failure is not None
     assert failed.first_failure["host"] == "bob@gpu2"  # the cause, not the teardown kill
     assert failed.first_failure["message"] == "boom"
@@ -99,10 +132,26 @@ def test_apply_status_keeps_running_jobs_and_records_how_they_ended() -> None:
 
 
 def test_detach_request_is_the_supervisors_request_plus_detach(tmp_path: Path) -> None:
-    node = NodePlan(host="bob@gpu2", name="gpu2", python="python3", nproc=1, local_addr="1.2.3.4",
-                    iface="eth0", is_host=False, argv=("python3", "-m", "x"), env={"A": "1"})
-    plan = LaunchPlan(job_id="j1", rdzv_endpoint="1.2.3.4:29400", world_size=1, nodes=(node,),
-                      workdir="~/p", grace=7.0, secret_env={"TOKEN": "t0ps3cret"})
+    node = NodePlan(
+        host="bob@gpu2",
+        name="gpu2",
+        python="python3",
+        nproc=1,
+        local_addr="1.2.3.4",
+        iface="eth0",
+        is_host=False,
+        argv=("python3", "-m", "x"),
+        env={"A": "1"},
+    )
+    plan = LaunchPlan(
+        job_id="j1",
+        rdzv_endpoint="1.2.3.4:29400",
+        world_size=1,
+        nodes=(node,),
+        workdir="~/p",
+        grace=7.0,
+        secret_env={"TOKEN": "t0ps3cret"},
+    )
     cluster = parse_host_list("bob@gpu2")
     output = JobOutput(tmp_path / "logs", ["bob@gpu2"], 1, stream=io.StringIO())
     supervisor = Supervisor(plan, cluster, None, output)  # type: ignore[arg-type]
@@ -133,15 +182,25 @@ def test_agent_record_and_stop_verb_end_exactly_the_job(tmp_path: Path) -> None:
     victims = [subprocess.Popen(["sleep", "60"], env=env) for _ in range(2)]
     other = subprocess.Popen(["sleep", "60"], env=dict(env, HERD_NODE="n2"))
     # A stand-in agent that, like the real one, ends on SIGTERM and leaves its record.
-    agent = subprocess.Popen([sys.executable, "-c", (
-        "import sys, time; from torchherd.agent.control import write_agent_record as w; "
-        f"w({str(node_dir)!r}, {job_id!r}, {node!r}, True); print('ready', flush=True); "
-        "time.sleep(60)")], stdout=subprocess.PIPE, text=True)
+    agent = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            (
+                "import sys, time; from torchherd.agent.control import write_agent_record as w; "
+                f"w({str(node_dir)!r}, {job_id!r}, {node!r}, True); print('ready', flush=True); "
+                "time.sleep(60)"
+            ),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert agent.stdout is not None and agent.stdout.readline().strip() == "ready"
         assert control.live_agent(str(node_dir)) == agent.pid
-        result = control.stop({"job_id": job_id, "node": node, "node_dir": str(node_dir),
-                               "grace": 2})
+        result = control.stop(
+            {"job_id": job_id, "node": node, "node_dir": str(node_dir), "grace": 2}
+        )
         assert result["agent"] == agent.pid and result["processes"] == 2
         assert result["survivors"] == [] and result["agent_left"] is False
         for victim in victims:
@@ -155,9 +214,13 @@ def test_agent_record_and_stop_verb_end_exactly_the_job(tmp_path: Path) -> None:
 
 
 def test_logs_verb_filters_ranks_and_stops_at_the_exit_event(tmp_path: Path) -> None:
-    events = [{"e": "started", "host": "n1"}, {"e": "line", "r": 0, "t": "zero"},
-              {"e": "line", "r": 1, "t": "one"}, {"e": "line", "r": None, "t": "agent"},
-              {"e": "exit", "code": 0, "stopped": False}]
+    events = [
+        {"e": "started", "host": "n1"},
+        {"e": "line", "r": 0, "t": "zero"},
+        {"e": "line", "r": 1, "t": "one"},
+        {"e": "line", "r": None, "t": "agent"},
+        {"e": "exit", "code": 0, "stopped": False},
+    ]
     (tmp_path / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
     out = io.BytesIO()
     request = {"node_dir": str(tmp_path), "rank": 1, "follow": True}
@@ -184,24 +247,52 @@ def test_detached_start_stops_the_started_nodes_when_one_cannot_start(
     from torchherd.ops.detach import start_detached
     from torchherd.transport.local import LocalTransport
 
-    cluster = parse_host_list("a,b").model_copy(update={"transport": "local",
-                                                        "python": sys.executable})
-    cluster = cluster.model_copy(update={"nodes": (
-        cluster.nodes[0], cluster.nodes[1].model_copy(update={"python": "/nonexistent/py"}))})
+    cluster = parse_host_list("a,b").model_copy(
+        update={"transport": "local", "python": sys.executable}
+    )
+    cluster = cluster.model_copy(
+        update={
+            "nodes": (
+                cluster.nodes[0],
+                cluster.nodes[1].model_copy(update={"python": "/nonexistent/py"}),
+            )
+        }
+    )
     job_id = "1122-000000-" + uuid.uuid4().hex[:4]
     nodes = tuple(
-        NodePlan(host=h, name=h, python=sys.executable, nproc=1, local_addr=None, iface=None,
-                 is_host=h == "a", argv=("sleep", "60"), env={}) for h in ("a", "b"))
-    plan = LaunchPlan(job_id=job_id, rdzv_endpoint=None, world_size=2, nodes=nodes,
-                      workdir=None, grace=1.0, secret_env={})
+        NodePlan(
+            host=h,
+            name=h,
+            python=sys.executable,
+            nproc=1,
+            local_addr=None,
+            iface=None,
+            is_host=h == "a",
+            argv=("sleep", "60"),
+            env={},
+        )
+        for h in ("a", "b")
+    )
+    plan = LaunchPlan(
+        job_id=job_id,
+        rdzv_endpoint=None,
+        world_size=2,
+        nodes=nodes,
+        workdir=None,
+        grace=1.0,
+        secret_env={},
+    )
     stream = io.StringIO()
     result = asyncio.run(start_detached(cluster, plan, LocalTransport(cluster), stream))
     assert result.exit_code == 3 and result.node_status == {"a": "stopped", "b": "not started"}
     assert "b did not start" in stream.getvalue() and "stopping the job on a" in stream.getvalue()
     saved = load_record(job_id)
     assert saved is not None and saved.state == "failed" and saved.detached
-    tagged = [p for p in os.listdir("/proc") if p.isdigit() and
-              f"HERD_JOB_ID={job_id}".encode() in _environ(p)]
+    tagged = [
+        p
+        for p in os.listdir("/proc")
+        if p.isdigit() and f"HERD_JOB_ID={job_id}".encode() in _environ(p)
+    ]
     assert tagged == []
 
 

@@ -68,8 +68,13 @@ def test_choose_key_prefers_an_existing_identity(tmp_path: Path) -> None:
 
 
 def run_install(home: Path, key: str) -> None:
-    subprocess.run(["sh", "-c", INSTALL_SCRIPT], input=key + "\n", text=True, check=True,
-                   env=dict(os.environ, HOME=str(home)))
+    subprocess.run(
+        ["sh", "-c", INSTALL_SCRIPT],
+        input=key + "\n",
+        text=True,
+        check=True,
+        env=dict(os.environ, HOME=str(home)),
+    )
 
 
 def test_install_script_appends_once_with_strict_modes(tmp_path: Path) -> None:

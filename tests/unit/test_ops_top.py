@@ -26,13 +26,25 @@ NVIDIA_SMI = """\
 
 def test_parse_nvidia_smi() -> None:
     gpus = sample.parse_nvidia_smi(NVIDIA_SMI)
-    assert gpus[0] == {"index": 0.0, "name": "NVIDIA H100 80GB HBM3", "util": 97.0,
-                       "mem_used": 71234 << 20, "mem_total": 81559 << 20, "temp": 66.0,
-                       "power": 612.45}
+    assert gpus[0] == {
+        "index": 0.0,
+        "name": "NVIDIA H100 80GB HBM3",
+        "util": 97.0,
+        "mem_used": 71234 << 20,
+        "mem_total": 81559 << 20,
+        "temp": 66.0,
+        "power": 612.45,
+    }
     assert gpus[1]["power"] is None
     load = NodeLoad("gpu1", gpus=tuple(gpus))
-    assert load.gpu_summary() == {"count": 2, "util": 66.0, "mem_used": 72258 << 20,
-                                  "mem_total": 163118 << 20, "temp": 66.0, "power": 612.45}
+    assert load.gpu_summary() == {
+        "count": 2,
+        "util": 66.0,
+        "mem_used": 72258 << 20,
+        "mem_total": 163118 << 20,
+        "temp": 66.0,
+        "power": 612.45,
+    }
     assert sample.parse_nvidia_smi("garbage\n") == []
 
 
@@ -68,9 +80,14 @@ def test_step_rate_from_local_rank_zeros_log(tmp_path: Path) -> None:
 
 def test_render_has_a_row_per_node_and_says_why_a_node_is_missing() -> None:
     loads = [
-        NodeLoad("gpu1", cpu_percent=12.0, mem_used=8 << 30, mem_total=64 << 30,
-                 gpus=tuple(sample.parse_nvidia_smi(NVIDIA_SMI)),
-                 jobs=({"job_id": "j1", "step": 1200, "step_rate": 3.25, "step_age": 0.5},)),
+        NodeLoad(
+            "gpu1",
+            cpu_percent=12.0,
+            mem_used=8 << 30,
+            mem_total=64 << 30,
+            gpus=tuple(sample.parse_nvidia_smi(NVIDIA_SMI)),
+            jobs=({"job_id": "j1", "step": 1200, "step_rate": 3.25, "step_age": 0.5},),
+        ),
         NodeLoad("cpu1", cpu_percent=50.0, mem_used=1 << 30, mem_total=4 << 30),
         NodeLoad("gone", error="gone: connection timed out"),
     ]
@@ -88,9 +105,13 @@ def test_top_verb_answers_json(tmp_path: Path) -> None:
     import subprocess
     import sys
 
-    out = subprocess.run([sys.executable, "-m", "torchherd.agent", "top"],
-                         input=json.dumps({"window": 0.1, "herd_home": str(tmp_path)}),
-                         capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-m", "torchherd.agent", "top"],
+        input=json.dumps({"window": 0.1, "herd_home": str(tmp_path)}),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)
     assert data["jobs"] == [] and data["memory"]["total"] > 0

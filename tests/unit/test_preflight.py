@@ -54,14 +54,31 @@ RECORDED: dict[str, Any] = json.loads("""
 GPU_FACTS: dict[str, Any] = {  # synthetic: an 8-GPU node
     "gpu_count": 8,
     "torch_version": "2.5.1+cu124",
-    "torch": {"ok": True, "version": "2.5.1+cu124", "cuda": "12.4", "distributed": True,
-              "gloo": True, "nccl_backend": True, "nccl": "2.21.5", "cuda_available": True,
-              "device_count": 8, "devices": []},
+    "torch": {
+        "ok": True,
+        "version": "2.5.1+cu124",
+        "cuda": "12.4",
+        "distributed": True,
+        "gloo": True,
+        "nccl_backend": True,
+        "nccl": "2.21.5",
+        "cuda_available": True,
+        "device_count": 8,
+        "devices": [],
+    },
     "nvidia_smi": "/usr/bin/nvidia-smi",
     "driver": "550.54.15",
-    "gpus": [{"index": i, "uuid": f"GPU-{i}", "name": "NVIDIA H100 80GB HBM3",
-              "memory_total_mib": 81559, "memory_used_mib": 0, "utilization": 0}
-             for i in range(8)],
+    "gpus": [
+        {
+            "index": i,
+            "uuid": f"GPU-{i}",
+            "name": "NVIDIA H100 80GB HBM3",
+            "memory_total_mib": 81559,
+            "memory_used_mib": 0,
+            "utilization": 0,
+        }
+        for i in range(8)
+    ],
     "gpu_processes": [],
 }
 
@@ -94,21 +111,40 @@ def healthy_links(hosts: list[str], gbits: float = 14.0) -> tuple[Link, ...]:
         links.append(Link(host, "node1", "10.185.59.11", 29545, "rdzv", True, connect_ms=1.0))
         if host != "node1":
             links.append(Link(host, "node1", "10.185.59.11", 40000, "ephemeral", True))
-            links.append(Link("node1", host, f"10.185.59.{10 + k}", 40000 + k, "ephemeral", True,
-                              rtt_ms=0.03, gbits=gbits))
+            links.append(
+                Link(
+                    "node1",
+                    host,
+                    f"10.185.59.{10 + k}",
+                    40000 + k,
+                    "ephemeral",
+                    True,
+                    rtt_ms=0.03,
+                    gbits=gbits,
+                )
+            )
     return tuple(links)
 
 
-def findings(n: int = 4, *, links: tuple[Link, ...] | None = None, facts: dict[str, NodeFacts]
-             | None = None, **extra: Any) -> Findings:
+def findings(
+    n: int = 4,
+    *,
+    links: tuple[Link, ...] | None = None,
+    facts: dict[str, NodeFacts] | None = None,
+    **extra: Any,
+) -> Findings:
     spec = extra.pop("cluster", None) or cluster(n)
     hosts = [node.host for node in spec.nodes]
     all_facts = {h: recorded(h, k) for k, h in enumerate(hosts, start=1)}
     all_facts.update(facts or {})
     for host in list(extra.get("unreachable", {})) + list(extra.get("probe_failures", {})):
         all_facts.pop(host, None)
-    network = NetworkFindings("node1", "10.185.59.11", 29545,
-                              links if links is not None else healthy_links(list(all_facts)))
+    network = NetworkFindings(
+        "node1",
+        "10.185.59.11",
+        29545,
+        links if links is not None else healthy_links(list(all_facts)),
+    )
     return Findings(cluster=spec, facts=all_facts, network=network, **extra)
 
 
@@ -140,19 +176,28 @@ def test_unreachable_node_fails_ssh_and_skips_the_rest() -> None:
 
 
 def test_python_without_torchherd_and_torch() -> None:
-    failure = ProbeFailure("node2", "/usr/bin/python3", "no-torchherd", "No module named torchherd",
-                           python_version="3.11.2", has_torch=False)
+    failure = ProbeFailure(
+        "node2",
+        "/usr/bin/python3",
+        "no-torchherd",
+        "No module named torchherd",
+        python_version="3.11.2",
+        has_torch=False,
+    )
     results = run_checks(findings(probe_failures={"node2": failure}))
     python = by(results, "python")["node2"]
     assert python.status is Status.FAIL
-    assert python.summary == ("torchherd and torch are not installed for /usr/bin/python3 "
-                              "(Python 3.11.2)")
+    assert python.summary == (
+        "torchherd and torch are not installed for /usr/bin/python3 (Python 3.11.2)"
+    )
     assert "pip install torchherd torch" in python.remedy
     assert by(results, "torch")["node2"].status is Status.FAIL
 
 
-@pytest.mark.parametrize("kind,words", [("no-python", "not found"), ("old-python", "needs 3.11"),
-                                        ("timeout", "did not answer")])
+@pytest.mark.parametrize(
+    "kind,words",
+    [("no-python", "not found"), ("old-python", "needs 3.11"), ("timeout", "did not answer")],
+)
 def test_probe_failures_are_explained(kind: str, words: str) -> None:
     failure = ProbeFailure("node2", "/opt/py", kind, "detail", python_version="3.8.10")
     python = by(run_checks(findings(probe_failures={"node2": failure})), "python")["node2"]
@@ -162,11 +207,23 @@ def test_probe_failures_are_explained(kind: str, words: str) -> None:
 def test_torch_missing_broken_or_blind_to_the_gpus() -> None:
     missing = recorded("node2", 2, torch_version=None, torch={"ok": False, "error": "No module"})
     broken = recorded("node3", 3, torch={"ok": False, "error": "OSError: libcudnn.so.9"})
-    blind = recorded("node4", 4, **{**GPU_FACTS, "torch": {
-        "ok": True, "version": "2.13.0+cpu", "cuda": None, "distributed": True,
-        "cuda_available": False}})
-    results = by(run_checks(findings(facts={"node2": missing, "node3": broken, "node4": blind})),
-                 "torch")
+    blind = recorded(
+        "node4",
+        4,
+        **{
+            **GPU_FACTS,
+            "torch": {
+                "ok": True,
+                "version": "2.13.0+cpu",
+                "cuda": None,
+                "distributed": True,
+                "cuda_available": False,
+            },
+        },
+    )
+    results = by(
+        run_checks(findings(facts={"node2": missing, "node3": broken, "node4": blind})), "torch"
+    )
     assert "torch is not installed for" in results["node2"].summary
     assert "does not import: OSError: libcudnn.so.9" in results["node3"].summary
     assert "cannot use them" in results["node4"].summary and "CPU-only" in results["node4"].summary
@@ -180,22 +237,29 @@ def test_versions_name_the_odd_node_and_tabulate_the_difference() -> None:
     assert versions["node3"].status is Status.FAIL
     assert versions["node3"].summary == "torchherd 0.1.0.post1 here, 0.1.0 on node1, node2, node4"
     assert versions["node1"].status is Status.PASS
-    assert make_report(f).versions == {"torchherd": {"node1": "0.1.0", "node2": "0.1.0",
-                                                     "node3": "0.1.0.post1", "node4": "0.1.0"}}
+    assert make_report(f).versions == {
+        "torchherd": {"node1": "0.1.0", "node2": "0.1.0", "node3": "0.1.0.post1", "node4": "0.1.0"}
+    }
 
 
 def test_versions_tie_goes_to_the_rendezvous_node_and_cuda_nccl_count() -> None:
     gpu = {**GPU_FACTS, "torch": {**GPU_FACTS["torch"], "nccl": "2.20.5"}}
-    f = findings(2, facts={"node1": recorded("node1", 1, **GPU_FACTS),
-                           "node2": recorded("node2", 2, **gpu)})
+    f = findings(
+        2, facts={"node1": recorded("node1", 1, **GPU_FACTS), "node2": recorded("node2", 2, **gpu)}
+    )
     versions = by(run_checks(f), "versions")
     assert versions["node1"].status is Status.PASS
     assert versions["node2"].summary == "nccl 2.20.5 here, 2.21.5 on node1"
 
 
 def test_python_minor_counts_but_patch_does_not() -> None:
-    f = findings(3, facts={"node2": recorded("node2", 2, python_version="3.11.2"),
-                           "node3": recorded("node3", 3, python_version="3.12.1")})
+    f = findings(
+        3,
+        facts={
+            "node2": recorded("node2", 2, python_version="3.11.2"),
+            "node3": recorded("node3", 3, python_version="3.12.1"),
+        },
+    )
     versions = by(run_checks(f), "versions")
     assert versions["node2"].status is Status.PASS
     assert versions["node3"].summary == "python 3.12 here, 3.11 on node1, node2"
@@ -204,8 +268,10 @@ def test_python_minor_counts_but_patch_does_not() -> None:
 def test_launcher_version_differing_alone_is_a_warning() -> None:
     f = findings(2, launcher_version="0.2.0")
     versions = by(run_checks(f), "versions")
-    assert versions["node1"].status is Status.WARN and "0.2.0 on this launcher" in versions[
-        "node1"].summary
+    assert (
+        versions["node1"].status is Status.WARN
+        and "0.2.0 on this launcher" in versions["node1"].summary
+    )
 
 
 def test_workers_beyond_gpus_fail_beyond_cores_warn() -> None:
@@ -221,24 +287,36 @@ def test_workers_beyond_gpus_fail_beyond_cores_warn() -> None:
 
 
 def test_busy_gpus_warn_only_for_visible_ones() -> None:
-    busy = {**GPU_FACTS, "gpu_processes": [{"gpu_uuid": "GPU-3", "pid": 4242, "name": "python",
-                                            "used_mib": 20000}]}
+    busy = {
+        **GPU_FACTS,
+        "gpu_processes": [{"gpu_uuid": "GPU-3", "pid": 4242, "name": "python", "used_mib": 20000}],
+    }
     f = findings(2, facts={"node1": recorded("node1", 1, **busy)})
     gpus = by(run_checks(f), "gpus")
     assert gpus["node1"].status is Status.WARN and "pid 4242" in gpus["node1"].summary
     assert gpus["node2"].status is Status.SKIP  # a CPU node
     hidden = recorded("node1", 1, **busy, env={"CUDA_VISIBLE_DEVICES": "0,1"})
-    assert by(run_checks(findings(2, facts={"node1": hidden})), "gpus")["node1"].status \
-        is Status.PASS
+    assert (
+        by(run_checks(findings(2, facts={"node1": hidden})), "gpus")["node1"].status is Status.PASS
+    )
 
 
 def test_nic_on_a_docker_bridge_warns_and_a_wrong_ifname_fails() -> None:
-    docker = recorded("node2", 2, interfaces=[
-        {"name": "lo", "addr": "127.0.0.1", "prefixlen": 8, "up": True, "loopback": True},
-        {"name": "docker0", "addr": "10.185.59.12", "prefixlen": 24, "up": True,
-         "loopback": False}],
-        routes=[{"iface": "docker0", "dest": "10.185.59.0/24", "gateway": "0.0.0.0",
-                 "metric": 0}])
+    docker = recorded(
+        "node2",
+        2,
+        interfaces=[
+            {"name": "lo", "addr": "127.0.0.1", "prefixlen": 8, "up": True, "loopback": True},
+            {
+                "name": "docker0",
+                "addr": "10.185.59.12",
+                "prefixlen": 24,
+                "up": True,
+                "loopback": False,
+            },
+        ],
+        routes=[{"iface": "docker0", "dest": "10.185.59.0/24", "gateway": "0.0.0.0", "metric": 0}],
+    )
     wrong = recorded("node3", 3, env={"NCCL_SOCKET_IFNAME": "ib0"})
     nic = by(run_checks(findings(facts={"node2": docker, "node3": wrong})), "nic")
     assert nic["node2"].status is Status.WARN and "docker0" in nic["node2"].summary
@@ -247,18 +325,27 @@ def test_nic_on_a_docker_bridge_warns_and_a_wrong_ifname_fails() -> None:
 
 
 def test_no_route_to_the_rendezvous_address_fails_that_node_only() -> None:
-    island = recorded("node3", 3, interfaces=[
-        {"name": "lo", "addr": "127.0.0.1", "prefixlen": 8, "up": True, "loopback": True},
-        {"name": "eth0", "addr": "192.168.9.3", "prefixlen": 24, "up": True, "loopback": False}],
-        routes=[{"iface": "eth0", "dest": "192.168.9.0/24", "gateway": "0.0.0.0", "metric": 0}])
+    island = recorded(
+        "node3",
+        3,
+        interfaces=[
+            {"name": "lo", "addr": "127.0.0.1", "prefixlen": 8, "up": True, "loopback": True},
+            {"name": "eth0", "addr": "192.168.9.3", "prefixlen": 24, "up": True, "loopback": False},
+        ],
+        routes=[{"iface": "eth0", "dest": "192.168.9.0/24", "gateway": "0.0.0.0", "metric": 0}],
+    )
     nic = by(run_checks(findings(facts={"node3": island})), "nic")
     assert nic["node3"].status is Status.FAIL and "no route" in nic["node3"].summary
     assert nic["node2"].status is Status.PASS
 
 
 def test_public_rendezvous_address_fails_unless_allowed() -> None:
-    public = {"ssh_server_addr": "8.8.4.4", "interfaces": [
-        {"name": "eth0", "addr": "8.8.4.4", "prefixlen": 24, "up": True, "loopback": False}]}
+    public = {
+        "ssh_server_addr": "8.8.4.4",
+        "interfaces": [
+            {"name": "eth0", "addr": "8.8.4.4", "prefixlen": 24, "up": True, "loopback": False}
+        ],
+    }
     facts = {"node1": recorded("node1", 1, **public)}
     rdzv = by(run_checks(findings(2, facts=facts, links=())), "rendezvous")["node1"]
     assert rdzv.status is Status.FAIL and "no authentication" in rdzv.summary
@@ -269,9 +356,11 @@ def test_public_rendezvous_address_fails_unless_allowed() -> None:
 
 def test_blocked_store_port_blames_the_rendezvous_node() -> None:
     links = tuple(
-        link if link.purpose != "rdzv" or link.src == "node1"
+        link
+        if link.purpose != "rdzv" or link.src == "node1"
         else Link(link.src, "node1", link.addr, 29545, "rdzv", False, "timed out", "timeout")
-        for link in healthy_links(["node1", "node2", "node3", "node4"]))
+        for link in healthy_links(["node1", "node2", "node3", "node4"])
+    )
     rdzv = by(run_checks(findings(links=links)), "rendezvous")
     assert rdzv["node1"].status is Status.FAIL
     assert "no other node can connect to the store port 10.185.59.11:29545" in rdzv["node1"].summary
@@ -288,8 +377,10 @@ def test_store_port_in_use_fails() -> None:
 def test_ephemeral_port_firewall_is_placed_on_the_receiving_node() -> None:
     links = tuple(
         Link(x.src, x.dst, x.addr, x.port, x.purpose, False, "timed out", "timeout")
-        if x.purpose == "ephemeral" and x.dst == "node3" else x
-        for x in healthy_links(["node1", "node2", "node3", "node4"]))
+        if x.purpose == "ephemeral" and x.dst == "node3"
+        else x
+        for x in healthy_links(["node1", "node2", "node3", "node4"])
+    )
     ports = by(run_checks(findings(links=links)), "ports")
     assert ports["node3"].status is Status.FAIL
     assert "node1 can connect to an ephemeral port here" in ports["node3"].summary
@@ -301,7 +392,8 @@ def test_ephemeral_port_firewall_is_placed_on_the_receiving_node() -> None:
 def test_slow_link_warns_and_names_the_link() -> None:
     links = tuple(
         Link(**{**x.__dict__, "gbits": 0.94}) if x.dst == "node4" and x.gbits else x
-        for x in healthy_links(["node1", "node2", "node3", "node4"]))
+        for x in healthy_links(["node1", "node2", "node3", "node4"])
+    )
     f = findings(links=links, limits=Limits(min_gbits=10))
     net = by(run_checks(f), "network")
     assert net["node4"].status is Status.WARN
@@ -314,9 +406,19 @@ def test_slow_link_warns_and_names_the_link() -> None:
 def test_disk_and_credentials() -> None:
     low = recorded("node2", 2, disk={"free_bytes": 5 * 10**8})
     tight = recorded("node3", 3, disk={"free_bytes": 4 * 10**9})
-    leaky = recorded("node4", 4, credentials=[
-        {"path": "~/.passwd-s3fs", "mode": "0644", "group_readable": True, "other_readable": True},
-        {"path": "~/.netrc", "mode": "0600", "group_readable": False, "other_readable": False}])
+    leaky = recorded(
+        "node4",
+        4,
+        credentials=[
+            {
+                "path": "~/.passwd-s3fs",
+                "mode": "0644",
+                "group_readable": True,
+                "other_readable": True,
+            },
+            {"path": "~/.netrc", "mode": "0600", "group_readable": False, "other_readable": False},
+        ],
+    )
     results = run_checks(findings(facts={"node2": low, "node3": tight, "node4": leaky}))
     disk = by(results, "disk")
     assert disk["node2"].status is Status.FAIL and disk["node3"].status is Status.WARN
@@ -328,12 +430,13 @@ def test_disk_and_credentials() -> None:
 def test_fast_checks_keep_launchs_problem_lines() -> None:
     spec = cluster(3, workdir="/srv/job")
     facts = {
-        "node1": recorded("node1", 1, port={"port": 29545, "free": False}, workdir="/srv/job",
-                          workdir_exists=True),
-        "node2": recorded("node2", 2, torch_version=None, workdir="/srv/job",
-                          workdir_exists=True),
-        "node3": recorded("node3", 3, torchherd_version="0.0.9", workdir="/srv/job",
-                          workdir_exists=False),
+        "node1": recorded(
+            "node1", 1, port={"port": 29545, "free": False}, workdir="/srv/job", workdir_exists=True
+        ),
+        "node2": recorded("node2", 2, torch_version=None, workdir="/srv/job", workdir_exists=True),
+        "node3": recorded(
+            "node3", 3, torchherd_version="0.0.9", workdir="/srv/job", workdir_exists=False
+        ),
     }
     for facts_ in facts.values():
         facts_.extra.pop("torch", None)  # a quick probe has no torch import

@@ -27,11 +27,22 @@ def test_check_connects_pings_and_measures_over_loopback() -> None:
         with socket.socket() as closed:  # a port nobody listens on
             closed.bind(("127.0.0.1", 0))
             dead = closed.getsockname()[1]
-        results = netcheck.check({"timeout": 2, "targets": [
-            {"name": "up", "addr": "127.0.0.1", "port": ports["ephemeral"], "pings": 3,
-             "bytes": 8 << 20, "seconds": 1},
-            {"name": "down", "addr": "127.0.0.1", "port": dead},
-        ]})
+        results = netcheck.check(
+            {
+                "timeout": 2,
+                "targets": [
+                    {
+                        "name": "up",
+                        "addr": "127.0.0.1",
+                        "port": ports["ephemeral"],
+                        "pings": 3,
+                        "bytes": 8 << 20,
+                        "seconds": 1,
+                    },
+                    {"name": "down", "addr": "127.0.0.1", "port": dead},
+                ],
+            }
+        )
     finally:
         for sock in listeners:
             sock.close()
@@ -82,8 +93,9 @@ def test_session_answers_the_probe_then_checks_until_stdin_closes() -> None:
     assert answer["results"][0]["ok"]
 
 
-def test_credentials_readable_by_others_are_found(tmp_path: Path,
-                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_credentials_readable_by_others_are_found(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("HOME", str(tmp_path))
     (tmp_path / ".aws").mkdir()
     (tmp_path / ".aws" / "credentials").write_text("[default]\n")
@@ -101,8 +113,9 @@ def test_disk_reports_free_space_and_write_speed(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []  # the test file is gone
 
 
-def test_torch_cache_round_trip_never_keeps_failures(tmp_path: Path,
-                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def test_torch_cache_round_trip_never_keeps_failures(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     probe_full._write_cache("abc", {"ok": True, "version": "2.13.0"})
     assert probe_full._read_cache("abc") == {"ok": True, "version": "2.13.0"}
@@ -124,8 +137,16 @@ def test_gpu_lines_from_nvidia_smi_are_parsed() -> None:
     out = "0, GPU-aa, NVIDIA H100 80GB HBM3, 81559, 1234, 97, 550.54.15\n"
     gpus, driver = probe_full._gpus((0, out, ""))
     assert driver == "550.54.15"
-    assert gpus == [{"index": 0, "uuid": "GPU-aa", "name": "NVIDIA H100 80GB HBM3",
-                     "memory_total_mib": 81559, "memory_used_mib": 1234, "utilization": 97}]
+    assert gpus == [
+        {
+            "index": 0,
+            "uuid": "GPU-aa",
+            "name": "NVIDIA H100 80GB HBM3",
+            "memory_total_mib": 81559,
+            "memory_used_mib": 1234,
+            "utilization": 97,
+        }
+    ]
     apps = probe_full._gpu_apps((0, "GPU-aa, 4242, python, [N/A]\n", ""))
     assert apps == [{"gpu_uuid": "GPU-aa", "pid": 4242, "name": "python", "used_mib": None}]
 
@@ -136,7 +157,8 @@ def test_round_robin_pairs_every_node_once_without_sharing(count: int) -> None:
     rounds = round_robin(hosts)
     seen = [frozenset(pair) for pairs in rounds for pair in pairs]
     assert sorted(seen, key=sorted) == sorted(
-        (frozenset(p) for p in combinations(hosts, 2)), key=sorted)
+        (frozenset(p) for p in combinations(hosts, 2)), key=sorted
+    )
     for pairs in rounds:
         used = [h for pair in pairs for h in pair]
         assert len(used) == len(set(used))
@@ -145,7 +167,8 @@ def test_round_robin_pairs_every_node_once_without_sharing(count: int) -> None:
 def test_collective_output_is_read_back() -> None:
     row = {"size_bytes": 4096, "seconds": 0.001, "algbw_gbytes": 0.004, "busbw_gbytes": 0.006}
     line = "node1:0 | HERD_ALLREDUCE " + json.dumps(
-        {"backend": "gloo", "world_size": 4, "correct": True, "rows": [row]})
+        {"backend": "gloo", "world_size": 4, "correct": True, "rows": [row]}
+    )
     result, rows = parse_output("hello\n" + line + "\n", RunResult("j", 0))
     assert result.status is Status.PASS and "4 ranks (gloo)" in result.summary
     assert rows[0].busbw_gbytes == 0.006

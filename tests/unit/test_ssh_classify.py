@@ -16,11 +16,19 @@ Host key verification failed."""
 @pytest.mark.parametrize(
     ("stderr", "reason", "fix"),
     [
-        ("ssh: connect to host 10.0.0.9 port 22: Connection timed out", "timeout", "did not answer"),
+        (
+            "ssh: connect to host 10.0.0.9 port 22: Connection timed out",
+            "timeout",
+            "did not answer",
+        ),
         ("ssh: connect to host gpu1 port 22: Connection refused", "refused", "start sshd"),
         ("root@gpu1: Permission denied (publickey,password).", "auth", "herd ssh-setup"),
         (CHANGED, "host-key-changed", "ssh-keygen -R gpu1"),
-        ("ssh: Could not resolve hostname gpu1: Name or service not known", "unknown-name", "spelling"),
+        (
+            "ssh: Could not resolve hostname gpu1: Name or service not known",
+            "unknown-name",
+            "spelling",
+        ),
         ("ssh: connect to host 10.0.0.9 port 22: No route to host", "no-route", "network path"),
         ("kex_exchange_identification: read: Connection reset by peer", "ssh-error", "ssh -v gpu1"),
     ],

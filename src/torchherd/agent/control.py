@@ -61,8 +61,12 @@ def write_agent_record(node_dir: str, job_id: str, node: str, detached: bool) ->
     """Leave this agent's pid where `stop` and `top` find it; pid + start time name it uniquely."""
     pid = os.getpid()
     record = {
-        "pid": pid, "start": _start_time(pid), "job_id": job_id, "node": node,
-        "detached": detached, "started_at": time.time(),
+        "pid": pid,
+        "start": _start_time(pid),
+        "job_id": job_id,
+        "node": node,
+        "detached": detached,
+        "started_at": time.time(),
     }
     temporary = os.path.join(node_dir, f".{AGENT_FILE}.{pid}")
     with open(temporary, "w") as handle:

@@ -116,8 +116,9 @@ def _daemon(request: dict[str, Any], relay_fd: int) -> None:
     try:
         os.makedirs(job.node_dir, mode=0o700, exist_ok=True)
         devnull = os.open(os.devnull, os.O_RDWR)
-        log = os.open(os.path.join(job.node_dir, "agent.log"), os.O_WRONLY | os.O_CREAT
-                      | os.O_APPEND, 0o600)
+        log = os.open(
+            os.path.join(job.node_dir, "agent.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600
+        )
         # Let go of the ssh session's pipes: the session ends when the foreground agent does.
         os.dup2(devnull, 0)
         os.dup2(log, 1)

@@ -99,8 +99,10 @@ def session(request: dict[str, Any], stdin: IO[str], stdout: IO[str]) -> int:
     facts = collect(probe_request)
     if "rdzv" in ports:
         in_use = errors.get("rdzv", "").lower().startswith("address already in use")
-        facts["port"] = {"port": bound.get("rdzv", int(ports["rdzv"])), "free": not in_use
-                         and "rdzv" in bound}
+        facts["port"] = {
+            "port": bound.get("rdzv", int(ports["rdzv"])),
+            "free": not in_use and "rdzv" in bound,
+        }
     stdout.write(json.dumps({"facts": facts, "ports": bound, "errors": errors}) + "\n")
     stdout.flush()
     try:
@@ -168,8 +170,12 @@ def check(request: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _reach(target: dict[str, Any], timeout: float) -> dict[str, Any]:
-    result: dict[str, Any] = {"name": target.get("name"), "addr": target["addr"],
-                              "port": int(target["port"]), "ok": False}
+    result: dict[str, Any] = {
+        "name": target.get("name"),
+        "addr": target["addr"],
+        "port": int(target["port"]),
+        "ok": False,
+    }
     started = time.perf_counter()
     try:
         with socket.create_connection((target["addr"], int(target["port"])), timeout) as sock:

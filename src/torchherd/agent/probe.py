@@ -47,7 +47,10 @@ def collect(request: dict[str, Any]) -> dict[str, Any]:
         "env": {
             key: os.environ[key]
             for key in (
-                "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS"
+                "NCCL_SOCKET_IFNAME",
+                "GLOO_SOCKET_IFNAME",
+                "CUDA_VISIBLE_DEVICES",
+                "OMP_NUM_THREADS",
             )
             if key in os.environ
         },
@@ -100,7 +103,9 @@ def gpu_count() -> int:
     """NVIDIA GPUs this node's workers would see, without loading CUDA (cheap)."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     try:
-        devices = [name for name in os.listdir("/dev") if name[6:].isdigit() and name.startswith("nvidia")]
+        devices = [
+            name for name in os.listdir("/dev") if name[6:].isdigit() and name.startswith("nvidia")
+        ]
     except OSError:
         devices = []
     if visible is not None:
@@ -118,7 +123,9 @@ def interfaces() -> list[dict[str, Any]]:
             try:
                 addr = socket.inet_ntoa(fcntl.ioctl(sock.fileno(), _SIOCGIFADDR, packed)[20:24])
                 mask = socket.inet_ntoa(fcntl.ioctl(sock.fileno(), _SIOCGIFNETMASK, packed)[20:24])
-                flags = struct.unpack("H", fcntl.ioctl(sock.fileno(), _SIOCGIFFLAGS, packed)[16:18])[0]
+                flags = struct.unpack(
+                    "H", fcntl.ioctl(sock.fileno(), _SIOCGIFFLAGS, packed)[16:18]
+                )[0]
             except OSError:
                 continue  # no IPv4 address on this interface
             found.append(
@@ -150,7 +157,12 @@ def routes() -> list[dict[str, Any]]:
                 prefix = ipaddress.IPv4Network(f"0.0.0.0/{mask}").prefixlen
                 metric = int(fields[6])
                 found.append(
-                    {"iface": fields[0], "dest": f"{dest}/{prefix}", "gateway": gateway, "metric": metric}
+                    {
+                        "iface": fields[0],
+                        "dest": f"{dest}/{prefix}",
+                        "gateway": gateway,
+                        "metric": metric,
+                    }
                 )
     except OSError:
         pass
@@ -177,5 +189,3 @@ def _is_free(port: int) -> bool:
         except OSError:
             return False
     return True
-
-

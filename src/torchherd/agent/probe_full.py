@@ -36,8 +36,14 @@ CREDENTIAL_FILES = (
     "~/.cache/huggingface/token",
 )
 _FINGERPRINT_VARS = (
-    "CUDA_VISIBLE_DEVICES", "LD_LIBRARY_PATH", "LD_PRELOAD", "PYTHONPATH", "CUDA_HOME",
-    "NCCL_HOME", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES",
+    "CUDA_VISIBLE_DEVICES",
+    "LD_LIBRARY_PATH",
+    "LD_PRELOAD",
+    "PYTHONPATH",
+    "CUDA_HOME",
+    "NCCL_HOME",
+    "ROCR_VISIBLE_DEVICES",
+    "HIP_VISIBLE_DEVICES",
 )
 
 # Runs in the node's interpreter; prints one JSON object. Never raises.
@@ -88,10 +94,21 @@ def collect_full(request: dict[str, Any], workdir: str | None) -> dict[str, Any]
     smi = shutil.which("nvidia-smi")
     gpu_process = apps_process = None
     if smi:
-        gpu_process = _start([smi, "--query-gpu=index,uuid,name,memory.total,memory.used,"
-                              "utilization.gpu,driver_version", "--format=csv,noheader,nounits"])
-        apps_process = _start([smi, "--query-compute-apps=gpu_uuid,pid,process_name,used_memory",
-                               "--format=csv,noheader,nounits"])
+        gpu_process = _start(
+            [
+                smi,
+                "--query-gpu=index,uuid,name,memory.total,memory.used,"
+                "utilization.gpu,driver_version",
+                "--format=csv,noheader,nounits",
+            ]
+        )
+        apps_process = _start(
+            [
+                smi,
+                "--query-compute-apps=gpu_uuid,pid,process_name,used_memory",
+                "--format=csv,noheader,nounits",
+            ]
+        )
     facts: dict[str, Any] = {
         "memory": memory(),
         "disk": disk(workdir or os.path.expanduser("~")),
@@ -111,16 +128,22 @@ def collect_full(request: dict[str, Any], workdir: str | None) -> dict[str, Any]
         facts["driver"] = driver or facts["driver"]
         # The torch import above may show up on a GPU for a moment; it is not someone else's.
         ours = {torch_process.pid} if torch_process is not None else set()
-        facts["gpu_processes"] = [a for a in _gpu_apps(_finish(apps_process, 15))
-                                  if a["pid"] not in ours]
+        facts["gpu_processes"] = [
+            a for a in _gpu_apps(_finish(apps_process, 15)) if a["pid"] not in ours
+        ]
     facts["probe_seconds"] = time.monotonic() - started
     return facts
 
 
 def _start(argv: list[str]) -> subprocess.Popen[str] | None:
     try:
-        return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True)
+        return subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
     except OSError:
         return None
 
@@ -236,11 +259,16 @@ def _gpus(result: tuple[int, str, str]) -> tuple[list[dict[str, Any]], str | Non
         fields = [field.strip() for field in line.split(",")]
         if len(fields) < 7:
             continue
-        gpus.append({
-            "index": _int(fields[0]), "uuid": fields[1], "name": fields[2],
-            "memory_total_mib": _int(fields[3]), "memory_used_mib": _int(fields[4]),
-            "utilization": _int(fields[5]),
-        })
+        gpus.append(
+            {
+                "index": _int(fields[0]),
+                "uuid": fields[1],
+                "name": fields[2],
+                "memory_total_mib": _int(fields[3]),
+                "memory_used_mib": _int(fields[4]),
+                "utilization": _int(fields[5]),
+            }
+        )
         driver = fields[6]
     return gpus, driver
 
@@ -251,8 +279,14 @@ def _gpu_apps(result: tuple[int, str, str]) -> list[dict[str, Any]]:
     for line in out.strip().splitlines() if code == 0 else []:
         fields = [field.strip() for field in line.split(",")]
         if len(fields) >= 4:
-            apps.append({"gpu_uuid": fields[0], "pid": _int(fields[1]), "name": fields[2],
-                         "used_mib": _int(fields[3])})
+            apps.append(
+                {
+                    "gpu_uuid": fields[0],
+                    "pid": _int(fields[1]),
+                    "name": fields[2],
+                    "used_mib": _int(fields[3]),
+                }
+            )
     return apps
 
 
@@ -315,6 +349,12 @@ def credentials() -> list[dict[str, Any]]:
             mode = os.stat(path).st_mode & 0o777
         except OSError:
             continue
-        found.append({"path": name, "mode": f"{mode:04o}", "group_readable": bool(mode & 0o040),
-                      "other_readable": bool(mode & 0o004)})
+        found.append(
+            {
+                "path": name,
+                "mode": f"{mode:04o}",
+                "group_readable": bool(mode & 0o040),
+                "other_readable": bool(mode & 0o004),
+            }
+        )
     return found

@@ -19,8 +19,8 @@ from typing import Any
 
 PROTOCOL_VERSION = 1
 
-# torchrun prefixes each teed worker line with this template (TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE);
-# the agent parses it back to know which rank wrote the line.
+# torchrun prefixes each teed worker line with this template
+# (TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE); the agent parses it back to know which rank wrote it.
 LINE_PREFIX_TEMPLATE = "[herd ${rank} ${local_rank}] "
 LINE_PREFIX = re.compile(r"^\[herd (\d+) (\d+)\] ?")
 

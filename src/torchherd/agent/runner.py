@@ -95,7 +95,9 @@ class NodeJob:
                 }
             )
             return 3
-        self.emit({"e": "started", "host": self.node, "pid": self.process.pid, "node_dir": self.node_dir})
+        self.emit(
+            {"e": "started", "host": self.node, "pid": self.process.pid, "node_dir": self.node_dir}
+        )
         pumps = [
             threading.Thread(target=self._pump, args=(self.process.stdout, "o"), daemon=True),
             threading.Thread(target=self._pump, args=(self.process.stderr, "e"), daemon=True),
@@ -247,8 +249,12 @@ def main() -> int:
         limit = max(interval * HEARTBEAT_MISSES, 15.0)
         while not job.stop_requested.wait(interval):
             if time.monotonic() - last_heard[0] > limit:
-                print(f"torchherd agent: no word from the launcher for {limit:.0f} s; "
-                      "stopping the job", file=sys.stderr, flush=True)
+                print(
+                    f"torchherd agent: no word from the launcher for {limit:.0f} s; "
+                    "stopping the job",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 stop()
                 return
 

@@ -30,7 +30,12 @@ STEP = re.compile(rb"\bstep\b\s*[:=#]?\s*(\d+)", re.IGNORECASE)
 # Bytes read from the end of a rank's log when looking for its last step number.
 LOG_TAIL = 1 << 16
 NVIDIA_SMI_FIELDS = (
-    "index", "name", "utilization.gpu", "memory.used", "memory.total", "temperature.gpu",
+    "index",
+    "name",
+    "utilization.gpu",
+    "memory.used",
+    "memory.total",
+    "temperature.gpu",
     "power.draw",
 )
 
@@ -65,9 +70,15 @@ def gpus() -> tuple[list[dict[str, Any]], str | None]:
         return [], None
     try:
         out = subprocess.run(
-            ["nvidia-smi", f"--query-gpu={','.join(NVIDIA_SMI_FIELDS)}",
-             "--format=csv,noheader,nounits"],
-            capture_output=True, text=True, timeout=10, check=True,
+            [
+                "nvidia-smi",
+                f"--query-gpu={','.join(NVIDIA_SMI_FIELDS)}",
+                "--format=csv,noheader,nounits",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
         ).stdout
     except (OSError, subprocess.SubprocessError):
         return [], None

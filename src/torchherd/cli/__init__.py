@@ -9,16 +9,19 @@ from __future__ import annotations
 import sys
 
 import click
-import typer
 
 from ..errors import EXIT_INTERRUPTED, EXIT_USAGE, HerdError
 from .app import app, state
 
-# Command modules: importing one registers its commands on `app`.
-from . import launch as _launch  # noqa: E402,F401
-from . import demo as _demo  # noqa: E402,F401
-from . import doctor as _doctor  # noqa: E402,F401
-from . import jobs as _jobs, ops as _ops, top as _top  # noqa: E402,F401
+# Command modules: importing one registers its commands on `app` (in this order in --help).
+# isort: off
+from . import launch as _launch  # noqa: F401
+from . import doctor as _doctor  # noqa: F401
+from . import ops as _ops  # noqa: F401
+from . import jobs as _jobs  # noqa: F401
+from . import top as _top  # noqa: F401
+from . import demo as _demo  # noqa: F401
+# isort: on
 
 __all__ = ["app", "main", "run"]
 
@@ -57,6 +60,3 @@ def print_error(exc: HerdError) -> None:
 def run() -> None:
     """Console-script entry point."""
     sys.exit(main())
-
-
-typer_app = app

@@ -22,22 +22,30 @@ from .common import cluster_for
 def doctor_command(
     config: str = typer.Option(None, "-c", "--config", help=CLUSTER_HELP),
     hosts: str = typer.Option(
-        None, "-H", "--hosts", help="Hosts instead of a file: gpu1:4,gpu2:4."),
+        None, "-H", "--hosts", help="Hosts instead of a file: gpu1:4,gpu2:4."
+    ),
     nproc: int = typer.Option(
-        None, "--nproc", min=1, help="Workers per node to check for (as in launch)."),
+        None, "--nproc", min=1, help="Workers per node to check for (as in launch)."
+    ),
     full: bool = typer.Option(
-        False, "--full", help="Test every pair of nodes, not only from the rendezvous node."),
+        False, "--full", help="Test every pair of nodes, not only from the rendezvous node."
+    ),
     collective: bool = typer.Option(
-        False, "--collective", help="Also run a real all-reduce across all nodes."),
+        False, "--collective", help="Also run a real all-reduce across all nodes."
+    ),
     min_gbits: float = typer.Option(
-        10.0, "--min-gbits", min=0, help="Warn on links slower than this (Gbit/s)."),
+        10.0, "--min-gbits", min=0, help="Warn on links slower than this (Gbit/s)."
+    ),
     min_disk_gb: float = typer.Option(
-        10.0, "--min-disk-gb", min=0, help="Warn below this much free disk (GB)."),
+        10.0, "--min-disk-gb", min=0, help="Warn below this much free disk (GB)."
+    ),
     fresh: bool = typer.Option(
-        False, "--fresh", help="Re-import torch on every node (ignore the remembered result)."),
+        False, "--fresh", help="Re-import torch on every node (ignore the remembered result)."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON on stdout."),
     verbose: bool = typer.Option(
-        False, "-v", "--verbose", help="Show every check's finding, not only problems."),
+        False, "-v", "--verbose", help="Show every check's finding, not only problems."
+    ),
 ) -> int:
     """Check every node: ssh, python/torch, versions, GPUs, ports, NICs, names, disk, bandwidth.
 
@@ -46,8 +54,12 @@ def doctor_command(
     """
     cluster = cluster_for(config, hosts, nproc=nproc)
     options = DoctorOptions(
-        nproc=nproc, full=full, collective=collective, fresh=fresh,
-        limits=Limits(min_gbits=min_gbits, min_disk_gb=min_disk_gb), net=NetOptions(full=full),
+        nproc=nproc,
+        full=full,
+        collective=collective,
+        fresh=fresh,
+        limits=Limits(min_gbits=min_gbits, min_disk_gb=min_disk_gb),
+        net=NetOptions(full=full),
     )
     err = Console(stderr=True, highlight=False)
     with _progress(err, len(cluster.nodes)) as say:

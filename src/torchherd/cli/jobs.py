@@ -130,12 +130,17 @@ def stop_command(
             line = f"ended {node.processes} process(es), none left"
         print(f"  {node.host.ljust(width)}  {line}")
     if report.ok and report.previous_state not in RUNNING_STATES:
-        print(f"job {record.id} had already ended ({report.previous_state}); "
-              "nothing of it is left on its nodes")
+        print(
+            f"job {record.id} had already ended ({report.previous_state}); "
+            "nothing of it is left on its nodes"
+        )
         return EXIT_OK
     if report.ok:
         print(f"job {record.id} stopped on every node")
         return EXIT_OK
-    print(f"job {record.id}: not confirmed stopped everywhere; run `herd stop {record.id}` again "
-          "once the nodes above answer", file=sys.stderr)
+    print(
+        f"job {record.id}: not confirmed stopped everywhere; run `herd stop {record.id}` again "
+        "once the nodes above answer",
+        file=sys.stderr,
+    )
     return EXIT_NODE_NOT_READY

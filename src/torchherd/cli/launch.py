@@ -17,8 +17,11 @@ from .common import cluster_for
 
 @app.command(
     "launch",
-    context_settings={"allow_extra_args": True, "ignore_unknown_options": True,
-                      "allow_interspersed_args": False},
+    context_settings={
+        "allow_extra_args": True,
+        "ignore_unknown_options": True,
+        "allow_interspersed_args": False,
+    },
 )
 def launch_command(
     ctx: typer.Context,
@@ -29,15 +32,37 @@ def launch_command(
         show_default=False,
     ),
     config: str = typer.Option(None, "-c", "--config", help=CLUSTER_HELP),
-    hosts: str = typer.Option(None, "-H", "--hosts", help="Hosts instead of a file: gpu1:4,gpu2:4."),
-    module: str = typer.Option(None, "-m", "--module", help="Run a module (like python -m) instead of a script."),
-    nproc: int = typer.Option(None, "--nproc", min=1, help="Workers per node (default: GPUs, or 1)."),
-    max_restarts: int = typer.Option(0, "--max-restarts", min=0, help="Restarts of all workers after a failure."),
-    log_dir: Path = typer.Option(None, "--log-dir", help="Per-rank logs here (default: ~/.herd/jobs/<job-id>/)."),
-    dry_run: bool = typer.Option(False, "--dry-run", help="Print what would run on each node (secrets masked); start nothing."),
-    no_preflight: bool = typer.Option(False, "--no-preflight", help="Start even when a fast check fails."),
-    detach: bool = typer.Option(False, "--detach", help="Return once every node has started; the job runs on (herd logs/ps/stop JOB)."),
-    grace: float = typer.Option(10.0, "--grace", min=0, help="Seconds workers get to exit after SIGTERM."),
+    hosts: str = typer.Option(
+        None, "-H", "--hosts", help="Hosts instead of a file: gpu1:4,gpu2:4."
+    ),
+    module: str = typer.Option(
+        None, "-m", "--module", help="Run a module (like python -m) instead of a script."
+    ),
+    nproc: int = typer.Option(
+        None, "--nproc", min=1, help="Workers per node (default: GPUs, or 1)."
+    ),
+    max_restarts: int = typer.Option(
+        0, "--max-restarts", min=0, help="Restarts of all workers after a failure."
+    ),
+    log_dir: Path = typer.Option(
+        None, "--log-dir", help="Per-rank logs here (default: ~/.herd/jobs/<job-id>/)."
+    ),
+    dry_run: bool = typer.Option(
+        False,
+        "--dry-run",
+        help="Print what would run on each node (secrets masked); start nothing.",
+    ),
+    no_preflight: bool = typer.Option(
+        False, "--no-preflight", help="Start even when a fast check fails."
+    ),
+    detach: bool = typer.Option(
+        False,
+        "--detach",
+        help="Return once every node has started; the job runs on (herd logs/ps/stop JOB).",
+    ),
+    grace: float = typer.Option(
+        10.0, "--grace", min=0, help="Seconds workers get to exit after SIGTERM."
+    ),
 ) -> int:
     """Run SCRIPT [ARGS...] (or -m MODULE [ARGS...]) with torchrun on every node.
 
@@ -53,21 +78,27 @@ def launch_command(
         entry, is_module = (module, *args), True
     else:
         if script is None:
-            raise UsageError("no training script given", "herd launch train.py [ARGS...], or -m MODULE")
+            raise UsageError(
+                "no training script given", "herd launch train.py [ARGS...], or -m MODULE"
+            )
         # Without a workdir the job runs in this directory on every node: check here. With
         # one, the script is a path on the nodes, and torchrun there names it if it is missing.
         if not cluster.workdir and not Path(script).exists():
             raise UsageError(
                 f"training script {script} not found in {os.getcwd()}",
-                "give its path relative to the working directory (herd sync copies it to the nodes)",
+                "give its path relative to the working directory "
+                "(herd sync copies it to the nodes)",
             )
         entry, is_module = (script, *args), False
-    job = JobSpec(entry=tuple(entry), module=is_module, nproc=nproc, max_restarts=max_restarts, grace=grace)
-    result = launch(cluster, job, LaunchOptions(
-        dry_run=dry_run, log_dir=log_dir, preflight=not no_preflight, detach=detach
-    ))
+    job = JobSpec(
+        entry=tuple(entry), module=is_module, nproc=nproc, max_restarts=max_restarts, grace=grace
+    )
+    result = launch(
+        cluster,
+        job,
+        LaunchOptions(dry_run=dry_run, log_dir=log_dir, preflight=not no_preflight, detach=detach),
+    )
     if isinstance(result, LaunchPlan):
         sys.stdout.write(result.render() + "\n")
         return 0
     return result.exit_code
-

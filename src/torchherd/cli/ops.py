@@ -90,14 +90,14 @@ def init_command(
                 comments[result.host] = "not probed: unreachable"
             else:
                 comments[result.host] = init_ops.describe_gpus(result)
-    text = init_ops.render(nodes, python=python, workdir=workdir, ssh_config=ssh_config,
-                           comments=comments)
+    text = init_ops.render(
+        nodes, python=python, workdir=workdir, ssh_config=ssh_config, comments=comments
+    )
     init_ops.write_cluster_file(output, text, force=force)
     listed = ", ".join(f"{n.host}×{n.nproc}" if n.nproc else n.host for n in nodes)
     print(f"wrote {output}: {len(nodes)} node(s) [{listed}]")
     if code != EXIT_OK:
-        print("nproc of the nodes that could not be probed is left to launch time",
-              file=sys.stderr)
+        print("nproc of the nodes that could not be probed is left to launch time", file=sys.stderr)
     print("next: `herd ssh-setup` (keys), then `herd doctor`")
     return code
 
@@ -133,8 +133,11 @@ def ssh_setup_command(
         print(f"  {result.host}: fix: {result.fix}")
     key_note = "created" if created else "used"
     if failed:
-        print(f"{len(failed)} of {len(results)} node(s) cannot be reached with key login "
-              f"({key_note} {private})", file=sys.stderr)
+        print(
+            f"{len(failed)} of {len(results)} node(s) cannot be reached with key login "
+            f"({key_note} {private})",
+            file=sys.stderr,
+        )
         return EXIT_NODE_NOT_READY
     print(f"key login works on all {len(results)} node(s) ({key_note} {private})")
     return EXIT_OK
@@ -147,8 +150,11 @@ def ssh_setup_command(
 @app.command(
     "exec",
     options_metavar="[OPTIONS] -- COMMAND...",
-    context_settings={"allow_extra_args": True, "ignore_unknown_options": True,
-                      "allow_interspersed_args": False},
+    context_settings={
+        "allow_extra_args": True,
+        "ignore_unknown_options": True,
+        "allow_interspersed_args": False,
+    },
 )
 def exec_command(
     ctx: typer.Context,
@@ -182,23 +188,39 @@ def exec_command(
         target.write(f"{label} | {text}\n")
         target.flush()
 
-    results = run_everywhere(cluster, command, timeout=timeout,
-                             on_line=None if as_json else on_line, capture=as_json)
+    results = run_everywhere(
+        cluster, command, timeout=timeout, on_line=None if as_json else on_line, capture=as_json
+    )
     if as_json:
-        print(json.dumps({
-            "command": command,
-            "ok": all(r.ok for r in results),
-            "results": [
-                {"host": r.host, "status": r.status, "exit_code": r.exit_code,
-                 "duration_s": round(r.duration, 3), "detail": r.detail,
-                 "stdout": r.stdout, "stderr": r.stderr}
-                for r in results
-            ],
-        }, indent=2))
+        print(
+            json.dumps(
+                {
+                    "command": command,
+                    "ok": all(r.ok for r in results),
+                    "results": [
+                        {
+                            "host": r.host,
+                            "status": r.status,
+                            "exit_code": r.exit_code,
+                            "duration_s": round(r.duration, 3),
+                            "detail": r.detail,
+                            "stdout": r.stdout,
+                            "stderr": r.stderr,
+                        }
+                        for r in results
+                    ],
+                },
+                indent=2,
+            )
+        )
     else:
         table = Table(box=None, pad_edge=False, header_style="bold")
-        for name, justify in (("HOST", "left"), ("EXIT", "right"), ("TIME", "right"),
-                              ("RESULT", "left")):
+        for name, justify in (
+            ("HOST", "left"),
+            ("EXIT", "right"),
+            ("TIME", "right"),
+            ("RESULT", "left"),
+        ):
             table.add_column(name, justify=justify)  # type: ignore[arg-type]
         for r in results:
             exit_text = "-" if r.exit_code is None else str(r.exit_code)
@@ -225,8 +247,11 @@ def sync_command(
     exclude: Annotated[
         list[str] | None, typer.Option("--exclude", help="rsync pattern to leave out (repeat).")
     ] = None,
-    delete: bool = typer.Option(False, "--delete", help="Delete files on the nodes that are "
-                                "not here (never excluded or ignored ones)."),
+    delete: bool = typer.Option(
+        False,
+        "--delete",
+        help="Delete files on the nodes that are not here (never excluded or ignored ones).",
+    ),
     as_json: bool = typer.Option(False, "--json", help="Results as JSON."),
 ) -> int:
     """Copy PATH into each node's workdir with rsync, in parallel; .gitignore is honoured.
@@ -240,9 +265,14 @@ def sync_command(
     syncer = Syncer(cluster, path, excludes=exclude or [], delete=delete)
     dest = destination(cluster, path)
     show = not as_json and sys.stderr.isatty()
-    progress = Progress(TextColumn("{task.description}"), BarColumn(),
-                        TextColumn("{task.percentage:>3.0f}%  {task.fields[sent]}"),
-                        console=console(stderr=True), transient=True, disable=not show)
+    progress = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.percentage:>3.0f}%  {task.fields[sent]}"),
+        console=console(stderr=True),
+        transient=True,
+        disable=not show,
+    )
     tasks: dict[str, TaskID] = {}
 
     def on_progress(host: str, percent: int, done: int) -> None:
@@ -256,24 +286,42 @@ def sync_command(
     with progress:
         results = asyncio.run(syncer.run())
     if as_json:
-        print(json.dumps({
-            "source": str(path.resolve()), "destination": dest,
-            "ok": all(r.ok for r in results),
-            "results": [
-                {"host": r.host, "status": r.status, "bytes_sent": r.bytes_sent,
-                 "files": r.files, "duration_s": round(r.duration, 3), "detail": r.detail}
-                for r in results
-            ],
-        }, indent=2))
+        print(
+            json.dumps(
+                {
+                    "source": str(path.resolve()),
+                    "destination": dest,
+                    "ok": all(r.ok for r in results),
+                    "results": [
+                        {
+                            "host": r.host,
+                            "status": r.status,
+                            "bytes_sent": r.bytes_sent,
+                            "files": r.files,
+                            "duration_s": round(r.duration, 3),
+                            "detail": r.detail,
+                        }
+                        for r in results
+                    ],
+                },
+                indent=2,
+            )
+        )
     else:
         table = Table(box=None, pad_edge=False, header_style="bold")
-        for name, justify in (("HOST", "left"), ("RESULT", "left"), ("SENT", "right"),
-                              ("FILES", "right"), ("TIME", "right")):
+        for name, justify in (
+            ("HOST", "left"),
+            ("RESULT", "left"),
+            ("SENT", "right"),
+            ("FILES", "right"),
+            ("TIME", "right"),
+        ):
             table.add_column(name, justify=justify)  # type: ignore[arg-type]
         for r in results:
             copied = r.status == "copied"
             table.add_row(
-                r.host, r.status + (f": {r.detail}" if r.detail else ""),
+                r.host,
+                r.status + (f": {r.detail}" if r.detail else ""),
                 human_bytes(r.bytes_sent) if copied else "-",
                 str(r.files) if copied else "-",
                 f"{r.duration:.1f}s" if copied else "-",

@@ -42,8 +42,18 @@ def _job_text(load: NodeLoad) -> tuple[str, str]:
 def render(loads: list[NodeLoad]) -> Table:
     """One row per node; GPU columns show the mean/sum/max over the node's GPUs."""
     table = Table(box=None, pad_edge=False, header_style="bold")
-    columns = ("HOST", "CPU%", "MEM GiB", "GPUS", "GPU%", "GPU MEM GiB", "TEMP C", "POWER W",
-               "JOB", "PROGRESS")
+    columns = (
+        "HOST",
+        "CPU%",
+        "MEM GiB",
+        "GPUS",
+        "GPU%",
+        "GPU MEM GiB",
+        "TEMP C",
+        "POWER W",
+        "JOB",
+        "PROGRESS",
+    )
     for name in columns:
         table.add_column(name, justify="left" if name in ("HOST", "JOB", "PROGRESS") else "right")
     for load in loads:

@@ -27,7 +27,9 @@ def main(steps: int = 300, batch: int = 64) -> None:
 
     torch.manual_seed(0)
     true_weights = torch.randn(16, 1)
-    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
+    model: torch.nn.Module = torch.nn.Sequential(
+        torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1)
+    )
     if distributed:
         model = DistributedDataParallel(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)

@@ -25,7 +25,7 @@ from ..redact import redact_text
 from ..spec import ClusterSpec, NodeSpec
 from ..supervise import Supervisor
 from ..transport import Transport
-from .jobctl import cluster_file_of, cluster_snapshot, stop_nodes
+from .jobctl import new_record, stop_nodes
 from .remote import agent_argv
 
 # Seconds a node gets to say "started" (the agent waits up to 120 s for its daemon).
@@ -46,8 +46,11 @@ async def start_node(
     try:
         process = await transport.start(node, agent_argv(transport.cluster, node, "run"))
     except OSError as exc:  # the local transport runs the interpreter itself
-        return {"e": "error", "message": f"cannot start the agent on {node.host}: {exc}",
-                "remedy": "check python for this node in herd.toml"}
+        return {
+            "e": "error",
+            "message": f"cannot start the agent on {node.host}: {exc}",
+            "remedy": "check python for this node in herd.toml",
+        }
     assert process.stdin is not None and process.stdout is not None
     try:
         process.stdin.write(json.dumps(request).encode() + b"\n")
@@ -57,8 +60,11 @@ async def start_node(
     except TimeoutError:
         process.kill()
         await process.wait()
-        return {"e": "error", "message": f"{node.host} did not start the job in "
-                f"{START_TIMEOUT:g} s", "remedy": "check the node's load and disk"}
+        return {
+            "e": "error",
+            "message": f"{node.host} did not start the job in {START_TIMEOUT:g} s",
+            "remedy": "check the node's load and disk",
+        }
     except (ConnectionError, OSError) as exc:
         out, err = b"", str(exc).encode()
         await process.wait()
@@ -71,11 +77,17 @@ async def start_node(
     if unreachable is not None:
         return {"e": "error", "message": unreachable.describe(), "remedy": unreachable.remedy}
     if "No module named torchherd" in stderr:
-        return {"e": "error", "message": f"torchherd is not installed on {node.host}",
-                "remedy": "`herd exec -- python3 -m pip install torchherd`"}
+        return {
+            "e": "error",
+            "message": f"torchherd is not installed on {node.host}",
+            "remedy": "`herd exec -- python3 -m pip install torchherd`",
+        }
     last = stderr.strip().splitlines()[-1:] or [f"exit code {process.returncode}"]
-    return {"e": "error", "message": f"{node.host}: the agent did not start: {last[0]}",
-            "remedy": "update torchherd on that node to this version (`herd doctor` compares)"}
+    return {
+        "e": "error",
+        "message": f"{node.host}: the agent did not start: {last[0]}",
+        "remedy": "update torchherd on that node to this version (`herd doctor` compares)",
+    }
 
 
 async def start_detached(
@@ -89,27 +101,17 @@ async def start_detached(
 ) -> RunResult:
     """Start every node detached; record the job; return at once (exit 0) or say why not."""
     secrets = list(plan.secret_env.values())
-    record = JobRecord(
-        id=plan.job_id,
-        state="starting",
-        started=time.time(),
-        source=cluster.source,
-        nodes=[{"host": n.host, "nproc": n.nproc} for n in plan.nodes],
-        world_size=plan.world_size,
-        command=[redact_text(a, secrets) for a in plan.nodes[0].argv],
-        rdzv_endpoint=plan.rdzv_endpoint,
-        log_dir=str(log_dir or job_dir(plan.job_id)),
-        cluster_file=cluster_file_of(cluster),
-        detached=True,
-        cluster=cluster_snapshot(cluster, secrets),
+    record = new_record(
+        cluster, plan, log_dir or job_dir(plan.job_id), state="starting", detached=True
     )
     record.save()
     if banner:
         stream.write(banner + "\n")
     plans = {p.host: p for p in plan.nodes}
     nodes = [n for n in cluster.nodes if n.host in plans]
-    output = JobOutput(Path(record.log_dir), list(plans), plan.world_size,
-                       stream=io.StringIO(), secrets=secrets)
+    output = JobOutput(
+        Path(record.log_dir), list(plans), plan.world_size, stream=io.StringIO(), secrets=secrets
+    )
     output.note(banner)  # the launcher's side of the job directory says what was started
     output.close()
     supervisor = Supervisor(plan, cluster, transport, output)
@@ -136,8 +138,9 @@ async def start_detached(
             f"  stop it:           herd stop {plan.job_id}\n"
         )
         stream.flush()
-        return RunResult(plan.job_id, EXIT_OK, {h: "running" for h in events},
-                         log_dir=Path(record.log_dir))
+        return RunResult(
+            plan.job_id, EXIT_OK, {h: "running" for h in events}, log_dir=Path(record.log_dir)
+        )
     return await _not_started(record, events, started, stream, secrets, transport, plan.grace)
 
 
@@ -166,13 +169,24 @@ async def _not_started(
     record.exit_code = EXIT_NODE_NOT_READY
     host, event = next(iter(failed.items()))
     message = redact_text(str(event.get("message", "")), secrets)
-    record.first_failure = {"host": host, "rank": None, "exitcode": None, "signal": None,
-                            "message": message}
+    record.first_failure = {
+        "host": host,
+        "rank": None,
+        "exitcode": None,
+        "signal": None,
+        "message": message,
+    }
     record.save()
     stream.flush()
     status = {h: ("stopped" if h in started else "not started") for h in events}
-    failure = Failure(host=host, rank=None, exitcode=None, signal=None, message=message,
-                      remedy=str(event.get("remedy", "")))
+    failure = Failure(
+        host=host,
+        rank=None,
+        exitcode=None,
+        signal=None,
+        message=message,
+        remedy=str(event.get("remedy", "")),
+    )
     return RunResult(record.id, EXIT_NODE_NOT_READY, status, failure, log_dir=Path(record.log_dir))
 
 

@@ -117,7 +117,10 @@ class Fanout:
         unreachable = await self.transport.connect(node)
         if unreachable is not None:
             return ExecResult(
-                node.host, "unreachable", None, time.monotonic() - started,
+                node.host,
+                "unreachable",
+                None,
+                time.monotonic() - started,
                 detail=f"{unreachable.describe()}; fix: {unreachable.remedy}",
             )
         mode, workdir = exec_workdir(self.cluster)
@@ -131,8 +134,9 @@ class Fanout:
         )
         ending = asyncio.ensure_future(process.wait())
         stop = asyncio.ensure_future(self.interrupted.wait())
-        done, _ = await asyncio.wait({ending, stop}, timeout=self.timeout,
-                                     return_when=asyncio.FIRST_COMPLETED)
+        done, _ = await asyncio.wait(
+            {ending, stop}, timeout=self.timeout, return_when=asyncio.FIRST_COMPLETED
+        )
         status = "ok"
         if ending not in done:
             status = "interrupted" if stop in done else "timeout"
@@ -150,13 +154,20 @@ class Fanout:
             unreachable = self.transport.classify_failure(node, code or 0, stderr) if code else None
             if unreachable is not None:
                 return ExecResult(
-                    node.host, "unreachable", None, time.monotonic() - started,
+                    node.host,
+                    "unreachable",
+                    None,
+                    time.monotonic() - started,
                     detail=f"{unreachable.describe()}; fix: {unreachable.remedy}",
                 )
             status = "ok" if code == 0 else "failed"
         return ExecResult(
-            node.host, status, code, time.monotonic() - started,
-            stdout="".join(out), stderr=stderr,
+            node.host,
+            status,
+            code,
+            time.monotonic() - started,
+            stdout="".join(out),
+            stderr=stderr,
         )
 
     async def _pump(
@@ -193,8 +204,9 @@ def run_everywhere(
     """Run ``command`` on every node of ``cluster``; Ctrl-C ends it on every node."""
 
     async def main() -> list[ExecResult]:
-        fanout = Fanout(cluster, command, timeout=timeout, on_line=on_line, capture=capture,
-                        transport=transport)
+        fanout = Fanout(
+            cluster, command, timeout=timeout, on_line=on_line, capture=capture, transport=transport
+        )
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             try:

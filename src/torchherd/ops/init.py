@@ -106,12 +106,17 @@ def probe_gpus(cluster: ClusterSpec) -> list[GpuProbe]:
         async def one(node: NodeSpec) -> GpuProbe:
             unreachable = await transport.connect(node)
             if unreachable is not None:
-                return GpuProbe(node.host, None, error=f"{unreachable.describe()}; fix: "
-                                f"{unreachable.remedy}")
+                return GpuProbe(
+                    node.host, None, error=f"{unreachable.describe()}; fix: {unreachable.remedy}"
+                )
             result = await transport.run(node, ["sh", "-c", GPU_SCRIPT], timeout=60)
             if not result.ok:
-                return GpuProbe(node.host, None, error=f"{node.host}: the GPU probe failed: "
-                                f"{result.stderr.strip() or result.returncode}")
+                return GpuProbe(
+                    node.host,
+                    None,
+                    error=f"{node.host}: the GPU probe failed: "
+                    f"{result.stderr.strip() or result.returncode}",
+                )
             names = tuple(line.strip() for line in result.stdout.splitlines() if line.strip())
             return GpuProbe(node.host, len(names), names)
 

@@ -18,7 +18,8 @@ from typing import Any
 
 from ..errors import EXIT_INTERRUPTED, EXIT_JOB_FAILED, EXIT_OK, ConfigError
 from ..jobs import JobRecord, list_records, load_record
-from ..redact import MASK, redact_env
+from ..plan import LaunchPlan
+from ..redact import MASK, redact_env, redact_text
 from ..spec import ClusterSpec, NodeSpec, load_cluster_file
 from ..transport import Transport, for_cluster
 from .remote import AgentAnswer, call_agent
@@ -39,6 +40,28 @@ def cluster_snapshot(cluster: ClusterSpec, secrets: Iterable[str] = ()) -> dict[
 def cluster_file_of(cluster: ClusterSpec) -> str | None:
     """The absolute path of the file a cluster came from, when it came from one."""
     return os.path.abspath(cluster.source) if os.path.isfile(cluster.source) else None
+
+
+def new_record(
+    cluster: ClusterSpec, plan: LaunchPlan, log_dir: Path, *, state: str, detached: bool = False
+) -> JobRecord:
+    """The record of a job about to start: what ps, logs and stop need, secrets masked."""
+    secrets = list(plan.secret_env.values())
+    return JobRecord(
+        id=plan.job_id,
+        state=state,
+        started=time.time(),
+        source=cluster.source,
+        nodes=[{"host": n.host, "nproc": n.nproc} for n in plan.nodes],
+        world_size=plan.world_size,
+        command=[redact_text(a, secrets) for a in plan.nodes[0].argv],
+        rdzv_endpoint=plan.rdzv_endpoint,
+        log_dir=str(log_dir),
+        # So `herd stop JOB` from another terminal and directory can reach the nodes.
+        cluster=cluster_snapshot(cluster, secrets),
+        cluster_file=cluster_file_of(cluster),
+        detached=detached,
+    )
 
 
 def cluster_from_record(record: JobRecord) -> ClusterSpec:
@@ -250,8 +273,12 @@ def _first_failure(answers: list[AgentAnswer], errors: list[Any]) -> dict[str, A
         exit_event = (answer.data or {}).get("exit") or {}
         for failure in exit_event.get("failures", []):
             candidates.append(
-                (failure.get("signal") is not None, failure.get("timestamp") or 0, answer.host,
-                 failure)
+                (
+                    failure.get("signal") is not None,
+                    failure.get("timestamp") or 0,
+                    answer.host,
+                    failure,
+                )
             )
     if candidates:
         candidates.sort(key=lambda c: (c[0], c[1]))
@@ -264,6 +291,11 @@ def _first_failure(answers: list[AgentAnswer], errors: list[Any]) -> dict[str, A
             "message": (str(failure.get("message", "")).strip().splitlines() or [""])[0],
         }
     if errors:
-        return {"host": "", "rank": None, "exitcode": None, "signal": None,
-                "message": str(errors[0].get("message", ""))}
+        return {
+            "host": "",
+            "rank": None,
+            "exitcode": None,
+            "signal": None,
+            "message": str(errors[0].get("message", "")),
+        }
     return None

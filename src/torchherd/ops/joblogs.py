@@ -156,9 +156,7 @@ async def _detached_logs(
         )
 
 
-def show_logs(
-    record: JobRecord, rank: int | None, follow: bool, stream: TextIO
-) -> None:
+def show_logs(record: JobRecord, rank: int | None, follow: bool, stream: TextIO) -> None:
     """Print a job's output (optionally one rank's, optionally following it)."""
     if rank is not None and not 0 <= rank < max(record.world_size, 1):
         raise ConfigError(

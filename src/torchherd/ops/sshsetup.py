@@ -31,7 +31,7 @@ INSTALL_SCRIPT = (
     'umask 077; f="$HOME/.ssh/authorized_keys"; mkdir -p "$HOME/.ssh" && touch "$f" && '
     'chmod 700 "$HOME/.ssh" && chmod 600 "$f" && k=$(cat) && [ -n "$k" ] && '
     '{ grep -qxF -- "$k" "$f" || { if [ -s "$f" ] && [ -n "$(tail -c 1 "$f")" ]; then '
-    "echo >> \"$f\"; fi; printf '%s\\n' \"$k\" >> \"$f\"; }; }"
+    'echo >> "$f"; fi; printf \'%s\\n\' "$k" >> "$f"; }; }'
 )
 
 Say = Callable[[str], None]
@@ -126,11 +126,16 @@ def create_key(path: Path) -> None:
     comment = f"herd@{socket.gethostname()}"
     result = subprocess.run(
         [keygen, "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(path)],
-        capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=60,
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        timeout=60,
     )
     if result.returncode != 0:
-        raise ConfigError(f"ssh-keygen could not create {path}: {result.stderr.strip()}",
-                          "check that the directory is writable")
+        raise ConfigError(
+            f"ssh-keygen could not create {path}: {result.stderr.strip()}",
+            "check that the directory is writable",
+        )
 
 
 def known_host(config: dict[str, list[str]]) -> bool:
@@ -146,8 +151,12 @@ def known_host(config: dict[str, list[str]]) -> bool:
         path = os.path.expanduser(file)
         if not os.path.isfile(path):
             continue
-        found = subprocess.run([keygen, "-F", name, "-f", path], capture_output=True,
-                               stdin=subprocess.DEVNULL, timeout=30)
+        found = subprocess.run(
+            [keygen, "-F", name, "-f", path],
+            capture_output=True,
+            stdin=subprocess.DEVNULL,
+            timeout=30,
+        )
         if found.returncode == 0 and found.stdout.strip():
             return True
     return False
@@ -156,8 +165,13 @@ def known_host(config: dict[str, list[str]]) -> bool:
 def try_login(cluster: ClusterSpec, node: NodeSpec) -> tuple[bool, str]:
     """A non-interactive login: (worked, ssh's stderr)."""
     argv = ssh_options(cluster, batch=True) + [node.host, "true"]
-    result = subprocess.run(argv, capture_output=True, text=True, stdin=subprocess.DEVNULL,
-                            timeout=cluster.connect_timeout + 30)
+    result = subprocess.run(
+        argv,
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        timeout=cluster.connect_timeout + 30,
+    )
     return result.returncode == 0, result.stderr
 
 
@@ -165,8 +179,9 @@ def install_key(cluster: ClusterSpec, node: NodeSpec, public_key: str) -> tuple[
     """Append the key on the node; ssh asks for the password on the terminal if it must."""
     argv = ssh_options(cluster, batch=False) + [node.host, "sh -c " + shlex.quote(INSTALL_SCRIPT)]
     # stderr stays on the terminal, beside ssh's prompt ("Permission denied, try again").
-    result = subprocess.run(argv, input=public_key.strip() + "\n", stdout=subprocess.PIPE,
-                            text=True, timeout=300)
+    result = subprocess.run(
+        argv, input=public_key.strip() + "\n", stdout=subprocess.PIPE, text=True, timeout=300
+    )
     return result.returncode == 0, f"ssh exited with {result.returncode}"
 
 
@@ -188,20 +203,26 @@ def setup(
 ) -> tuple[Path, bool, list[NodeSetup]]:
     """Run the three steps; (key path, whether it was created, one NodeSetup per node)."""
     if cluster.transport != "ssh":
-        raise ConfigError("there are no nodes to set up: no cluster file",
-                          "write one with `herd init HOST...` first")
+        raise ConfigError(
+            "there are no nodes to set up: no cluster file",
+            "write one with `herd init HOST...` first",
+        )
     first = effective_config(cluster, cluster.nodes[0])
     private, exists = choose_key(first, key)
     created = False
     if not exists:
-        say(f"creating an ed25519 key at {private} (no passphrase; add one with "
-            f"`ssh-keygen -p -f {private}`)")
+        say(
+            f"creating an ed25519 key at {private} (no passphrase; add one with "
+            f"`ssh-keygen -p -f {private}`)"
+        )
         create_key(private)
         created = True
     public_path = Path(f"{private}.pub")
     if not public_path.exists():
-        raise ConfigError(f"{public_path} is missing",
-                          f"recreate it with `ssh-keygen -y -f {private} > {public_path}`")
+        raise ConfigError(
+            f"{public_path} is missing",
+            f"recreate it with `ssh-keygen -y -f {private} > {public_path}`",
+        )
     public_key = public_path.read_text().strip()
     prompt = can_prompt() if interactive is None else interactive
     steps = [_install(cluster, node, public_key, prompt, say) for node in cluster.nodes]
@@ -217,11 +238,15 @@ def setup(
 
 def _auth_fix(step: NodeSetup, private: Path) -> str:
     if step.key == "skipped":
-        return (f"run `herd ssh-setup` in a terminal (it asks for the password), or append "
-                f"{private}.pub to ~/.ssh/authorized_keys on {step.host}")
+        return (
+            f"run `herd ssh-setup` in a terminal (it asks for the password), or append "
+            f"{private}.pub to ~/.ssh/authorized_keys on {step.host}"
+        )
     if step.key == "installed":
-        return (f"the key is installed but ssh does not offer it to {step.host}: add "
-                f"`IdentityFile {private}` to its Host entry in your ssh config")
+        return (
+            f"the key is installed but ssh does not offer it to {step.host}: add "
+            f"`IdentityFile {private}` to its Host entry in your ssh config"
+        )
     return f"check User and IdentityFile for {step.host} in your ssh config"
 
 

@@ -77,8 +77,14 @@ def rsync_argv(
     rsync = shutil.which("rsync") or "rsync"
     target = f"[{host}]" if ":" in host and not host.startswith("[") else host
     argv = [
-        rsync, "--archive", "--partial", "--no-inc-recursive", "--info=progress2", "--stats",
-        "-e", shlex.join(ssh_argv),
+        rsync,
+        "--archive",
+        "--partial",
+        "--no-inc-recursive",
+        "--info=progress2",
+        "--stats",
+        "-e",
+        shlex.join(ssh_argv),
         "--filter=:- .gitignore",
     ]
     argv += [f"--exclude={pattern}" for pattern in (*DEFAULT_EXCLUDES, *excludes)]
@@ -104,7 +110,7 @@ def parse_stats(text: str) -> dict[str, int]:
 
 def _shell_dir(variable: str = "$1") -> str:
     """sh text that sets d to a workdir with a leading ~ expanded on the node."""
-    return (f'd={variable}; case $d in "~") d=$HOME ;; "~/"*) d=$HOME/${{d#"~/"}} ;; esac; ')
+    return f'd={variable}; case $d in "~") d=$HOME ;; "~/"*) d=$HOME/${{d#"~/"}} ;; esac; '
 
 
 # $1 workdir, $2 launcher marker, $3 this node's marker
@@ -184,8 +190,11 @@ class Syncer:
         seen = await self.transport.each(marked, self._list)
         leaders: list[NodeSpec] = []
         for node, names in zip(marked, seen, strict=True):
-            peers = [nodes[int(n.rsplit("-n", 1)[1])] for n in names
-                     if re.fullmatch(re.escape(self._marker("n")) + r"\d+", n)]
+            peers = [
+                nodes[int(n.rsplit("-n", 1)[1])]
+                for n in names
+                if re.fullmatch(re.escape(self._marker("n")) + r"\d+", n)
+            ]
             first = min(peers + [node], key=lambda n: index[n.host])
             if first is node:
                 leaders.append(node)
@@ -193,8 +202,9 @@ class Syncer:
                 results[node.host] = SyncResult(
                     node.host, "skipped", detail=f"same filesystem as {first.host}"
                 )
-        for node, result in zip(leaders, await self.transport.each(leaders, self._rsync),
-                                strict=True):
+        for node, result in zip(
+            leaders, await self.transport.each(leaders, self._rsync), strict=True
+        ):
             results[node.host] = result
         return [results[n.host] for n in nodes]
 
@@ -202,16 +212,24 @@ class Syncer:
         started = time.monotonic()
         unreachable = await self.transport.connect(node)
         if unreachable is not None:
-            return SyncResult(node.host, "unreachable", duration=time.monotonic() - started,
-                              detail=f"{unreachable.describe()}; fix: {unreachable.remedy}")
+            return SyncResult(
+                node.host,
+                "unreachable",
+                duration=time.monotonic() - started,
+                detail=f"{unreachable.describe()}; fix: {unreachable.remedy}",
+            )
         mine = self._marker(f"n{self.cluster.nodes.index(node)}")
         result = await self._sh(node, PREPARE, self.dest, local_marker, mine)
         if result.ok and "herd-same" in result.stdout:
             return "same"
         if result.ok and "herd-ready" in result.stdout:
             return "ready"
-        return SyncResult(node.host, "failed", duration=time.monotonic() - started,
-                          detail=f"cannot create {self.dest} there: {_last(result)}")
+        return SyncResult(
+            node.host,
+            "failed",
+            duration=time.monotonic() - started,
+            detail=f"cannot create {self.dest} there: {_last(result)}",
+        )
 
     async def _list(self, node: NodeSpec) -> list[str]:
         result = await self._sh(node, LIST, self.dest, f"{MARKER_PREFIX}{self.token}-")
@@ -230,7 +248,9 @@ class Syncer:
         ssh_argv = base_argv(node) if base_argv is not None else ["ssh"]
         argv = rsync_argv(self.source, node.host, self.dest, ssh_argv, self.excludes, self.delete)
         process = await asyncio.create_subprocess_exec(
-            *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+            *argv,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
         )
         assert process.stdout is not None and process.stderr is not None
@@ -241,8 +261,12 @@ class Syncer:
         duration = time.monotonic() - started
         stderr = errors.decode(errors="replace")
         if code != 0:
-            return SyncResult(node.host, "failed", duration=duration,
-                              detail=_rsync_failure(node.host, code, stderr))
+            return SyncResult(
+                node.host,
+                "failed",
+                duration=duration,
+                detail=_rsync_failure(node.host, code, stderr),
+            )
         stats = parse_stats(output)
         return SyncResult(node.host, "copied", stats["bytes_sent"], stats["files"], duration)
 

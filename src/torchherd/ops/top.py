@@ -53,6 +53,7 @@ class NodeLoad:
 
     def gpu_summary(self) -> dict[str, float | int | None]:
         """Mean utilisation, summed memory and power, hottest temperature over the GPUs."""
+
         def values(key: str) -> list[float]:
             return [float(g[key]) for g in self.gpus if g.get(key) is not None]
 
@@ -68,9 +69,14 @@ class NodeLoad:
 
     def as_json(self) -> dict[str, Any]:
         return {
-            "host": self.host, "error": self.error, "cpu_percent": self.cpu_percent,
-            "cpu_count": self.cpu_count, "mem_used": self.mem_used, "mem_total": self.mem_total,
-            "gpus": list(self.gpus), "gpu": self.gpu_summary() if self.gpus else None,
+            "host": self.host,
+            "error": self.error,
+            "cpu_percent": self.cpu_percent,
+            "cpu_count": self.cpu_count,
+            "mem_used": self.mem_used,
+            "mem_total": self.mem_total,
+            "gpus": list(self.gpus),
+            "gpu": self.gpu_summary() if self.gpus else None,
             "jobs": list(self.jobs),
         }
 

@@ -56,10 +56,19 @@ def _node_checks() -> list[NodeCheck]:
         return lambda node, findings, outcome: check(node, findings)
 
     return [
-        plain(checks.ssh), plain(checks.python), plain(checks.torch), plain(checks.workdir),
-        plain(checks.workers), plain(checks.gpus_busy), network_checks.rendezvous,
-        plain(network_checks.ephemeral_ports), checks.nic, checks.hostname,
-        plain(checks.disk), plain(checks.credentials), plain(network_checks.link_speed),
+        plain(checks.ssh),
+        plain(checks.python),
+        plain(checks.torch),
+        plain(checks.workdir),
+        plain(checks.workers),
+        plain(checks.gpus_busy),
+        network_checks.rendezvous,
+        plain(network_checks.ephemeral_ports),
+        checks.nic,
+        checks.hostname,
+        plain(checks.disk),
+        plain(checks.credentials),
+        plain(network_checks.link_speed),
     ]
 
 
@@ -86,10 +95,19 @@ def make_report(
     seconds: float = 0.0,
 ) -> PreflightReport:
     """Run the checks and wrap them with cluster-wide results, the version table and raw facts."""
-    facts = {host: {**f.extra, "python": f.python, "python_version": f.python_version,
-                    "hostname": f.hostname, "cpu_count": f.cpu_count, "gpu_count": f.gpu_count,
-                    "torch_version": f.torch_version, "torchherd_version": f.torchherd_version}
-             for host, f in findings.facts.items()}
+    facts = {
+        host: {
+            **f.extra,
+            "python": f.python,
+            "python_version": f.python_version,
+            "hostname": f.hostname,
+            "cpu_count": f.cpu_count,
+            "gpu_count": f.gpu_count,
+            "torch_version": f.torch_version,
+            "torchherd_version": f.torchherd_version,
+        }
+        for host, f in findings.facts.items()
+    }
     return PreflightReport(
         hosts=tuple(n.host for n in findings.cluster.nodes),
         results=tuple(run_checks(findings)) + extra,
@@ -111,10 +129,15 @@ def fast_checks(cluster: ClusterSpec, facts: Mapping[str, NodeFacts]) -> list[Ch
     first = cluster.rendezvous_node
     first_facts = facts.get(first.host)
     if cluster.transport == "ssh" and first_facts is not None and first_facts.port_free is False:
-        results.append(CheckResult(
-            "rendezvous", first.host, Status.FAIL,
-            f"rendezvous port {first_facts.port} is in use",
-            "set [cluster] rdzv_port to a free port, or leave it out to let herd pick one"))
+        results.append(
+            CheckResult(
+                "rendezvous",
+                first.host,
+                Status.FAIL,
+                f"rendezvous port {first_facts.port} is in use",
+                "set [cluster] rdzv_port to a free port, or leave it out to let herd pick one",
+            )
+        )
     # Only the launcher's own version differing is no reason to refuse a launch.
     return [r for r in results if not (r.check == "versions" and r.status is Status.WARN)]
 

@@ -22,8 +22,11 @@ DEFAULT_SIZES = (4 << 10, 256 << 10, 4 << 20, 32 << 20)
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--sizes", default=",".join(map(str, DEFAULT_SIZES)),
-                        help="message sizes in bytes, comma-separated")
+    parser.add_argument(
+        "--sizes",
+        default=",".join(map(str, DEFAULT_SIZES)),
+        help="message sizes in bytes, comma-separated",
+    )
     parser.add_argument("--seconds", type=float, default=1.0, help="rough time budget per size")
     args = parser.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",") if s]
@@ -54,11 +57,22 @@ def main(argv: list[str] | None = None) -> None:
         dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)  # the slowest rank sets the pace
         seconds = float(elapsed.item())
         algbw = tensor.numel() * 4 / seconds / 1e9
-        rows.append({"size_bytes": tensor.numel() * 4, "seconds": seconds,
-                     "algbw_gbytes": algbw, "busbw_gbytes": algbw * 2 * (world - 1) / world})
+        rows.append(
+            {
+                "size_bytes": tensor.numel() * 4,
+                "seconds": seconds,
+                "algbw_gbytes": algbw,
+                "busbw_gbytes": algbw * 2 * (world - 1) / world,
+            }
+        )
     if rank == 0:
-        print(MARKER + json.dumps({"backend": backend, "world_size": world, "correct": correct,
-                                   "rows": rows}), flush=True)
+        print(
+            MARKER
+            + json.dumps(
+                {"backend": backend, "world_size": world, "correct": correct, "rows": rows}
+            ),
+            flush=True,
+        )
     dist.destroy_process_group()
 
 

@@ -23,8 +23,9 @@ GIB = 1 << 30
 VIRTUAL_NIC = re.compile(r"^(lo|docker\d*|br-|virbr|veth|cni|flannel|vxlan|lxc|lxd|podman|kube)")
 
 
-def _result(check: str, host: str, status: Status, summary: str, remedy: str = "",
-            **data: Any) -> CheckResult:
+def _result(
+    check: str, host: str, status: Status, summary: str, remedy: str = "", **data: Any
+) -> CheckResult:
     return CheckResult(check, host, status, summary, remedy, data)
 
 
@@ -38,8 +39,14 @@ def ssh(node: NodeSpec, findings: Findings) -> CheckResult:
     failure = findings.unreachable.get(node.host)
     if failure is None:
         return _result("ssh", node.host, Status.PASS, "reachable, key accepted")
-    return _result("ssh", node.host, Status.FAIL, failure.describe().split(": ", 1)[-1],
-                   failure.remedy, reason=failure.reason)
+    return _result(
+        "ssh",
+        node.host,
+        Status.FAIL,
+        failure.describe().split(": ", 1)[-1],
+        failure.remedy,
+        reason=failure.reason,
+    )
 
 
 def python(node: NodeSpec, findings: Findings) -> CheckResult:
@@ -49,31 +56,57 @@ def python(node: NodeSpec, findings: Findings) -> CheckResult:
     failure = findings.probe_failures.get(host)
     if failure is None:
         facts = findings.facts[host]
-        return _result("python", host, Status.PASS,
-                       f"Python {facts.python_version} ({facts.python}), torchherd "
-                       f"{facts.torchherd_version}")
+        return _result(
+            "python",
+            host,
+            Status.PASS,
+            f"Python {facts.python_version} ({facts.python}), torchherd {facts.torchherd_version}",
+        )
     py = failure.python
     if failure.kind == "no-python":
-        return _result("python", host, Status.FAIL, f"{py} not found",
-                       "install Python 3.11+ there, or set python in [cluster] (or in this "
-                       "[[node]]) to the interpreter's full path")
+        return _result(
+            "python",
+            host,
+            Status.FAIL,
+            f"{py} not found",
+            "install Python 3.11+ there, or set python in [cluster] (or in this "
+            "[[node]]) to the interpreter's full path",
+        )
     if failure.kind == "old-python":
-        return _result("python", host, Status.FAIL,
-                       f"{py} is Python {failure.python_version}; torchherd needs 3.11+",
-                       "point python for this node at a Python 3.11+ environment")
+        return _result(
+            "python",
+            host,
+            Status.FAIL,
+            f"{py} is Python {failure.python_version}; torchherd needs 3.11+",
+            "point python for this node at a Python 3.11+ environment",
+        )
     if failure.kind == "no-torchherd":
         missing = "torchherd" + (" and torch are" if failure.has_torch is False else " is")
         version = f" (Python {failure.python_version})" if failure.python_version else ""
         packages = "torchherd torch" if failure.has_torch is False else "torchherd"
-        return _result("python", host, Status.FAIL, f"{missing} not installed for {py}{version}",
-                       f"install them there (`herd exec -- {py} -m pip install {packages}`), or "
-                       "point python for this node at an environment that has them")
+        return _result(
+            "python",
+            host,
+            Status.FAIL,
+            f"{missing} not installed for {py}{version}",
+            f"install them there (`herd exec -- {py} -m pip install {packages}`), or "
+            "point python for this node at an environment that has them",
+        )
     if failure.kind == "timeout":
-        return _result("python", host, Status.FAIL, f"the probe did not answer: {failure.detail}",
-                       "check the node's load and disk (`herd exec -- uptime`)")
-    return _result("python", host, Status.FAIL, f"the probe failed: {failure.detail}",
-                   f"see the whole error with `ssh {host} {shlex.quote(py)} -m torchherd.agent "
-                   "probe`")
+        return _result(
+            "python",
+            host,
+            Status.FAIL,
+            f"the probe did not answer: {failure.detail}",
+            "check the node's load and disk (`herd exec -- uptime`)",
+        )
+    return _result(
+        "python",
+        host,
+        Status.FAIL,
+        f"the probe failed: {failure.detail}",
+        f"see the whole error with `ssh {host} {shlex.quote(py)} -m torchherd.agent probe`",
+    )
 
 
 def torch(node: NodeSpec, findings: Findings) -> CheckResult:
@@ -82,40 +115,61 @@ def torch(node: NodeSpec, findings: Findings) -> CheckResult:
     if facts is None:
         failure = findings.probe_failures.get(host)
         if failure is not None and failure.has_torch is False:
-            return _result("torch", host, Status.FAIL,
-                           f"torch is not installed for {failure.python}",
-                           f"install it there (`{failure.python} -m pip install torch`)")
+            return _result(
+                "torch",
+                host,
+                Status.FAIL,
+                f"torch is not installed for {failure.python}",
+                f"install it there (`{failure.python} -m pip install torch`)",
+            )
         return _result("torch", host, Status.SKIP, "not probed")
     info = torch_facts(facts)
     if facts.torch_version is None and not info.get("ok"):
-        return _result("torch", host, Status.FAIL, f"torch is not installed for {facts.python}",
-                       "install it there, or point python for this node at an environment "
-                       "that has it")
+        return _result(
+            "torch",
+            host,
+            Status.FAIL,
+            f"torch is not installed for {facts.python}",
+            "install it there, or point python for this node at an environment that has it",
+        )
     if not findings.full_probe:
         return _result("torch", host, Status.PASS, f"torch {facts.torch_version}")
     if not info.get("ok"):
-        return _result("torch", host, Status.FAIL,
-                       f"torch {facts.torch_version} does not import: {info.get('error')}",
-                       f"reinstall torch for {facts.python} "
-                       "(`pip install --force-reinstall torch`)")
+        return _result(
+            "torch",
+            host,
+            Status.FAIL,
+            f"torch {facts.torch_version} does not import: {info.get('error')}",
+            f"reinstall torch for {facts.python} (`pip install --force-reinstall torch`)",
+        )
     if info.get("distributed") is False:
-        return _result("torch", host, Status.FAIL, "torch was built without torch.distributed",
-                       "install an official torch build (pip install torch)")
+        return _result(
+            "torch",
+            host,
+            Status.FAIL,
+            "torch was built without torch.distributed",
+            "install an official torch build (pip install torch)",
+        )
     gpus = nvidia_gpus(facts)
     if (gpus or facts.gpu_count) and not info.get("cuda_available"):
         why = "a CPU-only build" if not info.get("cuda") else "the driver may be too old for it"
-        return _result("torch", host, Status.FAIL,
-                       f"the node has GPUs but torch {info.get('version')} cannot use them "
-                       f"({why}; {info.get('cuda_error', 'cuda unavailable')})",
-                       "install the torch build for this node's CUDA driver "
-                       "(https://pytorch.org/get-started/locally/)")
+        return _result(
+            "torch",
+            host,
+            Status.FAIL,
+            f"the node has GPUs but torch {info.get('version')} cannot use them "
+            f"({why}; {info.get('cuda_error', 'cuda unavailable')})",
+            "install the torch build for this node's CUDA driver "
+            "(https://pytorch.org/get-started/locally/)",
+        )
     parts = [f"torch {info.get('version')}"]
     if info.get("cuda"):
         parts.append(f"CUDA {info['cuda']}")
     if info.get("nccl"):
         parts.append(f"NCCL {info['nccl']}")
-    parts.append("GPUs: " + str(info.get("device_count", 0)) if info.get("cuda_available")
-                 else "Gloo (CPU)")
+    parts.append(
+        "GPUs: " + str(info.get("device_count", 0)) if info.get("cuda_available") else "Gloo (CPU)"
+    )
     return _result("torch", host, Status.PASS, ", ".join(parts), cached=bool(info.get("cached")))
 
 
@@ -126,9 +180,13 @@ def workdir(node: NodeSpec, findings: Findings) -> CheckResult:
         return _result("workdir", node.host, Status.SKIP, why)
     if facts.workdir_exists:
         return _result("workdir", node.host, Status.PASS, f"{facts.workdir} exists")
-    return _result("workdir", node.host, Status.FAIL,
-                   f"working directory {facts.workdir} does not exist",
-                   "`herd sync` the project there, or set [cluster] workdir")
+    return _result(
+        "workdir",
+        node.host,
+        Status.FAIL,
+        f"working directory {facts.workdir} does not exist",
+        "`herd sync` the project there, or set [cluster] workdir",
+    )
 
 
 def planned_nproc(node: NodeSpec, findings: Findings, facts: NodeFacts) -> int:
@@ -147,21 +205,44 @@ def workers(node: NodeSpec, findings: Findings) -> CheckResult:
     where = "--nproc" if findings.nproc else ("nproc in the cluster file" if node.nproc else "")
     if gpus:
         if nproc > gpus:
-            return _result("workers", host, Status.FAIL,
-                           f"{nproc} workers asked ({where}) but only {gpus} GPU(s) visible: two "
-                           "ranks on one GPU fail in NCCL",
-                           f"set nproc = {gpus} (or fewer) for {host}, or check "
-                           "CUDA_VISIBLE_DEVICES there", nproc=nproc, gpus=gpus)
-        return _result("workers", host, Status.PASS, f"{nproc} worker(s) on {gpus} GPU(s)",
-                       nproc=nproc, gpus=gpus)
+            return _result(
+                "workers",
+                host,
+                Status.FAIL,
+                f"{nproc} workers asked ({where}) but only {gpus} GPU(s) visible: two "
+                "ranks on one GPU fail in NCCL",
+                f"set nproc = {gpus} (or fewer) for {host}, or check CUDA_VISIBLE_DEVICES there",
+                nproc=nproc,
+                gpus=gpus,
+            )
+        return _result(
+            "workers",
+            host,
+            Status.PASS,
+            f"{nproc} worker(s) on {gpus} GPU(s)",
+            nproc=nproc,
+            gpus=gpus,
+        )
     cores = facts.cpu_count
     if nproc > cores:
-        return _result("workers", host, Status.WARN,
-                       f"{nproc} workers asked ({where or 'default'}) but only {cores} CPU "
-                       "core(s): workers will fight over the cores",
-                       f"set nproc = {cores} (or fewer) for {host}", nproc=nproc, cores=cores)
-    return _result("workers", host, Status.PASS, f"{nproc} worker(s) on {cores} CPU core(s)",
-                   nproc=nproc, cores=cores)
+        return _result(
+            "workers",
+            host,
+            Status.WARN,
+            f"{nproc} workers asked ({where or 'default'}) but only {cores} CPU "
+            "core(s): workers will fight over the cores",
+            f"set nproc = {cores} (or fewer) for {host}",
+            nproc=nproc,
+            cores=cores,
+        )
+    return _result(
+        "workers",
+        host,
+        Status.PASS,
+        f"{nproc} worker(s) on {cores} CPU core(s)",
+        nproc=nproc,
+        cores=cores,
+    )
 
 
 def nvidia_gpus(facts: NodeFacts) -> list[dict[str, Any]]:
@@ -181,8 +262,13 @@ def gpus_busy(node: NodeSpec, findings: Findings) -> CheckResult:
         return _result("gpus", host, Status.SKIP, "not probed")
     errors = [g["error"] for g in facts.extra.get("gpus") or [] if "error" in g]
     if errors:
-        return _result("gpus", host, Status.WARN, f"nvidia-smi failed: {errors[0]}",
-                       "run nvidia-smi on the node; reinstall or reload the NVIDIA driver")
+        return _result(
+            "gpus",
+            host,
+            Status.WARN,
+            f"nvidia-smi failed: {errors[0]}",
+            "run nvidia-smi on the node; reinstall or reload the NVIDIA driver",
+        )
     gpus = nvidia_gpus(facts)
     if not gpus:
         return _result("gpus", host, Status.SKIP, "no NVIDIA GPUs")
@@ -190,13 +276,20 @@ def gpus_busy(node: NodeSpec, findings: Findings) -> CheckResult:
     apps = [a for a in facts.extra.get("gpu_processes") or [] if a.get("gpu_uuid") in uuids]
     busy = [g for g in gpus if (g.get("utilization") or 0) >= findings.limits.busy_utilization]
     if apps or busy:
-        shown = ", ".join(f"{a['name']} (pid {a['pid']}, {a.get('used_mib') or '?'} MiB)"
-                          for a in apps[:3])
+        shown = ", ".join(
+            f"{a['name']} (pid {a['pid']}, {a.get('used_mib') or '?'} MiB)" for a in apps[:3]
+        )
         loaded = ", ".join(f"GPU {g['index']} {g['utilization']}%" for g in busy)
         what = "; ".join(part for part in (shown and f"in use by {shown}", loaded) if part)
-        return _result("gpus", host, Status.WARN, f"GPUs busy: {what}",
-                       "wait for those processes, or choose free GPUs with CUDA_VISIBLE_DEVICES "
-                       "in [cluster] env", processes=len(apps))
+        return _result(
+            "gpus",
+            host,
+            Status.WARN,
+            f"GPUs busy: {what}",
+            "wait for those processes, or choose free GPUs with CUDA_VISIBLE_DEVICES "
+            "in [cluster] env",
+            processes=len(apps),
+        )
     name = gpus[0].get("name", "GPU")
     return _result("gpus", host, Status.PASS, f"{len(gpus)} x {name} idle")
 
@@ -210,8 +303,13 @@ def nic(node: NodeSpec, findings: Findings, outcome: PlanOutcome) -> CheckResult
     if findings.cluster.transport == "local":
         return _result("nic", host, Status.SKIP, "standalone: no traffic between machines")
     if host in outcome.no_route:
-        return _result("nic", host, Status.FAIL, outcome.no_route[host],
-                       "give this node an addr (and iface) in the cluster file, or fix its routes")
+        return _result(
+            "nic",
+            host,
+            Status.FAIL,
+            outcome.no_route[host],
+            "give this node an addr (and iface) in the cluster file, or fix its routes",
+        )
     planned = node_plan(outcome, host)
     if planned is None:
         return _result("nic", host, Status.SKIP, outcome.error or "no plan")
@@ -219,19 +317,26 @@ def nic(node: NodeSpec, findings: Findings, outcome: PlanOutcome) -> CheckResult
     for var in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"):
         value = configured.get(var)
         if value and not _ifname_matches(value, [i.name for i in facts.interfaces]):
-            return _result("nic", host, Status.FAIL,
-                           f"{var}={value} matches no interface here "
-                           f"({', '.join(i.name for i in facts.interfaces)})",
-                           f"unset {var} and let herd choose per node, or set iface for this node")
+            return _result(
+                "nic",
+                host,
+                Status.FAIL,
+                f"{var}={value} matches no interface here "
+                f"({', '.join(i.name for i in facts.interfaces)})",
+                f"unset {var} and let herd choose per node, or set iface for this node",
+            )
     iface = planned.iface or "?"
     interface = next((i for i in facts.interfaces if i.name == iface), None)
     summary = f"{iface} {planned.local_addr}"
     if (interface is not None and interface.loopback) or VIRTUAL_NIC.match(iface):
-        return _result("nic", host, Status.WARN,
-                       f"{summary}: a loopback or virtual bridge NIC, slow or unreachable from "
-                       "other machines",
-                       f"set iface (and addr) for {host} in the cluster file to its real "
-                       "network NIC", iface=iface)
+        return _result(
+            "nic",
+            host,
+            Status.WARN,
+            f"{summary}: a loopback or virtual bridge NIC, slow or unreachable from other machines",
+            f"set iface (and addr) for {host} in the cluster file to its real network NIC",
+            iface=iface,
+        )
     return _result("nic", host, Status.PASS, summary, iface=iface, addr=planned.local_addr)
 
 
@@ -267,16 +372,25 @@ def hostname(node: NodeSpec, findings: Findings, outcome: PlanOutcome) -> CheckR
     loopback = [a for a in addresses if _is_loopback(a)]
     if loopback:
         instead = f"--local-addr={addr}" if addr else "--local-addr"
-        return _result("hostname", host, Status.WARN,
-                       f"own name {name} resolves to {loopback[0]}: plain torchrun would "
-                       "advertise that as MASTER_ADDR and the other nodes would hang; herd's "
-                       f"plan avoids it with {instead}",
-                       "nothing to do for herd; for plain torchrun and other tools, map each "
-                       f"node's name to its LAN address in /etc/hosts instead of {loopback[0]}",
-                       addresses=list(addresses))
+        return _result(
+            "hostname",
+            host,
+            Status.WARN,
+            f"own name {name} resolves to {loopback[0]}: plain torchrun would "
+            "advertise that as MASTER_ADDR and the other nodes would hang; herd's "
+            f"plan avoids it with {instead}",
+            "nothing to do for herd; for plain torchrun and other tools, map each "
+            f"node's name to its LAN address in /etc/hosts instead of {loopback[0]}",
+            addresses=list(addresses),
+        )
     if not addresses:
-        return _result("hostname", host, Status.WARN, f"its own name {name} does not resolve",
-                       f"add {name} to /etc/hosts with its LAN address")
+        return _result(
+            "hostname",
+            host,
+            Status.WARN,
+            f"its own name {name} does not resolve",
+            f"add {name} to /etc/hosts with its LAN address",
+        )
     return _result("hostname", host, Status.PASS, f"{name} -> {', '.join(addresses)}")
 
 
@@ -295,26 +409,54 @@ def disk(node: NodeSpec, findings: Findings) -> CheckResult:
         return _result("disk", host, Status.SKIP, "not probed")
     path = info.get("path", "?")
     if "error" in info:
-        return _result("disk", host, Status.WARN, f"cannot read free space of {path}: "
-                       f"{info['error']}", "check the working directory exists and is readable")
+        return _result(
+            "disk",
+            host,
+            Status.WARN,
+            f"cannot read free space of {path}: {info['error']}",
+            "check the working directory exists and is readable",
+        )
     free_gb = info.get("free_bytes", 0) / 1e9
     speed = info.get("write_mb_s")
     summary = f"{free_gb:,.0f} GB free in {path}" + (f", writes {speed:,.0f} MB/s" if speed else "")
     limits = findings.limits
     if free_gb < 1:
-        return _result("disk", host, Status.FAIL, f"only {free_gb:.2f} GB free in {path}",
-                       "free space there: logs and snapshots will fail to write",
-                       free_gb=free_gb)
+        return _result(
+            "disk",
+            host,
+            Status.FAIL,
+            f"only {free_gb:.2f} GB free in {path}",
+            "free space there: logs and snapshots will fail to write",
+            free_gb=free_gb,
+        )
     if "write_error" in info:
-        return _result("disk", host, Status.FAIL, f"cannot write in {path}: {info['write_error']}",
-                       "make the working directory writable for the ssh user", free_gb=free_gb)
+        return _result(
+            "disk",
+            host,
+            Status.FAIL,
+            f"cannot write in {path}: {info['write_error']}",
+            "make the working directory writable for the ssh user",
+            free_gb=free_gb,
+        )
     if free_gb < limits.min_disk_gb:
-        return _result("disk", host, Status.WARN, f"{summary} (below {limits.min_disk_gb:g} GB)",
-                       "free space for logs and snapshots", free_gb=free_gb)
+        return _result(
+            "disk",
+            host,
+            Status.WARN,
+            f"{summary} (below {limits.min_disk_gb:g} GB)",
+            "free space for logs and snapshots",
+            free_gb=free_gb,
+        )
     if speed is not None and speed < limits.min_write_mb_s:
-        return _result("disk", host, Status.WARN, f"{summary} (slow)",
-                       "put the workdir or snapshot dir on a faster local disk",
-                       free_gb=free_gb, write_mb_s=speed)
+        return _result(
+            "disk",
+            host,
+            Status.WARN,
+            f"{summary} (slow)",
+            "put the workdir or snapshot dir on a faster local disk",
+            free_gb=free_gb,
+            write_mb_s=speed,
+        )
     return _result("disk", host, Status.PASS, summary, free_gb=free_gb, write_mb_s=speed)
 
 
@@ -328,9 +470,13 @@ def credentials(node: NodeSpec, findings: Findings) -> CheckResult:
     if exposed:
         shown = ", ".join(f"{f['path']} ({f['mode']})" for f in exposed)
         s3fs = " (s3fs refuses such a file)" if any("s3fs" in f["path"] for f in exposed) else ""
-        return _result("credentials", host, Status.WARN,
-                       f"credential files readable by other users: {shown}{s3fs}",
-                       "chmod 600 " + " ".join(f["path"] for f in exposed),
-                       files=[f["path"] for f in exposed])
+        return _result(
+            "credentials",
+            host,
+            Status.WARN,
+            f"credential files readable by other users: {shown}{s3fs}",
+            "chmod 600 " + " ".join(f["path"] for f in exposed),
+            files=[f["path"] for f in exposed],
+        )
     found = f"{len(files)} credential file(s), all private" if files else "no credential files"
     return _result("credentials", host, Status.PASS, found)

@@ -77,20 +77,26 @@ def doctor(
     rows: tuple[BusBandwidth, ...] = ()
     if options.collective:
         if any(r.status is Status.FAIL for r in run_checks(findings)):
-            extra = (CheckResult("collective", None, Status.SKIP,
-                                 "all-reduce not run: fix the failures above first"),)
+            extra = (
+                CheckResult(
+                    "collective",
+                    None,
+                    Status.SKIP,
+                    "all-reduce not run: fix the failures above first",
+                ),
+            )
         else:
             from .collective import run_collective
 
             say("running an all-reduce across all nodes")
             result, rows = run_collective(cluster, options.nproc)
             extra = (result,)
-    return make_report(findings, extra=extra, collective=rows,
-                       seconds=time.monotonic() - started)
+    return make_report(findings, extra=extra, collective=rows, seconds=time.monotonic() - started)
 
 
-async def gather(cluster: ClusterSpec, options: DoctorOptions, transport: Transport,
-                 say: Say) -> Findings:
+async def gather(
+    cluster: ClusterSpec, options: DoctorOptions, transport: Transport, say: Say
+) -> Findings:
     """Everything the checks need; sessions and the transport are closed on every path."""
     sessions: dict[str, Session] = {}
     try:
@@ -106,8 +112,9 @@ async def gather(cluster: ClusterSpec, options: DoctorOptions, transport: Transp
             return on_done
 
         say(f"connecting 0/{total}")
-        connected = await transport.each(cluster.nodes, transport.connect,
-                                         tick("connecting", total))
+        connected = await transport.each(
+            cluster.nodes, transport.connect, tick("connecting", total)
+        )
         unreachable = {u.host: u for u in connected if isinstance(u, Unreachable)}
         reachable = [n for n in cluster.nodes if n.host not in unreachable]
         done = 0
@@ -130,16 +137,24 @@ async def gather(cluster: ClusterSpec, options: DoctorOptions, transport: Transp
                 network = await network_tests(cluster, outcome.plan, sessions, options.net, say)
             else:
                 skipped = f"not tested: {outcome.error}"
-        return Findings(cluster=cluster, facts=facts, unreachable=unreachable,
-                        probe_failures=failures, network=network, network_skipped=skipped,
-                        nproc=options.nproc, limits=options.limits)
+        return Findings(
+            cluster=cluster,
+            facts=facts,
+            unreachable=unreachable,
+            probe_failures=failures,
+            network=network,
+            network_skipped=skipped,
+            nproc=options.nproc,
+            limits=options.limits,
+        )
     finally:
         await asyncio.gather(*(session.close() for session in sessions.values()))
         await transport.close()
 
 
-async def _probe(cluster: ClusterSpec, transport: Transport, node: NodeSpec,
-                 options: DoctorOptions) -> tuple[NodeFacts, Session] | ProbeFailure:
+async def _probe(
+    cluster: ClusterSpec, transport: Transport, node: NodeSpec, options: DoctorOptions
+) -> tuple[NodeFacts, Session] | ProbeFailure:
     """Start the node's agent session; its first answer is the full probe."""
     probe: dict[str, object] = {"full": True, "fresh": options.fresh}
     if cluster.workdir:
@@ -155,11 +170,16 @@ async def _probe(cluster: ClusterSpec, transport: Transport, node: NodeSpec,
             return NodeFacts.from_probe(node.host, hello["facts"]), session
         except (ValueError, TypeError, KeyError) as exc:
             await session.close()
-            return ProbeFailure(node.host, python, "bad-output",
-                                f"the probe answered with something that is not its JSON ({exc})")
+            return ProbeFailure(
+                node.host,
+                python,
+                "bad-output",
+                f"the probe answered with something that is not its JSON ({exc})",
+            )
     if session.timed_out:
-        return ProbeFailure(node.host, python, "timeout",
-                            f"no answer within {options.probe_timeout:g} s")
+        return ProbeFailure(
+            node.host, python, "timeout", f"no answer within {options.probe_timeout:g} s"
+        )
     stderr = session.stderr
     code = session.returncode
     last = stderr.strip().splitlines()[-1] if stderr.strip() else f"exit code {code}"
@@ -170,8 +190,9 @@ async def _probe(cluster: ClusterSpec, transport: Transport, node: NodeSpec,
     return ProbeFailure(node.host, python, "error", last)
 
 
-async def _what_is_installed(transport: Transport, node: NodeSpec, python: str,
-                             last: str) -> ProbeFailure:
+async def _what_is_installed(
+    transport: Transport, node: NodeSpec, python: str, last: str
+) -> ProbeFailure:
     """torchherd did not run: ask the bare interpreter its version and what it has."""
     result = await transport.run(node, [python, "-c", _WHAT_IS_INSTALLED], timeout=30)
     try:
@@ -181,5 +202,6 @@ async def _what_is_installed(transport: Transport, node: NodeSpec, python: str,
     version = str(answer.get("version", ""))
     major_minor = tuple(int(part) for part in version.split(".")[:2] if part.isdigit())
     kind = "old-python" if major_minor < (3, 11) else "no-torchherd"
-    return ProbeFailure(node.host, python, kind, last, python_version=version,
-                        has_torch=bool(answer.get("torch")))
+    return ProbeFailure(
+        node.host, python, kind, last, python_version=version, has_torch=bool(answer.get("torch"))
+    )

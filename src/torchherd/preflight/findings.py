@@ -99,8 +99,11 @@ def plan_for(
     """
     first = cluster.rendezvous_node
     if first.host not in facts:
-        return PlanOutcome(None, f"the rendezvous node {first.host} did not answer the probe",
-                           "fix it first (see its row)")
+        return PlanOutcome(
+            None,
+            f"the rendezvous node {first.host} did not answer the probe",
+            "fix it first (see its row)",
+        )
     hosts = [n.host for n in cluster.nodes if n.host in facts]
     no_route: dict[str, str] = {}
     job = JobSpec(entry=("herd-doctor",), nproc=nproc, job_id="doctor")

@@ -59,8 +59,9 @@ class Session:
     timed_out: bool = False
 
     @classmethod
-    async def start(cls, cluster: ClusterSpec, transport: Transport, node: NodeSpec,
-                    request: Mapping[str, Any]) -> Session:
+    async def start(
+        cls, cluster: ClusterSpec, transport: Transport, node: NodeSpec, request: Mapping[str, Any]
+    ) -> Session:
         argv = [cluster.python_for(node), "-m", "torchherd.agent", "net", "session"]
         process = await transport.start(node, argv)
         session = cls(node.host, process)
@@ -137,8 +138,11 @@ async def network_tests(
     rdzv_port = int(port_text)
     rdzv = next(n for n in plan.nodes if n.is_host)
     nodes = [n for n in plan.nodes if n.host in sessions]
-    listen_errors = {(host, name): error for host, session in sessions.items()
-                     for name, error in session.errors.items()}
+    listen_errors = {
+        (host, name): error
+        for host, session in sessions.items()
+        for name, error in session.errors.items()
+    }
     say("connecting between nodes")
     requests: dict[str, list[dict[str, Any]]] = {n.host: [] for n in nodes}
     store_open = "rdzv" in sessions[rdzv.host].ports
@@ -154,24 +158,38 @@ async def network_tests(
             if peer is node or port is None:
                 continue
             measure = node is rdzv and not options.full
-            requests[node.host].append(_target(
-                peer, peer.local_addr or "", port, "ephemeral",
-                pings=options.pings if (measure or options.full) else 0,
-                bytes=options.bytes if measure else 0, seconds=options.seconds))
+            requests[node.host].append(
+                _target(
+                    peer,
+                    peer.local_addr or "",
+                    port,
+                    "ephemeral",
+                    pings=options.pings if (measure or options.full) else 0,
+                    bytes=options.bytes if measure else 0,
+                    seconds=options.seconds,
+                )
+            )
     links = await _run_checks(sessions, requests, options)
     if options.full:
         say("measuring throughput between every pair")
         links = await _pairwise_throughput(nodes, sessions, links, options)
-    return NetworkFindings(rdzv_host=rdzv.host, rdzv_addr=rdzv_addr, rdzv_port=rdzv_port,
-                           links=tuple(links), listen_errors=listen_errors, full=options.full)
+    return NetworkFindings(
+        rdzv_host=rdzv.host,
+        rdzv_addr=rdzv_addr,
+        rdzv_port=rdzv_port,
+        links=tuple(links),
+        listen_errors=listen_errors,
+        full=options.full,
+    )
 
 
 def _target(node: NodePlan, addr: str, port: int, purpose: str, **extra: Any) -> dict[str, Any]:
     return {"name": f"{node.host}|{purpose}", "addr": addr, "port": port, **extra}
 
 
-async def _run_checks(sessions: Mapping[str, Session], requests: dict[str, list[dict[str, Any]]],
-                      options: NetOptions) -> list[Link]:
+async def _run_checks(
+    sessions: Mapping[str, Session], requests: dict[str, list[dict[str, Any]]], options: NetOptions
+) -> list[Link]:
     async def run(host: str) -> list[Link]:
         targets = requests[host]
         if not targets:
@@ -179,12 +197,15 @@ async def _run_checks(sessions: Mapping[str, Session], requests: dict[str, list[
         measured = sum(1 for t in targets if t.get("bytes"))
         budget = options.timeout * 2 + measured * (options.seconds + options.timeout + 2) + 15
         answer = await sessions[host].ask(
-            {"check": {"targets": targets, "timeout": options.timeout}}, budget)
+            {"check": {"targets": targets, "timeout": options.timeout}}, budget
+        )
         results = (answer or {}).get("results")
         if not isinstance(results, list):
             why = "no answer in time" if sessions[host].timed_out else "the node's agent ended"
-            results = [{"ok": False, "error": f"the test did not run: {why}", "reason": "error"}
-                       for _ in targets]
+            results = [
+                {"ok": False, "error": f"the test did not run: {why}", "reason": "error"}
+                for _ in targets
+            ]
         return [_link(host, t, a) for t, a in zip(targets, results, strict=False)]
 
     found = await asyncio.gather(*(run(host) for host in requests))
@@ -194,10 +215,17 @@ async def _run_checks(sessions: Mapping[str, Session], requests: dict[str, list[
 def _link(src: str, target: dict[str, Any], answer: dict[str, Any]) -> Link:
     dst, _, purpose = str(target["name"]).partition("|")
     return Link(
-        src=src, dst=dst, addr=target["addr"], port=int(target["port"]), purpose=purpose,
-        ok=bool(answer.get("ok")), error=str(answer.get("error", "")),
-        reason=str(answer.get("reason", "")), connect_ms=answer.get("connect_ms"),
-        rtt_ms=answer.get("rtt_ms"), gbits=answer.get("gbits"),
+        src=src,
+        dst=dst,
+        addr=target["addr"],
+        port=int(target["port"]),
+        purpose=purpose,
+        ok=bool(answer.get("ok")),
+        error=str(answer.get("error", "")),
+        reason=str(answer.get("reason", "")),
+        connect_ms=answer.get("connect_ms"),
+        rtt_ms=answer.get("rtt_ms"),
+        gbits=answer.get("gbits"),
         throughput_error=str(answer.get("throughput_error", "")),
     )
 
@@ -214,8 +242,9 @@ def round_robin(hosts: list[str]) -> list[list[tuple[str, str]]]:
     return rounds
 
 
-async def _pairwise_throughput(nodes: list[NodePlan], sessions: Mapping[str, Session],
-                               links: list[Link], options: NetOptions) -> list[Link]:
+async def _pairwise_throughput(
+    nodes: list[NodePlan], sessions: Mapping[str, Session], links: list[Link], options: NetOptions
+) -> list[Link]:
     reachable = {(x.src, x.dst) for x in links if x.ok and x.purpose == "ephemeral"}
     by_host = {n.host: n for n in nodes}
     measured: dict[tuple[str, str], Link] = {}
@@ -224,8 +253,16 @@ async def _pairwise_throughput(nodes: list[NodePlan], sessions: Mapping[str, Ses
         for a, b in pairs:
             port = sessions[b].ports.get("ephemeral")
             if (a, b) in reachable and port is not None:
-                requests[a] = [_target(by_host[b], by_host[b].local_addr or "", port, "ephemeral",
-                                       bytes=options.bytes, seconds=options.seconds)]
+                requests[a] = [
+                    _target(
+                        by_host[b],
+                        by_host[b].local_addr or "",
+                        port,
+                        "ephemeral",
+                        bytes=options.bytes,
+                        seconds=options.seconds,
+                    )
+                ]
         for link in await _run_checks(sessions, requests, options):
             measured[(link.src, link.dst)] = link
     merged = []

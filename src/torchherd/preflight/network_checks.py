@@ -43,18 +43,33 @@ def rendezvous(node: NodeSpec, findings: Findings, outcome: PlanOutcome) -> Chec
     if network is None:
         why = findings.network_skipped or "not tested"
         return CheckResult("rendezvous", host, Status.SKIP, why)
-    link = next((x for x in network.links
-                 if x.purpose == "rdzv" and x.src == host and x.dst == network.rdzv_host), None)
+    link = next(
+        (
+            x
+            for x in network.links
+            if x.purpose == "rdzv" and x.src == host and x.dst == network.rdzv_host
+        ),
+        None,
+    )
     if link is None:
         return CheckResult("rendezvous", host, Status.SKIP, "not tested")
     endpoint = f"{network.rdzv_host} {network.rdzv_addr}:{network.rdzv_port}"
     if link.ok:
-        return CheckResult("rendezvous", host, Status.PASS,
-                           f"connects to {endpoint} in {link.connect_ms or 0:.1f} ms")
-    return CheckResult("rendezvous", host, Status.FAIL,
-                       f"cannot connect to the rendezvous store {endpoint}: {_why(link)}",
-                       f"open TCP port {network.rdzv_port} on {network.rdzv_host} to this node, "
-                       "and check the route between them", {"reason": link.reason})
+        return CheckResult(
+            "rendezvous",
+            host,
+            Status.PASS,
+            f"connects to {endpoint} in {link.connect_ms or 0:.1f} ms",
+        )
+    return CheckResult(
+        "rendezvous",
+        host,
+        Status.FAIL,
+        f"cannot connect to the rendezvous store {endpoint}: {_why(link)}",
+        f"open TCP port {network.rdzv_port} on {network.rdzv_host} to this node, "
+        "and check the route between them",
+        {"reason": link.reason},
+    )
 
 
 def _rendezvous_host(node: NodeSpec, findings: Findings, outcome: PlanOutcome) -> CheckResult:
@@ -67,44 +82,72 @@ def _rendezvous_host(node: NodeSpec, findings: Findings, outcome: PlanOutcome) -
     port = int(outcome.plan.rdzv_endpoint.rsplit(":", 1)[1])
     if _is_public(addr) and not cluster.allow_public_rendezvous:
         return CheckResult(
-            "rendezvous", host, Status.FAIL,
+            "rendezvous",
+            host,
+            Status.FAIL,
             f"rendezvous address {addr} is public, and the c10d store has no authentication: "
             "anyone who reaches the port can disrupt or inject into the job",
             "give this node a private addr in the cluster file, or set "
-            "allow_public_rendezvous = true in [cluster] if a firewall guards it")
+            "allow_public_rendezvous = true in [cluster] if a firewall guards it",
+        )
     if facts.port_free is False:
-        return CheckResult("rendezvous", host, Status.FAIL, f"port {port} is already in use here",
-                           "set [cluster] rdzv_port to a free port, or leave it out to let herd "
-                           "pick one")
+        return CheckResult(
+            "rendezvous",
+            host,
+            Status.FAIL,
+            f"port {port} is already in use here",
+            "set [cluster] rdzv_port to a free port, or leave it out to let herd pick one",
+        )
     network = findings.network
     if network is None:
-        return CheckResult("rendezvous", host, Status.SKIP if not findings.network_skipped
-                           else Status.WARN, findings.network_skipped or "not tested")
+        return CheckResult(
+            "rendezvous",
+            host,
+            Status.SKIP if not findings.network_skipped else Status.WARN,
+            findings.network_skipped or "not tested",
+        )
     listen_error = network.listen_errors.get((host, "rdzv"))
     if listen_error:
-        return CheckResult("rendezvous", host, Status.FAIL,
-                           f"cannot listen on port {port} here: {listen_error}",
-                           "set [cluster] rdzv_port to a free port, or leave it out")
+        return CheckResult(
+            "rendezvous",
+            host,
+            Status.FAIL,
+            f"cannot listen on port {port} here: {listen_error}",
+            "set [cluster] rdzv_port to a free port, or leave it out",
+        )
     incoming = [x for x in network.links if x.purpose == "rdzv" and x.dst == host and x.src != host]
     failed = [x for x in incoming if not x.ok]
     public = " (public, allowed by allow_public_rendezvous)" if _is_public(addr) else ""
     if incoming and len(failed) == len(incoming):
-        return CheckResult("rendezvous", host, Status.FAIL,
-                           f"no other node can connect to the store port {addr}:{port} here "
-                           f"({_why(failed[0])})",
-                           f"open TCP port {port} in this node's firewall to the other nodes "
-                           f"(e.g. `ufw allow {port}/tcp`, or an iptables ACCEPT rule)")
-    self_link = next((x for x in network.links if x.purpose == "rdzv" and x.src == x.dst == host),
-                     None)
+        return CheckResult(
+            "rendezvous",
+            host,
+            Status.FAIL,
+            f"no other node can connect to the store port {addr}:{port} here ({_why(failed[0])})",
+            f"open TCP port {port} in this node's firewall to the other nodes "
+            f"(e.g. `ufw allow {port}/tcp`, or an iptables ACCEPT rule)",
+        )
+    self_link = next(
+        (x for x in network.links if x.purpose == "rdzv" and x.src == x.dst == host), None
+    )
     if self_link is not None and not self_link.ok and not incoming:
-        return CheckResult("rendezvous", host, Status.FAIL,
-                           f"cannot connect to the store port {addr}:{port} from this node itself "
-                           f"({_why(self_link)})", "check the node's own firewall and routes")
+        return CheckResult(
+            "rendezvous",
+            host,
+            Status.FAIL,
+            f"cannot connect to the store port {addr}:{port} from this node itself "
+            f"({_why(self_link)})",
+            "check the node's own firewall and routes",
+        )
     status = Status.WARN if public else Status.PASS
     reached = f", reached by {len(incoming) - len(failed)} of {len(incoming)} node(s)"
-    return CheckResult("rendezvous", host, status,
-                       f"store {addr}:{port} free{public}{reached if incoming else ''}",
-                       "keep a firewall in front of the store port" if public else "")
+    return CheckResult(
+        "rendezvous",
+        host,
+        status,
+        f"store {addr}:{port} free{public}{reached if incoming else ''}",
+        "keep a firewall in front of the store port" if public else "",
+    )
 
 
 def _is_public(addr: str) -> bool:
@@ -124,9 +167,13 @@ def ephemeral_ports(node: NodeSpec, findings: Findings) -> CheckResult:
         return CheckResult("ports", host, Status.SKIP, findings.network_skipped or "not tested")
     listen_error = network.listen_errors.get((host, "ephemeral"))
     if listen_error:
-        return CheckResult("ports", host, Status.FAIL, f"cannot listen on a port here: "
-                           f"{listen_error}", "check the node's port limits (ulimit -n, "
-                           "net.ipv4.ip_local_port_range)")
+        return CheckResult(
+            "ports",
+            host,
+            Status.FAIL,
+            f"cannot listen on a port here: {listen_error}",
+            "check the node's port limits (ulimit -n, net.ipv4.ip_local_port_range)",
+        )
     links = [x for x in network.links if x.purpose == "ephemeral" and x.src != x.dst]
     incoming = [x for x in links if x.dst == host]
     outgoing = [x for x in links if x.src == host]
@@ -137,20 +184,29 @@ def ephemeral_ports(node: NodeSpec, findings: Findings) -> CheckResult:
         sources = ", ".join(x.src for x in failed_in)
         everyone = len(failed_in) == len(incoming) and len(incoming) > 1
         where = "no other node" if everyone else sources
-        return CheckResult("ports", host, Status.FAIL,
-                           f"{where} can connect to an ephemeral port here ({failed_in[0].port}: "
-                           f"{_why(failed_in[0])})",
-                           f"allow incoming TCP on ports {EPHEMERAL_HINT} from the other nodes "
-                           "(NCCL and Gloo open them between every pair)")
+        return CheckResult(
+            "ports",
+            host,
+            Status.FAIL,
+            f"{where} can connect to an ephemeral port here ({failed_in[0].port}: "
+            f"{_why(failed_in[0])})",
+            f"allow incoming TCP on ports {EPHEMERAL_HINT} from the other nodes "
+            "(NCCL and Gloo open them between every pair)",
+        )
     blocked_elsewhere = {x.dst for x in links if x.dst != host and not x.ok}
     failed_out = [x for x in outgoing if not x.ok and x.dst not in blocked_elsewhere]
     if failed_out:
-        return CheckResult("ports", host, Status.FAIL,
-                           f"cannot connect to {failed_out[0].dst}'s port {failed_out[0].port} "
-                           f"({_why(failed_out[0])})",
-                           f"check the route and firewalls between {host} and {failed_out[0].dst}")
-    return CheckResult("ports", host, Status.PASS,
-                       f"reached from {len(incoming)}, reaches {len(outgoing)} node(s)")
+        return CheckResult(
+            "ports",
+            host,
+            Status.FAIL,
+            f"cannot connect to {failed_out[0].dst}'s port {failed_out[0].port} "
+            f"({_why(failed_out[0])})",
+            f"check the route and firewalls between {host} and {failed_out[0].dst}",
+        )
+    return CheckResult(
+        "ports", host, Status.PASS, f"reached from {len(incoming)}, reaches {len(outgoing)} node(s)"
+    )
 
 
 def link_speed(node: NodeSpec, findings: Findings) -> CheckResult:
@@ -166,10 +222,13 @@ def link_speed(node: NodeSpec, findings: Findings) -> CheckResult:
     mine = [x for x in network.links if host in (x.src, x.dst) and x.src != x.dst]
     errors = [x for x in mine if x.throughput_error]
     if errors:
-        return CheckResult("network", host, Status.WARN,
-                           f"throughput test {errors[0].describe()} failed: "
-                           f"{errors[0].throughput_error}",
-                           "check the link with iperf3 between these nodes")
+        return CheckResult(
+            "network",
+            host,
+            Status.WARN,
+            f"throughput test {errors[0].describe()} failed: {errors[0].throughput_error}",
+            "check the link with iperf3 between these nodes",
+        )
     measured = [x for x in mine if x.gbits is not None]
     if not measured:
         return CheckResult("network", host, Status.SKIP, "not measured")
@@ -179,9 +238,15 @@ def link_speed(node: NodeSpec, findings: Findings) -> CheckResult:
     summary = f"{worst.describe()} {gbits:.1f} Gbit/s{rtt}"
     limit = findings.limits.min_gbits
     if gbits < limit:
-        return CheckResult("network", host, Status.WARN, f"{summary} (below {limit:g} Gbit/s)",
-                           "check the NIC speed (ethtool), the MTU and that traffic takes the "
-                           "fast network (the nic column); --min-gbits sets the threshold",
-                           {"gbits": gbits, "rtt_ms": worst.rtt_ms})
-    return CheckResult("network", host, Status.PASS, summary,
-                       data={"gbits": gbits, "rtt_ms": worst.rtt_ms})
+        return CheckResult(
+            "network",
+            host,
+            Status.WARN,
+            f"{summary} (below {limit:g} Gbit/s)",
+            "check the NIC speed (ethtool), the MTU and that traffic takes the "
+            "fast network (the nic column); --min-gbits sets the threshold",
+            {"gbits": gbits, "rtt_ms": worst.rtt_ms},
+        )
+    return CheckResult(
+        "network", host, Status.PASS, summary, data={"gbits": gbits, "rtt_ms": worst.rtt_ms}
+    )

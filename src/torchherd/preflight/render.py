@@ -52,12 +52,16 @@ def render(report: PreflightReport, console: Console, *, verbose: bool = False) 
     nodes = len({r.host for r in failed if r.host})
     console.print()
     if failed:
-        console.print(f"[bold red]{len(failed)} check(s) failed[/] on {nodes} node(s), "
-                      f"{len(warned)} warning(s), in {report.seconds:.1f} s. Exit 3.")
+        console.print(
+            f"[bold red]{len(failed)} check(s) failed[/] on {nodes} node(s), "
+            f"{len(warned)} warning(s), in {report.seconds:.1f} s. Exit 3."
+        )
     else:
-        console.print(f"[green]All {len(report.hosts)} node(s) ready[/]"
-                      f"{f' ({len(warned)} warning(s))' if warned else ''}, "
-                      f"in {report.seconds:.1f} s.")
+        console.print(
+            f"[green]All {len(report.hosts)} node(s) ready[/]"
+            f"{f' ({len(warned)} warning(s))' if warned else ''}, "
+            f"in {report.seconds:.1f} s."
+        )
 
 
 def _table(report: PreflightReport) -> Table:
@@ -75,8 +79,13 @@ def _table(report: PreflightReport) -> Table:
 
 
 def _versions(report: PreflightReport) -> Table:
-    table = Table(title="versions that differ", title_justify="left", box=box.SIMPLE_HEAD,
-                  show_edge=False, pad_edge=False)
+    table = Table(
+        title="versions that differ",
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        show_edge=False,
+        pad_edge=False,
+    )
     table.add_column("")
     for host in report.hosts:
         table.add_column(escape(host))
@@ -92,8 +101,10 @@ def _network(report: PreflightReport, console: Console) -> None:
         return
     rtts = [link.rtt_ms for link in report.links if link.rtt_ms is not None]
     latency = f"; latency {min(rtts):.2f}-{max(rtts):.2f} ms" if rtts else ""
-    console.print(f"\nnetwork: {len(measured)} link(s) measured, slowest "
-                  f"{escape(slowest.describe())} at {slowest.gbits:.1f} Gbit/s{latency}")
+    console.print(
+        f"\nnetwork: {len(measured)} link(s) measured, slowest "
+        f"{escape(slowest.describe())} at {slowest.gbits:.1f} Gbit/s{latency}"
+    )
 
 
 def _collective(report: PreflightReport, console: Console) -> None:
@@ -107,8 +118,12 @@ def _collective(report: PreflightReport, console: Console) -> None:
     for name in ("size", "time", "algbw", "busbw"):
         table.add_column(name, justify="right")
     for row in report.collective:
-        table.add_row(_size(row.size_bytes), f"{row.seconds * 1e6:,.0f} us",
-                      f"{row.algbw_gbytes:.3f} GB/s", f"{row.busbw_gbytes:.3f} GB/s")
+        table.add_row(
+            _size(row.size_bytes),
+            f"{row.seconds * 1e6:,.0f} us",
+            f"{row.algbw_gbytes:.3f} GB/s",
+            f"{row.busbw_gbytes:.3f} GB/s",
+        )
     console.print(table)
 
 
@@ -117,8 +132,9 @@ def _details(report: PreflightReport, console: Console) -> None:
         console.print(f"\n[bold]{escape(host)}[/]")
         for result in report.results:
             if result.host == host:
-                console.print(f"  {_symbol(result.status)} {result.check:<11} "
-                              f"{escape(result.summary)}")
+                console.print(
+                    f"  {_symbol(result.status)} {result.check:<11} {escape(result.summary)}"
+                )
 
 
 def _problems(report: PreflightReport, console: Console) -> None:
@@ -131,8 +147,12 @@ def _problems(report: PreflightReport, console: Console) -> None:
     for number, ((check, status, remedy), results) in enumerate(groups.items(), start=1):
         first = results[0]
         head = f"{number:>2}. {SYMBOLS[status][0]} "
-        _hanging(console, f"{number:>2}. {_symbol(status)} ", len(head),
-                 f"{first.host or 'cluster'} {check}: {first.summary}")
+        _hanging(
+            console,
+            f"{number:>2}. {_symbol(status)} ",
+            len(head),
+            f"{first.host or 'cluster'} {check}: {first.summary}",
+        )
         others = [r.host for r in results[1:] if r.host]
         if others:
             _hanging(console, " " * len(head), len(head), f"also on {', '.join(others)}", "dim")
@@ -144,5 +164,8 @@ def _hanging(console: Console, head: str, width: int, text: str, style: str = ""
     """``head`` then ``text`` wrapped to the console, continuation lines under the text."""
     lines = textwrap.wrap(text, max(40, console.width - width)) or [""]
     body = "\n".join((" " * width if i else "") + line for i, line in enumerate(lines))
-    console.print(head + (f"[{style}]{escape(body)}[/]" if style else escape(body)),
-                  soft_wrap=True, highlight=False)
+    console.print(
+        head + (f"[{style}]{escape(body)}[/]" if style else escape(body)),
+        soft_wrap=True,
+        highlight=False,
+    )

@@ -77,23 +77,32 @@ def versions(findings: Findings) -> list[CheckResult]:
                 others = [h for h in order if values.get(h) == expected]
                 odd.append(f"{name} {mine} here, {expected} on {_hosts(others)}")
         if odd:
-            results.append(CheckResult(
-                "versions", host, Status.FAIL, "; ".join(odd),
-                "install the same versions on every node (the table below shows them; "
-                "`herd exec -- pip install torch==X torchherd==Y`)",
-                {"differs": [line.split(" ", 1)[0] for line in odd]},
-            ))
+            results.append(
+                CheckResult(
+                    "versions",
+                    host,
+                    Status.FAIL,
+                    "; ".join(odd),
+                    "install the same versions on every node (the table below shows them; "
+                    "`herd exec -- pip install torch==X torchherd==Y`)",
+                    {"differs": [line.split(" ", 1)[0] for line in odd]},
+                )
+            )
             continue
         row = version_row(facts, findings.full_probe)
         shown = ", ".join(f"{k} {v}" for k, v in row.items() if v)
         if facts.torchherd_version and facts.torchherd_version != findings.launcher_version:
-            results.append(CheckResult(
-                "versions", host, Status.WARN,
-                f"torchherd {facts.torchherd_version} here, {findings.launcher_version} on this "
-                "launcher",
-                f"install torchherd {findings.launcher_version} on the nodes, or the nodes' "
-                "version here",
-            ))
+            results.append(
+                CheckResult(
+                    "versions",
+                    host,
+                    Status.WARN,
+                    f"torchherd {facts.torchherd_version} here, "
+                    f"{findings.launcher_version} on this launcher",
+                    f"install torchherd {findings.launcher_version} on the nodes, or the nodes' "
+                    "version here",
+                )
+            )
             continue
         results.append(CheckResult("versions", host, Status.PASS, shown))
     return results
