@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 
-import click
+import typer
 
 from ..errors import EXIT_INTERRUPTED, EXIT_USAGE, HerdError
 from .app import app, state
@@ -32,14 +32,20 @@ def main(argv: list[str] | None = None) -> int:
     state.debug = "--debug" in args
     try:
         result = app(args=args, prog_name="herd", standalone_mode=False)
-    except click.exceptions.Exit as exc:
+    except typer.Exit as exc:
         return int(exc.exit_code)
-    except click.exceptions.Abort:
+    except typer.Abort:
         print("herd: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
-    except click.ClickException as exc:
-        exc.show()
-        return EXIT_USAGE if exc.exit_code == 2 else exc.exit_code
+    except typer.TyperException as exc:
+        # A command-line mistake (bad option value, unknown command): typer's own message,
+        # which names the option and the usage line, and exit 2.
+        show = getattr(exc, "show", None)
+        if callable(show):
+            show()
+        else:
+            print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     except HerdError as exc:
         if state.debug:
             raise

@@ -1,0 +1,52 @@
+"""The herd command line itself: usage mistakes are one message and exit 2, never a traceback."""
+
+from __future__ import annotations
+
+import pytest
+
+from torchherd import __version__
+from torchherd.cli import main
+
+
+@pytest.mark.parametrize(
+    ("argv", "fragment"),
+    [
+        (["launch", "--nproc", "0", "train.py"], "--nproc"),
+        (["launch", "--max-restarts", "many", "train.py"], "--max-restarts"),
+        (["bogus"], "No such command 'bogus'"),
+        (["launch", "train.py", "--epochs", "3"], "training script train.py not found"),
+    ],
+)
+def test_usage_mistakes_exit_2_without_traceback(
+    argv: list[str], fragment: str, capsys: pytest.CaptureFixture[str], tmp_path, monkeypatch
+) -> None:
+    monkeypatch.chdir(tmp_path)  # no herd.toml here, and no train.py
+    code = main(argv)
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert fragment in err
+    assert "Traceback" not in err
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--version"]) == 0
+    assert __version__ in capsys.readouterr().out
+
+
+def test_help_lists_every_command(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--help"]) == 0
+    out = capsys.readouterr().out
+    for command in (
+        "launch",
+        "doctor",
+        "init",
+        "ssh-setup",
+        "exec",
+        "sync",
+        "ps",
+        "logs",
+        "stop",
+        "top",
+        "demo",
+    ):
+        assert command in out
