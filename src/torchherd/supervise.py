@@ -65,6 +65,8 @@ class Supervisor:
         self.nodes = {p.host: NodeRun(p) for p in plan.nodes}
         self.stopping = False
         self.interrupted = False
+        self.trigger: str | None = None
+        """The node whose failure made the supervisor stop the others."""
         self._stop_deadline: float | None = None
 
     async def run(self) -> RunResult:
@@ -206,6 +208,7 @@ class Supervisor:
 
     def _on_node_failed(self, node: NodeRun) -> None:
         if not self.stopping:
+            self.trigger = node.plan.host
             self.output.note(f"herd: {node.plan.host} failed; stopping the other nodes")
             self.stop_all(except_host=node.plan.host)
 
@@ -279,46 +282,73 @@ class Supervisor:
         )
 
     def first_failure(self) -> Failure | None:
-        """The failure that caused the others: a worker's own exit before teardown kills."""
-        candidates: list[tuple[int, float, Failure]] = []
-        for host, node in self.nodes.items():
-            for item in node.failures:
-                teardown = item.get("signal") in _TEARDOWN_SIGNALS
-                candidates.append(
-                    (
-                        1 if teardown else 0,
-                        float(item.get("timestamp") or 0),
-                        Failure(
-                            host=host,
-                            rank=item.get("rank"),
-                            exitcode=item.get("exitcode"),
-                            signal=item.get("signal"),
-                            message=_first_line(item.get("message", "")),
-                            last_stderr=tuple(item.get("last_stderr", ())),
-                        ),
-                    )
-                )
-            if node.error is not None and not node.failures:
-                lost_order = node.ended_at or float("inf")
-                candidates.append(
-                    (
-                        2 if node.state == "stopped" else 1,
-                        lost_order,
-                        Failure(
-                            host=host,
-                            rank=None,
-                            exitcode=None,
-                            signal=None,
-                            message=str(node.error.get("message", "")),
-                            last_stderr=tuple(node.error.get("last_stderr", ()))[-10:],
-                            remedy=str(node.error.get("remedy", "")),
-                        ),
-                    )
-                )
-        if not candidates:
-            return None
-        candidates.sort(key=lambda c: (c[0], c[1]))
-        return candidates[0][2]
+        """The failure that caused the others (see ``choose_first_failure``)."""
+        return choose_first_failure(list(self.nodes.values()), self.trigger)
+
+
+# What a worker says when a peer died first: its failure is a consequence, not the cause.
+_PEER_LOSS = (
+    "Connection reset by peer",
+    "Connection closed by peer",
+    "Broken pipe",
+    "connectFullMesh failed",
+    "remote process exited",
+    "NCCL communicator was aborted",
+    "Socket Timeout",
+    "DistNetworkError",
+    "DistStoreError",
+)
+
+# Classes of failure, most likely a cause first.
+_OWN, _NODE, _PEER, _TEARDOWN, _STOPPED_NODE = range(5)
+
+
+def choose_first_failure(nodes: list[NodeRun], trigger: str | None) -> Failure | None:
+    """The failure that caused the others.
+
+    Timestamps alone cannot tell (torchrun records whole seconds, and peers fail within the
+    same second), so failures are ranked by what they are: a worker's own exit before a node
+    that was lost or could not start, before a worker that lost a peer, before workers killed
+    by the teardown. Within a class the node that failed first (``trigger``: the one that made
+    herd stop the others) wins, then the earlier timestamp.
+    """
+    candidates: list[tuple[int, int, float, Failure]] = []
+    for node in nodes:
+        host = node.plan.host
+        first = 0 if host == trigger else 1
+        for item in node.failures:
+            stderr = tuple(item.get("last_stderr", ()))
+            said = "\n".join((*stderr, str(item.get("message", ""))))
+            if item.get("signal") in _TEARDOWN_SIGNALS:
+                kind = _TEARDOWN
+            elif any(pattern in said for pattern in _PEER_LOSS):
+                kind = _PEER
+            else:
+                kind = _OWN
+            failure = Failure(
+                host=host,
+                rank=item.get("rank"),
+                exitcode=item.get("exitcode"),
+                signal=item.get("signal"),
+                message=_first_line(item.get("message", "")),
+                last_stderr=stderr,
+            )
+            candidates.append((kind, first, float(item.get("timestamp") or 0), failure))
+        if node.error is not None and not node.failures:
+            failure = Failure(
+                host=host,
+                rank=None,
+                exitcode=None,
+                signal=None,
+                message=str(node.error.get("message", "")),
+                last_stderr=tuple(node.error.get("last_stderr", ()))[-10:],
+                remedy=str(node.error.get("remedy", "")),
+            )
+            kind = _STOPPED_NODE if node.state == "stopped" else _NODE
+            candidates.append((kind, first, node.ended_at or float("inf"), failure))
+    if not candidates:
+        return None
+    return min(candidates, key=lambda c: c[:3])[3]
 
 
 def _first_line(text: str) -> str:

@@ -1,0 +1,89 @@
+"""Which failure the summary blames, over recorded failure records (torchrun's, whole seconds)."""
+
+from __future__ import annotations
+
+from torchherd.plan import NodePlan
+from torchherd.supervise import NodeRun, choose_first_failure
+
+
+def node(host: str, state: str, failures: list[dict[str, object]] = (), error=None) -> NodeRun:  # type: ignore[assignment]
+    plan = NodePlan(
+        host=host,
+        name=host,
+        python="python3",
+        nproc=1,
+        local_addr=None,
+        iface=None,
+        is_host=False,
+        argv=(),
+        env={},
+    )
+    run = NodeRun(plan, state=state, failures=list(failures), error=error)
+    run.ended_at = 1.0
+    return run
+
+
+def failure(
+    rank: int,
+    exitcode: int,
+    *,
+    signal: str | None = None,
+    stderr: list[str] = (),  # type: ignore[assignment]
+    timestamp: int = 100,
+) -> dict[str, object]:
+    return {
+        "rank": rank,
+        "exitcode": exitcode,
+        "signal": signal,
+        "message": "",
+        "timestamp": timestamp,
+        "last_stderr": list(stderr),
+    }
+
+
+def test_the_dead_rank_not_the_peer_that_lost_it() -> None:
+    # Seen on the testbed: rank 2 exits with 3; a second later (same timestamp) rank 1 on the
+    # other node fails with a Gloo read error, and node1 happens to be listed first.
+    nodes = [
+        node(
+            "node1",
+            "stopped",
+            [
+                failure(
+                    1,
+                    1,
+                    stderr=["RuntimeError: [pair.cc:537] Read error: Connection reset by peer"],
+                ),
+                failure(0, -15, signal="SIGTERM"),
+            ],
+        ),
+        node("node2", "failed", [failure(2, 3, stderr=["rank 2 failing on purpose"])]),
+    ]
+    chosen = choose_first_failure(nodes, trigger="node2")
+    assert chosen is not None and (chosen.host, chosen.rank, chosen.exitcode) == ("node2", 2, 3)
+    # Even if the peer's node reported first, the rank with its own error is the cause.
+    chosen = choose_first_failure(nodes, trigger="node1")
+    assert chosen is not None and chosen.rank == 2
+
+
+def test_trigger_node_wins_among_own_failures_of_the_same_second() -> None:
+    nodes = [
+        node("node1", "stopped", [failure(0, 1, stderr=["ValueError: bad batch"])]),
+        node("node2", "failed", [failure(1, 1, stderr=["ValueError: bad batch"])]),
+    ]
+    chosen = choose_first_failure(nodes, trigger="node2")
+    assert chosen is not None and chosen.host == "node2"
+
+
+def test_lost_node_beats_workers_killed_by_teardown() -> None:
+    nodes = [
+        node("node1", "stopped", [failure(0, -15, signal="SIGTERM", timestamp=90)]),
+        node("node2", "lost", error={"message": "lost contact with node2", "remedy": "check it"}),
+    ]
+    chosen = choose_first_failure(nodes, trigger="node2")
+    assert chosen is not None and chosen.host == "node2" and "lost contact" in chosen.message
+    assert chosen.remedy == "check it"
+
+
+def test_nothing_failed() -> None:
+    assert choose_first_failure([node("node1", "succeeded")], trigger=None) is None
