@@ -14,6 +14,7 @@ from torchherd.cli import main
         (["launch", "--nproc", "0", "train.py"], "--nproc"),
         (["launch", "--max-restarts", "many", "train.py"], "--max-restarts"),
         (["bogus"], "No such command 'bogus'"),
+        (["launch", "--detach", "--max-restarts", "1", "train.py"], "needs an attached launcher"),
         (["launch", "train.py", "--epochs", "3"], "training script train.py not found"),
     ],
 )

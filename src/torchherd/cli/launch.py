@@ -71,6 +71,13 @@ def launch_command(
     130 interrupted.
     """
     args = list(ctx.args)
+    if detach and max_restarts:
+        raise UsageError(
+            "--max-restarts needs an attached launcher: herd restarts the job on every node, "
+            "and a detached job has no launcher watching it",
+            "drop --detach (run herd in tmux or screen to survive a closed terminal), "
+            "or drop --max-restarts",
+        )
     cluster = cluster_for(config, hosts, nproc=nproc)
     if module:
         if script is not None:
