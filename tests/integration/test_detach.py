@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from tests.integration.herd_cli import herd
 from tests.testbed import Testbed
 
 JOB = """\
@@ -22,21 +23,6 @@ for step in range(1, 100000):
         print(f"step {step}", flush=True)
     time.sleep(0.1)
 """
-
-
-def herd(
-    args: list[str], home: Path, cwd: Path, timeout: float = 180
-) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, HERD_HOME=str(home))
-    return subprocess.run(
-        [sys.executable, "-m", "torchherd", *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        stdin=subprocess.DEVNULL,
-    )
 
 
 def setup(testbed: Testbed, tmp_path: Path) -> tuple[Path, Path, Path]:

@@ -12,23 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.integration.herd_cli import herd
 from tests.testbed import Testbed
 
 SCRIPTS = Path(__file__).parent / "scripts"
-
-
-def herd(
-    args: list[str], home: Path, *, timeout: float = 240, cwd: Path = SCRIPTS
-) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, HERD_HOME=str(home))
-    return subprocess.run(
-        [sys.executable, "-m", "torchherd", *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
 
 
 def cluster(
@@ -92,7 +79,7 @@ def test_two_nodes_two_workers_allreduce(testbed: Testbed, tmp_path: Path) -> No
     path = cluster(
         testbed, tmp_path, [{"host": "node1", "nproc": 2}, {"host": "node2", "nproc": 2}]
     )
-    run = herd(["launch", "-c", str(path), "allreduce.py"], tmp_path / "home")
+    run = herd(["launch", "-c", str(path), "allreduce.py"], tmp_path / "home", SCRIPTS)
     assert run.returncode == 0, run.stdout + run.stderr
     found = results(run.stdout)
     assert sorted(found) == [0, 1, 2, 3]
@@ -113,7 +100,7 @@ def test_different_nproc_per_node(testbed: Testbed, tmp_path: Path) -> None:
     path = cluster(
         testbed, tmp_path, [{"host": "node1", "nproc": 2}, {"host": "node3", "nproc": 1}]
     )
-    run = herd(["launch", "-c", str(path), "allreduce.py"], tmp_path / "home")
+    run = herd(["launch", "-c", str(path), "allreduce.py"], tmp_path / "home", SCRIPTS)
     assert run.returncode == 0, run.stdout + run.stderr
     found = results(run.stdout)
     assert sorted(found) == [0, 1, 2]
@@ -130,6 +117,7 @@ def test_failing_rank_is_named_and_other_nodes_stop(testbed: Testbed, tmp_path: 
     run = herd(
         ["launch", "-c", str(path), "allreduce.py", "--fail-rank", "2", "--code", "3"],
         tmp_path / "home",
+        SCRIPTS,
     )
     elapsed = time.monotonic() - started
     assert run.returncode == 1, run.stdout + run.stderr
@@ -182,7 +170,7 @@ def test_unreachable_node_is_named_within_connect_timeout(
     testbed.partition("node4")
     path = cluster(testbed, tmp_path, ["node1", "node4"], connect_timeout=3)
     started = time.monotonic()
-    run = herd(["launch", "-c", str(path), "allreduce.py"], tmp_path / "home")
+    run = herd(["launch", "-c", str(path), "allreduce.py"], tmp_path / "home", SCRIPTS)
     elapsed = time.monotonic() - started
     assert run.returncode == 3, run.stdout + run.stderr
     assert "node4: connection timed out" in run.stderr, run.stderr
@@ -191,7 +179,7 @@ def test_unreachable_node_is_named_within_connect_timeout(
 
 
 def test_local_mode_with_nproc(tmp_path: Path) -> None:
-    run = herd(["launch", "--nproc", "2", "allreduce.py"], tmp_path / "home", cwd=SCRIPTS)
+    run = herd(["launch", "--nproc", "2", "allreduce.py"], tmp_path / "home", SCRIPTS)
     assert run.returncode == 0, run.stdout + run.stderr
     found = results(run.stdout)
     assert sorted(found) == [0, 1] and all(f["sum"] == "3" for f in found.values())
@@ -222,7 +210,7 @@ def test_bad_input_is_one_clear_error(
         (tmp_path / name).write_text(content)
     shutil_copy = tmp_path / "allreduce.py"
     shutil_copy.write_text((SCRIPTS / "allreduce.py").read_text())
-    run = herd(args, tmp_path / "home", cwd=tmp_path)
+    run = herd(args, tmp_path / "home", tmp_path)
     assert run.returncode == 2, run.stdout + run.stderr
     assert text in run.stderr
     assert "Traceback" not in run.stderr and "fix:" in run.stderr

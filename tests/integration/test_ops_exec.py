@@ -3,28 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
 
+from tests.integration.herd_cli import herd
 from tests.testbed import Testbed
-
-
-def herd(
-    args: list[str], home: Path, cwd: Path, timeout: float = 120
-) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, HERD_HOME=str(home))
-    return subprocess.run(
-        [sys.executable, "-m", "torchherd", *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
 
 
 def test_exec_on_three_nodes_with_one_failing(testbed: Testbed, tmp_path: Path) -> None:

@@ -8,23 +8,10 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
+from tests.integration.herd_cli import herd
 from tests.testbed import Testbed
-
-
-def herd(args: list[str], home: Path, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, HERD_HOME=str(home))
-    return subprocess.run(
-        [sys.executable, "-m", "torchherd", *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
 
 
 def make_project(root: Path) -> Path:

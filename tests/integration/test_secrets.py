@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import hashlib
 import os
-import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
 
+from tests.integration.herd_cli import herd
 from tests.testbed import Testbed
 
 NAMES = ("HERD_SENTINEL_TOKEN", "PLAIN_VALUE", "WANDB_API_KEY")
@@ -29,19 +28,6 @@ if sys.argv[2] == "leak" and rank == 0:
     raise SystemExit("failing with " + os.environ["HERD_SENTINEL_TOKEN"])
 time.sleep(60)
 """.replace("NAMES_HERE", repr(NAMES))
-
-
-def herd(args: list[str], home: Path, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, HERD_HOME=str(home))
-    return subprocess.run(
-        [sys.executable, "-m", "torchherd", *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=180,
-        stdin=subprocess.DEVNULL,
-    )
 
 
 def command_lines_with(values: list[str]) -> list[str]:
