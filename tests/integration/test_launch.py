@@ -242,3 +242,38 @@ def test_node_cut_off_mid_run(clean_faults: Testbed, tmp_path: Path) -> None:
     while testbed.processes_with_env("HERD_JOB_ID", job_id) and time.monotonic() < deadline:
         time.sleep(1)
     assert not testbed.processes_with_env("HERD_JOB_ID", job_id)
+
+
+def test_ctrl_c_while_connecting_leaves_no_ssh_behind(
+    clean_faults: Testbed, tmp_path: Path
+) -> None:
+    testbed = clean_faults
+    testbed.partition("node2")  # its connection attempt hangs until ConnectTimeout (20 s)
+    path = cluster(testbed, tmp_path, ["node1", "node2"], connect_timeout=20)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "torchherd", "launch", "-c", str(path), "allreduce.py"],
+        cwd=SCRIPTS,
+        env=dict(os.environ, HERD_HOME=str(tmp_path / "home")),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    time.sleep(2)
+    process.send_signal(signal.SIGINT)
+    try:
+        err = process.communicate(timeout=5)[1]
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 130, err
+    assert "nothing was started" in err
+    config = str(path.parent / "herd.toml")
+    ours = []
+    for entry in os.listdir("/proc"):
+        try:
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if entry.isdigit() and str(testbed.ssh_config).encode() in cmdline and b"node2" in cmdline:
+            ours.append(entry)
+    assert not ours, f"ssh processes left behind: {ours} ({config})"

@@ -139,9 +139,16 @@ class Transport(ABC):
         try:
             # Always feed stdin (even empty) so it closes: a node command never waits on it.
             out, err = await asyncio.wait_for(process.communicate(input or b""), timeout)
+        except asyncio.CancelledError:
+            # Interrupted: the command (and its ssh client) must not outlive herd.
+            if process.returncode is None:
+                try:
+                    process.kill()
+                except ProcessLookupError:
+                    pass
+            raise
         except TimeoutError:
             await _kill(process)
-            out, err = b"", b""
             return CommandResult(node.host, -1, "", "", time.monotonic() - started, timed_out=True)
         stderr = err.decode(errors="replace")
         code = process.returncode if process.returncode is not None else -1

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import signal
 import tempfile
 from collections.abc import Mapping
 
@@ -77,6 +78,13 @@ def classify_ssh_failure(
     )
 
 
+def _kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
 class SshTransport(Transport):
     def __init__(self, cluster: ClusterSpec, fanout: int = 64) -> None:
         super().__init__(cluster, fanout)
@@ -134,11 +142,19 @@ class SshTransport(Transport):
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.DEVNULL,
                 stderr=errors,
+                # Its own process group: the master it forks stays findable (and the terminal's
+                # Ctrl-C goes to herd, which decides what to stop).
+                start_new_session=True,
             )
             try:
                 code = await asyncio.wait_for(process.wait(), self.cluster.connect_timeout + 5)
+            except asyncio.CancelledError:
+                # Ctrl-C while connecting: neither the client nor a master it forked may
+                # outlive herd.
+                _kill_group(process.pid)
+                raise
             except TimeoutError:
-                process.kill()
+                _kill_group(process.pid)
                 await process.wait()
                 return Unreachable(
                     node.host,
