@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection, Sequence
+
+from rich.table import Table
+
 from ..errors import ConfigError
 from ..spec import ClusterSpec, find_cluster, local_cluster, parse_host_list
 
@@ -16,3 +20,12 @@ def cluster_for(
         return parse_host_list(hosts, source="-H")
     cluster = find_cluster(config)
     return cluster if cluster is not None else local_cluster(nproc)
+
+
+def result_table(columns: Sequence[str], right: Collection[str] = ()) -> Table:
+    """The borderless table every command prints its per-node results in; ``right``: the
+    columns of numbers, aligned right."""
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    for name in columns:
+        table.add_column(name, justify="right" if name in right else "left")
+    return table

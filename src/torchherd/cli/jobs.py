@@ -8,13 +8,13 @@ import time
 from typing import Any
 
 import typer
-from rich.table import Table
 
 from ..errors import EXIT_NODE_NOT_READY, EXIT_OK
 from ..jobs import JobRecord, list_records
 from ..ops.jobctl import RUNNING_STATES, find_record, refresh, stop_job
 from ..ops.joblogs import show_logs
 from .app import app
+from .common import result_table
 from .ops import console
 
 
@@ -67,9 +67,9 @@ def ps_command(
     if not records:
         print("no jobs yet: start one with `herd launch train.py` (or `herd demo`)")
         return EXIT_OK
-    table = Table(box=None, pad_edge=False, header_style="bold")
-    for name in ("ID", "STATE", "NODES", "WORLD", "STARTED", "RUNTIME", "EXIT"):
-        table.add_column(name, justify="right" if name in ("WORLD", "EXIT") else "left")
+    table = result_table(
+        ("ID", "STATE", "NODES", "WORLD", "STARTED", "RUNTIME", "EXIT"), right=("WORLD", "EXIT")
+    )
     for record in records:
         hosts = [str(n["host"]) for n in record.nodes]
         shown = ",".join(hosts) if len(hosts) <= 3 else f"{hosts[0]},…({len(hosts)})"

@@ -12,12 +12,11 @@ from typing import Annotated
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskID, TextColumn
-from rich.table import Table
 
 from ..errors import EXIT_JOB_FAILED, EXIT_NODE_NOT_READY, EXIT_OK, UsageError
 from ..spec import ClusterSpec
 from .app import CLUSTER_HELP, app
-from .common import cluster_for
+from .common import cluster_for, result_table
 
 NODES_HELP = "Only these nodes (comma-separated hosts); default: every node."
 DEFAULT_TOML = Path("herd.toml")
@@ -122,9 +121,7 @@ def ssh_setup_command(
 
     cluster = select(cluster_for(config), nodes)
     private, created, results = sshsetup.setup(cluster, key=key)
-    table = Table(box=None, pad_edge=False, header_style="bold")
-    for name in ("HOST", "KEY", "HOST KEY", "LOGIN"):
-        table.add_column(name)
+    table = result_table(("HOST", "KEY", "HOST KEY", "LOGIN"))
     for result in results:
         table.add_row(result.host, result.key, result.host_key, result.login)
     console().print(table)
@@ -214,14 +211,7 @@ def exec_command(
             )
         )
     else:
-        table = Table(box=None, pad_edge=False, header_style="bold")
-        for name, justify in (
-            ("HOST", "left"),
-            ("EXIT", "right"),
-            ("TIME", "right"),
-            ("RESULT", "left"),
-        ):
-            table.add_column(name, justify=justify)  # type: ignore[arg-type]
+        table = result_table(("HOST", "EXIT", "TIME", "RESULT"), right=("EXIT", "TIME"))
         for r in results:
             exit_text = "-" if r.exit_code is None else str(r.exit_code)
             table.add_row(r.host, exit_text, f"{r.duration:.1f}s", r.detail or r.status)
@@ -308,15 +298,9 @@ def sync_command(
             )
         )
     else:
-        table = Table(box=None, pad_edge=False, header_style="bold")
-        for name, justify in (
-            ("HOST", "left"),
-            ("RESULT", "left"),
-            ("SENT", "right"),
-            ("FILES", "right"),
-            ("TIME", "right"),
-        ):
-            table.add_column(name, justify=justify)  # type: ignore[arg-type]
+        table = result_table(
+            ("HOST", "RESULT", "SENT", "FILES", "TIME"), right=("SENT", "FILES", "TIME")
+        )
         for r in results:
             copied = r.status == "copied"
             table.add_row(

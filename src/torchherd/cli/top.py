@@ -15,7 +15,7 @@ from rich.table import Table
 from ..errors import EXIT_NODE_NOT_READY, EXIT_OK
 from ..ops.top import NodeLoad, follow, sample_once
 from .app import CLUSTER_HELP, app
-from .common import cluster_for
+from .common import cluster_for, result_table
 from .ops import NODES_HELP, select
 
 
@@ -41,7 +41,6 @@ def _job_text(load: NodeLoad) -> tuple[str, str]:
 
 def render(loads: list[NodeLoad]) -> Table:
     """One row per node; GPU columns show the mean/sum/max over the node's GPUs."""
-    table = Table(box=None, pad_edge=False, header_style="bold")
     columns = (
         "HOST",
         "CPU%",
@@ -54,8 +53,7 @@ def render(loads: list[NodeLoad]) -> Table:
         "JOB",
         "PROGRESS",
     )
-    for name in columns:
-        table.add_column(name, justify="left" if name in ("HOST", "JOB", "PROGRESS") else "right")
+    table = result_table(columns, right=set(columns) - {"HOST", "JOB", "PROGRESS"})
     for load in loads:
         if load.error is not None:
             table.add_row(load.host, f"[red]{load.error}[/red]", *([""] * (len(columns) - 2)))
