@@ -28,7 +28,7 @@ from .ops.jobctl import new_record
 from .plan import JobSpec, LaunchPlan, make_plan
 from .redact import redact_text
 from .spec import ClusterSpec, NodeSpec, read_env_file
-from .transport import Transport, for_cluster
+from .transport import CommandResult, Transport, for_cluster
 
 Progress = Callable[[str], None]
 
@@ -91,7 +91,7 @@ async def probe_all(
                 return NodeFacts.from_probe(node.host, json.loads(result.stdout))
             except (ValueError, TypeError, KeyError):
                 return f"{node.host}: the probe answered with something that is not JSON"
-        return explain_probe_failure(node, python, result.returncode, result.stderr, result)
+        return explain_probe_failure(node, python, result)
 
     results = await transport.each(cluster.nodes, probe)
     problems = [r for r in results if isinstance(r, str)]
@@ -104,15 +104,13 @@ async def probe_all(
     return {facts.host: facts for facts in results if isinstance(facts, NodeFacts)}
 
 
-def explain_probe_failure(
-    node: NodeSpec, python: str, code: int, stderr: str, result: object
-) -> str:
+def explain_probe_failure(node: NodeSpec, python: str, result: CommandResult) -> str:
     """One line (host first) saying why the probe failed on a node, with the fix."""
-    unreachable = getattr(result, "unreachable", None)
-    if unreachable is not None:
-        return f"{unreachable.describe()}; fix: {unreachable.remedy}"
-    if getattr(result, "timed_out", False):
+    if result.unreachable is not None:
+        return f"{result.unreachable.describe()}; fix: {result.unreachable.remedy}"
+    if result.timed_out:
         return f"{node.host}: the probe did not answer in time; fix: check the node's load and disk"
+    code, stderr = result.returncode, result.stderr
     if code == 127 or ("not found" in stderr and missing_module(stderr) is None):
         return (
             f"{node.host}: {python} not found; fix: install Python 3.11+ there or set python "
