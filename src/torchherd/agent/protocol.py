@@ -22,7 +22,7 @@ PROTOCOL_VERSION = 1
 # torchrun prefixes each teed worker line with this template
 # (TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE); the agent parses it back to know which rank wrote it.
 LINE_PREFIX_TEMPLATE = "[herd ${rank} ${local_rank}] "
-LINE_PREFIX = re.compile(r"^\[herd (\d+) (\d+)\] ?")
+LINE_PREFIX = re.compile(r"\[herd (\d+) (\d+)\] ?")
 
 # Variables that tag every process of a job, so teardown finds them by job, never by name.
 JOB_ID_VAR = "HERD_JOB_ID"
@@ -42,12 +42,46 @@ def decode(line: bytes | str) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
-def split_prefix(text: str) -> tuple[int | None, int | None, str]:
-    """``[herd 3 1] hello`` -> (3, 1, "hello"); other lines -> (None, None, text)."""
-    match = LINE_PREFIX.match(text)
-    if not match:
-        return None, None, text
-    return int(match.group(1)), int(match.group(2)), text[match.end() :]
+RankLine = tuple[int | None, int | None, str]
+"""(global rank, local rank, text); ranks are None for torchrun's own lines."""
+
+
+class RankLines:
+    """Rebuilds whole worker lines from torchrun's teed output (one instance per stream).
+
+    torchrun's tee copies each rank's log file with readline(); caught mid-write, readline
+    returns part of a line, which torchrun prints with the prefix and no newline, and the rest
+    comes later under the prefix again:  ``[herd 0 0] RESULT sum=1[herd 0 0] 0\n``.
+    So a prefixed piece followed by another prefix on the same output line is unfinished and
+    waits for the rest of its rank's line; the piece before the newline ends a line.
+    """
+
+    def __init__(self) -> None:
+        self._pending: dict[int, str] = {}
+
+    def feed(self, text: str) -> list[RankLine]:
+        """One output line of torchrun (without its newline) -> the complete lines it ends."""
+        matches = list(LINE_PREFIX.finditer(text))
+        if not matches:
+            return [(None, None, text)]
+        lines: list[RankLine] = []
+        if matches[0].start() > 0:
+            lines.append((None, None, text[: matches[0].start()]))
+        for index, match in enumerate(matches):
+            rank, local_rank = int(match.group(1)), int(match.group(2))
+            last = index == len(matches) - 1
+            piece = text[match.end() : len(text) if last else matches[index + 1].start()]
+            if last:
+                lines.append((rank, local_rank, self._pending.pop(rank, "") + piece))
+            else:
+                self._pending[rank] = self._pending.get(rank, "") + piece
+        return lines
+
+    def drain(self) -> list[RankLine]:
+        """What is left unfinished when the stream ends."""
+        left: list[RankLine] = [(rank, None, text) for rank, text in self._pending.items()]
+        self._pending.clear()
+        return left
 
 
 _MISSING_MODULE = re.compile(r"No module named '?([A-Za-z0-9_.]+)'?")

@@ -26,7 +26,7 @@ from typing import IO, Any
 from . import processes
 from .control import write_agent_record
 from .elastic import FAILURE_FILE_VAR, NODE_DIR_VAR
-from .protocol import JOB_ID_VAR, LINE_PREFIX_TEMPLATE, NODE_VAR, encode, split_prefix
+from .protocol import JOB_ID_VAR, LINE_PREFIX_TEMPLATE, NODE_VAR, RankLines, encode
 
 Emit = Callable[[dict[str, Any]], None]
 
@@ -131,12 +131,17 @@ class NodeJob:
 
     def _pump(self, stream: IO[bytes] | None, name: str) -> None:
         assert stream is not None
+        lines = RankLines()
         for raw in iter(stream.readline, b""):
-            text = raw.decode(errors="replace").rstrip("\r\n")
-            rank, local_rank, text = split_prefix(text)
-            if name == "e":
-                self.stderr_tails[rank].append(text)
-            self.emit({"e": "line", "r": rank, "l": local_rank, "s": name, "t": text})
+            for rank, local_rank, text in lines.feed(raw.decode(errors="replace").rstrip("\r\n")):
+                self._line(name, rank, local_rank, text)
+        for rank, local_rank, text in lines.drain():
+            self._line(name, rank, local_rank, text)
+
+    def _line(self, name: str, rank: int | None, local_rank: int | None, text: str) -> None:
+        if name == "e":
+            self.stderr_tails[rank].append(text)
+        self.emit({"e": "line", "r": rank, "l": local_rank, "s": name, "t": text})
 
     def _stop_when_asked(self) -> None:
         self.stop_requested.wait()
