@@ -16,8 +16,8 @@ class Interface:
     loopback: bool = False
 
     @property
-    def network(self) -> ipaddress.IPv4Network:
-        return ipaddress.IPv4Network(f"{self.addr}/{self.prefixlen}", strict=False)
+    def network(self) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
+        return ipaddress.ip_network(f"{self.addr}/{self.prefixlen}", strict=False)
 
 
 @dataclass(frozen=True)
@@ -37,6 +37,9 @@ class NodeFacts:
     hostname_addresses: tuple[str, ...] = ()
     ssh_server_addr: str | None = None
     interfaces: tuple[Interface, ...] = ()
+    """IPv4 addresses, one per interface."""
+    ipv6: tuple[Interface, ...] = ()
+    """IPv6 addresses (an interface may have several)."""
     routes: tuple[Route, ...] = ()
     python: str = ""
     python_version: str = ""
@@ -59,6 +62,7 @@ class NodeFacts:
             "hostname_addresses",
             "ssh_server_addr",
             "interfaces",
+            "ipv6",
             "routes",
             "python",
             "python_version",
@@ -78,6 +82,7 @@ class NodeFacts:
             hostname_addresses=tuple(data.get("hostname_addresses", ())),
             ssh_server_addr=data.get("ssh_server_addr"),
             interfaces=tuple(Interface(**i) for i in data.get("interfaces", ())),
+            ipv6=tuple(Interface(**i) for i in data.get("ipv6", ())),
             routes=tuple(Route(**r) for r in data.get("routes", ())),
             python=data.get("python", ""),
             python_version=data.get("python_version", ""),
@@ -92,6 +97,10 @@ class NodeFacts:
             port_free=port.get("free"),
             extra={k: v for k, v in data.items() if k not in known and k != "pid"},
         )
+
+    def addresses(self) -> list[str]:
+        """Every address of this node, IPv4 (interfaces that are up) and IPv6."""
+        return [i.addr for i in self.interfaces if i.up] + [i.addr for i in self.ipv6]
 
     def interface_with(self, addr: str) -> Interface | None:
         for interface in self.interfaces:

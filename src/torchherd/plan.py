@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from .errors import ConfigError, NodeNotReady
 from .facts import NodeFacts
-from .redact import MASK, redact_env
+from .redact import MASK, redact_argv, redact_env
 from .spec import ClusterSpec, NodeSpec
 
 IFNAME_VARS = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
@@ -99,7 +99,8 @@ class LaunchPlan:
             shown = redact_env(node.env, self.secret_env.values())
             for key, value in sorted(shown.items()):
                 lines.append(f"  env:       {key}={value}")
-            lines.append("  command:   " + shlex.join(node.argv))
+            command = redact_argv(node.argv, self.secret_env.values())
+            lines.append("  command:   " + shlex.join(command))
         return "\n".join(lines)
 
 

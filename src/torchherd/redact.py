@@ -31,3 +31,9 @@ def redact_text(text: str, secret_values: Iterable[str]) -> str:
     ):
         text = text.replace(value, MASK)
     return text
+
+
+def redact_argv(argv: Iterable[str], secret_values: Iterable[str]) -> list[str]:
+    """A command line with every known secret value masked, as dry-runs and job records show it."""
+    values = list(secret_values)
+    return [redact_text(word, values) for word in argv]

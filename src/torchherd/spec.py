@@ -12,7 +12,7 @@ import ipaddress
 import os
 import re
 import tomllib
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -23,6 +23,46 @@ from .errors import ConfigError
 DEFAULT_CLUSTER_FILE = "herd.toml"
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 IFACE_NAME = re.compile(r"^[A-Za-z0-9_.:@-]{1,15}$")
+# What a host may be: an ssh alias or DNS name, an IPv4 or (bracketed or bare) IPv6 address,
+# with an optional user. Nothing a shell, a terminal or ssh's option parser would read as more.
+HOST_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,252}$")
+USER_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")
+HOST_HELP = (
+    "must be an ssh destination: a name or alias (letters, digits, '.', '-', '_'), an IPv4 "
+    "address, or an IPv6 address (bare or in [brackets]), optionally with user@ in front, "
+    "such as gpu1, 10.0.0.7, alice@gpu1 or [fe80::1]"
+)
+
+
+def check_host(value: str) -> str:
+    """``value`` as a valid ssh destination (IPv6 brackets dropped), or ValueError saying why."""
+    user, at, host = value.strip().rpartition("@")
+    if at and not USER_NAME.match(user):
+        raise ValueError(f"{HOST_HELP}; {user!r} is not a user name")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+        bracketed = True
+    else:
+        bracketed = False
+    if ":" in host or bracketed:
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            if not bracketed and host.count(":") == 1 and host.rsplit(":", 1)[1].isdigit():
+                raise ValueError(
+                    f"{HOST_HELP}; a port does not go here: set it in your ssh config "
+                    f"(`Host {host.split(':')[0]}` / `Port {host.rsplit(':', 1)[1]}`)"
+                ) from None
+            raise ValueError(HOST_HELP) from None
+    elif not HOST_NAME.match(host):
+        raise ValueError(HOST_HELP)
+    return f"{user}@{host}" if at else host
+
+
+def node_name(host: str) -> str:
+    """A host without its ``user@`` part, lower-cased: two entries with the same one are the
+    same machine (they would share a node directory and a job tag)."""
+    return host.rsplit("@", 1)[-1].lower()
 
 
 class NodeSpec(BaseModel):
@@ -44,10 +84,7 @@ class NodeSpec(BaseModel):
     @field_validator("host")
     @classmethod
     def _host_is_a_destination(cls, value: str) -> str:
-        value = value.strip()
-        if not value or any(ch.isspace() for ch in value) or value.startswith("-"):
-            raise ValueError("must be an ssh destination such as gpu1, 10.0.0.7 or alice@gpu1")
-        return value
+        return check_host(value)
 
     @field_validator("addr")
     @classmethod
@@ -113,11 +150,15 @@ class ClusterSpec(BaseModel):
     def _nodes_unique(cls, value: tuple[NodeSpec, ...]) -> tuple[NodeSpec, ...]:
         if not value:
             raise ValueError("no nodes: add at least one [[node]] with a host")
-        seen: set[str] = set()
+        seen: dict[str, str] = {}
         for node in value:
-            if node.host in seen:
-                raise ValueError(f"duplicate host {node.host!r}: list each node once")
-            seen.add(node.host)
+            name = node_name(node.host)
+            if name in seen:
+                raise ValueError(
+                    f"duplicate host {node.host!r}: the same node as {seen[name]!r}; "
+                    "list each node once"
+                )
+            seen[name] = node.host
         return value
 
     @property
@@ -170,15 +211,9 @@ NODE_KEYS = set(NodeSpec.model_fields)
 def load_cluster_file(path: str | os.PathLike[str]) -> ClusterSpec:
     """Read and validate a herd.toml. Relative paths inside it are relative to its folder."""
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(
-            f"cluster file {path} does not exist",
-            "create one with `herd init HOST...`, or pass another with -c FILE",
-        ) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"cannot read cluster file {path}: {exc}", "check the path") from None
+    text = read_text_file(
+        path, "cluster file", "create one with `herd init HOST...`, or pass another with -c FILE"
+    )
     if path.suffix != ".toml" and _looks_like_hostfile(text):
         # DeepSpeed/MPI hostfiles are accepted wherever a cluster file is.
         return load_hostfile(path)
@@ -237,6 +272,21 @@ def parse_cluster_toml(text: str, source: str, base_dir: Path | None = None) -> 
                     _suggest(key, NODE_KEYS, "allowed keys: " + ", ".join(sorted(NODE_KEYS))),
                 )
 
+    first_line: dict[str, int] = {}
+    for index, node in enumerate(nodes):
+        host = node.get("host")
+        if not isinstance(host, str):
+            continue
+        line = locate.key("node", index, "host")
+        name = node_name(host.strip())
+        if name in first_line:
+            raise ConfigError(
+                f"{source} line {line}: [[node]] #{index + 1}: duplicate host {host!r}, the "
+                f"same node as the host on line {first_line[name]}",
+                "list each node once (a user@ in front does not make another node)",
+            )
+        first_line[name] = line
+
     fields = dict(cluster)
     if base_dir is not None:
         for key in ("ssh_config", "env_file"):
@@ -284,6 +334,11 @@ def _remedy_for(message: str, loc: tuple[Any, ...]) -> str:
     description = (doc.description if doc is not None else None) or ""
     if "host" in message and "duplicate" in message:
         return "remove the repeated [[node]] table, or give it nproc in one place"
+    if field == "host":
+        return (
+            "write the host as ssh takes it: HOST or user@HOST (a port belongs in your ssh "
+            "config)"
+        )
     if field == "nproc":
         return "nproc is the number of workers on that node: a whole number, 1 or more"
     if description:
@@ -342,10 +397,7 @@ class _LineFinder:
 def load_hostfile(path: str | os.PathLike[str], **cluster: Any) -> ClusterSpec:
     """Read a DeepSpeed/MPI hostfile: ``host slots=N`` per line, ``#`` comments, blank lines."""
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"cannot read hostfile {path}: {exc}", "check the path") from None
+    text = read_text_file(path, "hostfile", "check the path")
     return parse_hostfile(text, str(path), **cluster)
 
 
@@ -370,13 +422,15 @@ def parse_hostfile(text: str, source: str, **cluster: Any) -> ClusterSpec:
             )
         if nproc is not None and nproc < 1:
             raise ConfigError(f"{source} line {number}: slots must be 1 or more", "use slots=1")
-        if host in seen:
+        node = _node(host, nproc, f"{source} line {number}")
+        name = node_name(node.host)
+        if name in seen:
             raise ConfigError(
-                f"{source} line {number}: host {host!r} already listed on line {seen[host]}",
-                "list each host once",
+                f"{source} line {number}: host {host!r} is the same node as line {seen[name]}",
+                "list each host once (a user@ in front does not make another node)",
             )
-        seen[host] = number
-        nodes.append(_node(host, nproc, f"{source} line {number}"))
+        seen[name] = number
+        nodes.append(node)
     if not nodes:
         raise ConfigError(f"{source}: no hosts", "write one `HOST slots=N` line per machine")
     return _cluster(nodes, source, cluster)
@@ -419,7 +473,11 @@ def _node(host: str, nproc: int | None, where: str) -> NodeSpec:
         return NodeSpec(host=host, nproc=nproc)
     except ValidationError as exc:
         message = exc.errors()[0]["msg"].removeprefix("Value error, ")
-        raise ConfigError(f"{where}: {host!r}: {message}", "check the host name") from None
+        raise ConfigError(
+            f"{where}: {host!r}: {message}",
+            "write the host as ssh would take it (HOST or user@HOST; a port belongs in your "
+            "ssh config)",
+        ) from None
 
 
 def _cluster(nodes: list[NodeSpec], source: str, cluster: Mapping[str, Any]) -> ClusterSpec:
@@ -475,15 +533,22 @@ def _split_top_level(text: str) -> list[str]:
 # Secrets
 
 
-def read_env_file(path: str | os.PathLike[str]) -> dict[str, str]:
-    """Read a KEY=VALUE file (``export`` and quotes allowed, ``#`` comments). Values are secrets."""
+def read_env_file(
+    path: str | os.PathLike[str], warn: Callable[[str, str], None] | None = None
+) -> dict[str, str]:
+    """Read a KEY=VALUE file (``export`` and quotes allowed, ``#`` comments). Values are secrets.
+
+    ``warn(message, fix)`` hears about a file other users can read (default: stderr).
+    """
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(
-            f"cannot read env_file {path}: {exc}", "check env_file in herd.toml"
-        ) from None
+    text = read_text_file(path, "env_file", "check env_file in herd.toml")
+    exposed = _readable_by_others(path)
+    if exposed:
+        (warn or _warn_on_stderr)(
+            f"env_file {path} is readable by {exposed} (it holds secrets; s3fs and other "
+            "tools refuse such a file)",
+            f"chmod 600 {path}",
+        )
     values: dict[str, str] = {}
     for number, raw in enumerate(text.splitlines(), start=1):
         line = raw.strip()
@@ -492,16 +557,59 @@ def read_env_file(path: str | os.PathLike[str]) -> dict[str, str]:
         line = line.removeprefix("export ").strip()
         key, sep, value = line.partition("=")
         key = key.strip()
-        if not sep or not ENV_NAME.match(key):
+        parsed = _env_value(value.strip()) if sep else None
+        if parsed is None or not ENV_NAME.match(key):
             raise ConfigError(
                 f"{path} line {number}: expected KEY=VALUE",
-                "write one variable per line, like HF_TOKEN=abc123",
+                "write one variable per line, like HF_TOKEN=abc123 (quote a value with "
+                "spaces or a closing quote: KEY='a b')",
             )
-        value = value.strip()
-        if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
-            value = value[1:-1]
-        values[key] = value
+        values[key] = parsed
     return values
+
+
+def _env_value(value: str) -> str | None:
+    """The value of one line, as shells and dotenv read it: a quoted value is what is between
+    its quotes (a ``#`` inside is kept); an unquoted one ends at `` #`` (an inline comment)."""
+    if value[:1] in ("'", '"'):
+        end = value.find(value[0], 1)
+        if end < 0:
+            return None
+        rest = value[end + 1 :].strip()
+        if rest and not rest.startswith("#"):
+            return None
+        return value[1:end]
+    return re.split(r"\s#", value, maxsplit=1)[0].strip()
+
+
+def _readable_by_others(path: Path) -> str:
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return ""
+    who = [name for bit, name in ((0o040, "its group"), (0o004, "every user")) if mode & bit]
+    return " and ".join(who)
+
+
+def _warn_on_stderr(message: str, fix: str) -> None:
+    import sys
+
+    print(f"warning: {message}\n  fix: {fix}", file=sys.stderr)
+
+
+def read_text_file(path: Path, what: str, remedy: str) -> str:
+    """A UTF-8 text file for a loader, or a ConfigError saying why it cannot be read."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{what} {path} does not exist", remedy) from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"{what} {path} is not UTF-8 text (byte {exc.start}: {exc.reason})",
+            f"save it as UTF-8 (e.g. `iconv -t UTF-8 {path}`), or {remedy}",
+        ) from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read {what} {path}: {exc.strerror or exc}", remedy) from None
 
 
 SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL", re.IGNORECASE)

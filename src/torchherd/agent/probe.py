@@ -8,6 +8,7 @@ files from ``probe_full``, which imports torch only in a subprocess.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import importlib.metadata
 import ipaddress
@@ -37,6 +38,7 @@ def collect(request: dict[str, Any]) -> dict[str, Any]:
         "hostname_addresses": _resolve(socket.gethostname()),
         "ssh_server_addr": _ssh_server_addr(),
         "interfaces": interfaces(),
+        "ipv6": ipv6_addresses(),
         "routes": routes(),
         "python": sys.executable,
         "python_version": ".".join(str(v) for v in sys.version_info[:3]),
@@ -140,6 +142,29 @@ def interfaces() -> list[dict[str, Any]]:
     return found
 
 
+def ipv6_addresses() -> list[dict[str, Any]]:
+    """IPv6 addresses from /proc/net/if_inet6 (no ioctl gives them): name, address, prefix."""
+    found = []
+    try:
+        with open("/proc/net/if_inet6") as table:
+            for line in table:
+                fields = line.split()
+                if len(fields) < 6 or len(fields[0]) != 32:
+                    continue
+                addr = ipaddress.IPv6Address(bytes.fromhex(fields[0]))
+                found.append(
+                    {
+                        "name": fields[5],
+                        "addr": str(addr),
+                        "prefixlen": int(fields[2], 16),
+                        "loopback": addr.is_loopback,
+                    }
+                )
+    except (OSError, ValueError):
+        pass  # no IPv6 on this node
+    return found
+
+
 def routes() -> list[dict[str, Any]]:
     """The IPv4 routing table from /proc/net/route: iface, destination network, gateway."""
     found = []
@@ -183,9 +208,27 @@ def check_port(port: int) -> dict[str, Any]:
 
 
 def _is_free(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+    """Whether the c10d store could listen on ``port``: bound the way it binds (every address,
+    IPv6 dual-stack where there is IPv6, SO_REUSEADDR), so a port whose last job's connections
+    linger in TIME_WAIT counts as free, as it is for the store, and one another socket listens
+    on on either family does not."""
+    for family, address in ((socket.AF_INET6, "::"), (socket.AF_INET, "")):
         try:
-            sock.bind(("", port))
+            sock = socket.socket(family, socket.SOCK_STREAM)
         except OSError:
-            return False
-    return True
+            continue  # no IPv6 on this node: the store binds IPv4 only too
+        with sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                try:
+                    sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+                except OSError:
+                    continue
+            try:
+                sock.bind((address, port))
+            except OSError as exc:
+                if family == socket.AF_INET6 and exc.errno == errno.EADDRNOTAVAIL:
+                    continue  # IPv6 disabled (no :: address): try IPv4 as the store would
+                return False
+        return True
+    return False

@@ -6,6 +6,7 @@ returns an exit code instead of exiting, so tests call it directly.
 
 from __future__ import annotations
 
+import resource
 import sys
 
 import typer
@@ -29,6 +30,7 @@ __all__ = ["app", "main", "run"]
 def main(argv: list[str] | None = None) -> int:
     """Run herd with ``argv``; return the exit code (0 ok, 1 job failed, 2 usage, 3 node)."""
     args = list(sys.argv[1:] if argv is None else argv)
+    raise_open_file_limit()
     state.debug = "--debug" in args
     try:
         result = app(args=args, prog_name="herd", standalone_mode=False)
@@ -55,6 +57,20 @@ def main(argv: list[str] | None = None) -> int:
         print("herd: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
     return int(result or 0)
+
+
+def raise_open_file_limit() -> None:
+    """Lift the soft limit on open files to the hard one: each node holds 3-4 descriptors
+    (ssh pipes, a control socket) while a job runs, and the usual soft limit of 1024 runs out
+    at about 250 nodes, while the hard limit (often 524288) is ours to take."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    # An unlimited hard limit still has a kernel ceiling (fs.nr_open, 1 Mi by default).
+    target = hard if hard != resource.RLIM_INFINITY else 1 << 20
+    if soft != resource.RLIM_INFINITY and soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        except (ValueError, OSError):
+            pass  # not ours to raise here: keep what we have
 
 
 def print_error(exc: HerdError) -> None:

@@ -19,7 +19,7 @@ from typing import Any
 from ..errors import EXIT_INTERRUPTED, EXIT_JOB_FAILED, EXIT_OK, ConfigError
 from ..jobs import JobRecord, list_records, load_record
 from ..plan import LaunchPlan
-from ..redact import MASK, redact_env, redact_text
+from ..redact import MASK, redact_argv, redact_env
 from ..spec import ClusterSpec, NodeSpec, load_cluster_file
 from ..transport import Transport, for_cluster
 from .remote import AgentAnswer, call_agent
@@ -54,7 +54,7 @@ def new_record(
         source=cluster.source,
         nodes=[{"host": n.host, "nproc": n.nproc} for n in plan.nodes],
         world_size=plan.world_size,
-        command=[redact_text(a, secrets) for a in plan.nodes[0].argv],
+        command=redact_argv(plan.nodes[0].argv, secrets),
         rdzv_endpoint=plan.rdzv_endpoint,
         log_dir=str(log_dir),
         # So `herd stop JOB` from another terminal and directory can reach the nodes.

@@ -16,6 +16,7 @@ them is copied to. The markers are removed again at the end.
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 import secrets
 import shlex
@@ -93,6 +94,23 @@ def rsync_argv(
     return [*argv, f"{source}/", f"{target}:{rsync_path(dest).rstrip('/') or '/'}/"]
 
 
+def env_file_excludes(cluster: ClusterSpec, source: Path) -> list[str]:
+    """The rsync rule that keeps the cluster's env_file (secrets) off the nodes, whatever
+    .gitignore says: it reaches them only inside the job request, over ssh's stdin."""
+    if not cluster.env_file:
+        return []
+    path = Path(os.path.expanduser(cluster.env_file)).resolve()
+    try:
+        relative = path.relative_to(source.resolve())
+    except ValueError:
+        return []  # outside the synced tree: never copied
+    pattern = "/" + relative.as_posix()  # anchored at the transfer root
+    if re.search(r"[*?\[]", pattern):
+        # rsync reads these as wildcards; then (only then) a backslash escapes one.
+        pattern = re.sub(r"([*?\[\\])", r"\\\1", pattern)
+    return [pattern]
+
+
 _STATS = {
     "bytes_sent": re.compile(r"Total bytes sent:\s*([\d,.]+)"),
     "files": re.compile(r"Number of regular files transferred:\s*([\d,.]+)"),
@@ -150,7 +168,7 @@ class Syncer:
         self.cluster = cluster
         self.source = source.resolve()
         self.dest = destination(cluster, source)
-        self.excludes = list(excludes)
+        self.excludes = list(excludes) + env_file_excludes(cluster, self.source)
         self.delete = delete
         self.on_progress = on_progress
         self.transport = transport or for_cluster(cluster)

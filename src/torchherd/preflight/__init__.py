@@ -120,7 +120,8 @@ def make_report(
 
 
 def fast_checks(cluster: ClusterSpec, facts: Mapping[str, NodeFacts]) -> list[CheckResult]:
-    """What every launch checks on the quick probe: torch, versions, rendezvous port, workdir."""
+    """What every launch checks on the quick probe: torch, versions, workdir, and the
+    rendezvous node's port and exposure (no public address unless allowed)."""
     findings = Findings(cluster=cluster, facts=facts, full_probe=False)
     results = []
     for node in cluster.nodes:
@@ -128,6 +129,10 @@ def fast_checks(cluster: ClusterSpec, facts: Mapping[str, NodeFacts]) -> list[Ch
     results += versions(findings)
     first = cluster.rendezvous_node
     first_facts = facts.get(first.host)
+    if cluster.transport == "ssh" and first_facts is not None:
+        exposed = network_checks.rendezvous_exposure(cluster, first, first_facts)
+        if exposed is not None:
+            results.append(exposed)
     if cluster.transport == "ssh" and first_facts is not None and first_facts.port_free is False:
         results.append(
             CheckResult(

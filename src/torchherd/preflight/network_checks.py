@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import ipaddress
 
-from ..spec import NodeSpec
+from ..facts import NodeFacts
+from ..spec import ClusterSpec, NodeSpec
 from .checks import node_plan
 from .findings import Findings, PlanOutcome
 from .report import CheckResult, Link, Status
@@ -80,16 +81,9 @@ def _rendezvous_host(node: NodeSpec, findings: Findings, outcome: PlanOutcome) -
     addr = planned.local_addr if planned and planned.local_addr else "?"
     assert outcome.plan is not None and outcome.plan.rdzv_endpoint
     port = int(outcome.plan.rdzv_endpoint.rsplit(":", 1)[1])
-    if _is_public(addr) and not cluster.allow_public_rendezvous:
-        return CheckResult(
-            "rendezvous",
-            host,
-            Status.FAIL,
-            f"rendezvous address {addr} is public, and the c10d store has no authentication: "
-            "anyone who reaches the port can disrupt or inject into the job",
-            "give this node a private addr in the cluster file, or set "
-            "allow_public_rendezvous = true in [cluster] if a firewall guards it",
-        )
+    exposed = rendezvous_exposure(cluster, node, facts, addr)
+    if exposed is not None:
+        return exposed
     if facts.port_free is False:
         return CheckResult(
             "rendezvous",
@@ -117,7 +111,12 @@ def _rendezvous_host(node: NodeSpec, findings: Findings, outcome: PlanOutcome) -
         )
     incoming = [x for x in network.links if x.purpose == "rdzv" and x.dst == host and x.src != host]
     failed = [x for x in incoming if not x.ok]
-    public = " (public, allowed by allow_public_rendezvous)" if _is_public(addr) else ""
+    public_addrs = public_addresses(node, facts, addr)
+    public = (
+        f" (public {', '.join(public_addrs)}, allowed by allow_public_rendezvous)"
+        if public_addrs
+        else ""
+    )
     if incoming and len(failed) == len(incoming):
         return CheckResult(
             "rendezvous",
@@ -152,9 +151,40 @@ def _rendezvous_host(node: NodeSpec, findings: Findings, outcome: PlanOutcome) -
 
 def _is_public(addr: str) -> bool:
     try:
-        return ipaddress.ip_address(addr).is_global
+        return ipaddress.ip_address(addr.split("%", 1)[0]).is_global
     except ValueError:
         return False
+
+
+def public_addresses(node: NodeSpec, facts: NodeFacts, planned: str | None = None) -> list[str]:
+    """Every global (public) address the rendezvous node's store would listen on: the c10d
+    store binds all interfaces, IPv4 and IPv6, not only the address the plan advertises."""
+    candidates = [a for a in (planned, node.addr) if a] + facts.addresses()
+    return list(dict.fromkeys(a for a in candidates if _is_public(a)))
+
+
+def rendezvous_exposure(
+    cluster: ClusterSpec, node: NodeSpec, facts: NodeFacts, planned: str | None = None
+) -> CheckResult | None:
+    """A failure when the rendezvous node has a public address and the cluster does not allow
+    it: the TCPStore has no authentication, and torch's rendezvous unpickles what is in it, so
+    whoever reaches the port can run code in every agent. The doctor and every launch use this."""
+    if cluster.allow_public_rendezvous:
+        return None
+    public = public_addresses(node, facts, planned)
+    if not public:
+        return None
+    return CheckResult(
+        "rendezvous",
+        node.host,
+        Status.FAIL,
+        f"the rendezvous store would listen on public address(es) {', '.join(public)} "
+        "(it binds every interface, and has no authentication: anyone who reaches its port "
+        "can disrupt the job or run code in it)",
+        "run the rendezvous on a node without a public address (list it first), or firewall "
+        "the port and set allow_public_rendezvous = true in [cluster]",
+        {"public": public},
+    )
 
 
 def ephemeral_ports(node: NodeSpec, findings: Findings) -> CheckResult:

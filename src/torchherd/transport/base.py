@@ -67,18 +67,29 @@ Command = str | Sequence[str]
 
 
 def as_shell(command: Command) -> str:
-    return command if isinstance(command, str) else shlex.join(command)
+    """An argv as one shell line; its program may start with ``~/`` (expanded on the node)."""
+    if isinstance(command, str):
+        return command
+    if not command:
+        return ""
+    return " ".join([home_quote(command[0]), *(shlex.quote(word) for word in command[1:])])
+
+
+def home_quote(path: str) -> str:
+    """Quote a path for the node's shell, letting a leading ``~`` mean the node's home there
+    (shlex.quote alone would make it a literal ``~`` directory that never exists)."""
+    if path == "~":
+        return '"$HOME"'
+    if path.startswith("~/"):
+        return f'"$HOME"/{shlex.quote(path[2:])}'
+    return shlex.quote(path)
 
 
 def cd_prefix(cwd: str | None) -> str:
     """Shell text that enters cwd, expanding a leading ~ on the node (not here)."""
     if not cwd:
         return ""
-    if cwd == "~":
-        return 'cd "$HOME" && '
-    if cwd.startswith("~/"):
-        return f'cd "$HOME"/{shlex.quote(cwd[2:])} && '
-    return f"cd {shlex.quote(cwd)} && "
+    return f"cd {home_quote(cwd)} && "
 
 
 def remote_line(command: Command, cwd: str | None, env: Mapping[str, str] | None) -> str:
