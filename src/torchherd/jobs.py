@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
+import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from .agent.private import private_dir, write_private
 
 
 def herd_home() -> Path:
@@ -49,20 +51,64 @@ class JobRecord:
 
     def save(self) -> None:
         directory = job_dir(self.id)
-        directory.mkdir(parents=True, exist_ok=True)
-        descriptor, temporary = tempfile.mkstemp(dir=directory, prefix=".job.")
-        with os.fdopen(descriptor, "w") as handle:
-            json.dump(asdict(self), handle, indent=2)
-        os.replace(temporary, directory / "job.json")
+        private_dir(directory, home=herd_home())
+        write_private(directory / "job.json", json.dumps(asdict(self), indent=2))
 
 
 def load_record(job_id: str) -> JobRecord | None:
+    """The job's record; None when there is none, or (with a warning naming the file) when it
+    cannot be read: one damaged record must not stop ps, logs or stop for every other job."""
+    path = job_dir(job_id) / "job.json"
     try:
-        data = json.loads((job_dir(job_id) / "job.json").read_text())
-    except (OSError, ValueError):
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        _skip(path, str(exc))
         return None
     known = set(JobRecord.__dataclass_fields__)
-    return JobRecord(**{k: v for k, v in data.items() if k in known})
+    try:
+        record = JobRecord(**{k: v for k, v in data.items() if k in known})
+        _check_types(record)
+    except (AttributeError, TypeError, ValueError) as exc:
+        _skip(path, f"not a job record ({exc})")
+        return None
+    return record
+
+
+_REQUIRED_TYPES: dict[str, type | tuple[type, ...]] = {
+    "id": str,
+    "state": str,
+    "started": (int, float),
+    "source": str,
+    "nodes": list,
+    "world_size": int,
+    "command": list,
+    "log_dir": str,
+    "launcher_pid": int,
+}
+
+
+def _check_types(record: JobRecord) -> None:
+    for name, kind in _REQUIRED_TYPES.items():
+        if not isinstance(getattr(record, name), kind):
+            raise TypeError(f"{name} is {getattr(record, name)!r}")
+    if not all(isinstance(n, dict) and isinstance(n.get("host"), str) for n in record.nodes):
+        raise TypeError("nodes must list {host: ...} entries")
+
+
+_warned: set[Path] = set()
+
+
+def _skip(path: Path, why: str) -> None:
+    if path in _warned:
+        return
+    _warned.add(path)
+    print(
+        f"warning: skipping the job record {path}: {why}\n"
+        f"  fix: remove {path.parent} if that job is of no more use",
+        file=sys.stderr,
+    )
 
 
 def list_records() -> list[JobRecord]:

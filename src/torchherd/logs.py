@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TextIO
 
+from .agent.private import open_private, private_dir
+from .jobs import herd_home
 from .redact import redact_text
 
 # Seconds output may sit in buffers: lines reach a pipe, `herd logs` and the files this late at
@@ -74,7 +76,7 @@ class JobOutput:
         secrets: Iterable[str] = (),
     ) -> None:
         self.log_dir = log_dir
-        log_dir.mkdir(parents=True, exist_ok=True)
+        private_dir(log_dir, home=herd_home())
         self.stream = stream or sys.stdout
         self.color = self.stream.isatty() if color is None else color
         hosts = list(hosts)
@@ -84,7 +86,7 @@ class JobOutput:
         self._files: dict[str, IO[str]] = {}
         self._flushed = time.monotonic()
         # Open for the whole job, closed in close(): a with-block cannot span a job.
-        self._merged = open(log_dir / "output.log", "a", encoding="utf-8")  # noqa: SIM115
+        self._merged = open_private(log_dir / "output.log")
 
     def prefix(self, host: str, rank: int | None) -> str:
         label = f"{host}:{rank}" if rank is not None else host
@@ -124,7 +126,7 @@ class JobOutput:
         name = f"rank-{rank}.log" if rank is not None else f"node-{host}.log"
         handle = self._files.get(name)
         if handle is None:
-            handle = open(self.log_dir / name, "a", encoding="utf-8")  # noqa: SIM115
+            handle = open_private(self.log_dir / name)
             self._files[name] = handle
         return handle
 

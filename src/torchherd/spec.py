@@ -336,8 +336,7 @@ def _remedy_for(message: str, loc: tuple[Any, ...]) -> str:
         return "remove the repeated [[node]] table, or give it nproc in one place"
     if field == "host":
         return (
-            "write the host as ssh takes it: HOST or user@HOST (a port belongs in your ssh "
-            "config)"
+            "write the host as ssh takes it: HOST or user@HOST (a port belongs in your ssh config)"
         )
     if field == "nproc":
         return "nproc is the number of workers on that node: a whole number, 1 or more"

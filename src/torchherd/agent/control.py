@@ -20,6 +20,7 @@ import time
 from typing import Any
 
 from . import processes
+from .private import write_private
 from .protocol import encode
 
 AGENT_FILE = "agent.json"
@@ -68,10 +69,7 @@ def write_agent_record(node_dir: str, job_id: str, node: str, detached: bool) ->
         "detached": detached,
         "started_at": time.time(),
     }
-    temporary = os.path.join(node_dir, f".{AGENT_FILE}.{pid}")
-    with open(temporary, "w") as handle:
-        json.dump(record, handle)
-    os.replace(temporary, os.path.join(node_dir, AGENT_FILE))
+    write_private(os.path.join(node_dir, AGENT_FILE), json.dumps(record))
 
 
 def live_agent(node_dir: str) -> int | None:

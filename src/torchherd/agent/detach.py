@@ -23,6 +23,7 @@ import time
 from typing import Any
 
 from .control import EVENTS_FILE
+from .private import private_dir
 from .protocol import decode, encode
 
 # How long the foreground agent waits for the daemon's first event.
@@ -109,12 +110,12 @@ def _read_until_closed(fd: int, timeout: float) -> bytes:
 
 def _daemon(request: dict[str, Any], relay_fd: int) -> None:
     """In the daemon: run the job to its end with events going to the node directory."""
-    from .runner import NodeJob
+    from .runner import NodeJob, herd_home
 
     job = NodeJob(request, lambda _event: None)
     code = 1
     try:
-        os.makedirs(job.node_dir, mode=0o700, exist_ok=True)
+        private_dir(job.node_dir, home=herd_home(dict(request.get("env", {}))))
         devnull = os.open(os.devnull, os.O_RDWR)
         log = os.open(
             os.path.join(job.node_dir, "agent.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600

@@ -16,6 +16,8 @@ import time
 import traceback
 from typing import Any
 
+from .private import write_private
+
 FAILURE_FILE_VAR = "HERD_FAILURE_FILE"
 NODE_DIR_VAR = "HERD_NODE_DIR"
 
@@ -102,10 +104,7 @@ def _write_record(record: dict[str, Any]) -> None:
     path = os.environ.get(FAILURE_FILE_VAR)
     if not path:
         return
-    temporary = path + ".tmp"
-    with open(temporary, "w") as handle:
-        json.dump(record, handle)
-    os.replace(temporary, path)
+    write_private(path, json.dumps(record))
 
 
 if __name__ == "__main__":

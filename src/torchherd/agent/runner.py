@@ -26,6 +26,7 @@ from typing import IO, Any
 from . import processes
 from .control import write_agent_record
 from .elastic import FAILURE_FILE_VAR, NODE_DIR_VAR
+from .private import private_dir
 from .protocol import JOB_ID_VAR, LINE_PREFIX_TEMPLATE, NODE_VAR, RankLines, encode
 
 Emit = Callable[[dict[str, Any]], None]
@@ -73,7 +74,7 @@ class NodeJob:
                 )
                 return 3
             os.chdir(path)
-        os.makedirs(self.node_dir, exist_ok=True)
+        private_dir(self.node_dir, home=herd_home(dict(self.request.get("env", {}))))
         # Where `herd stop` (from any terminal) finds this agent to end the job cleanly.
         write_agent_record(self.node_dir, self.job_id, self.node, bool(self.request.get("detach")))
         processes.become_subreaper()

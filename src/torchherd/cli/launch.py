@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 import typer
 
+from ..agent.private import private_dir
 from ..errors import UsageError
 from ..launch import LaunchOptions, launch
 from ..plan import JobSpec, LaunchPlan
@@ -97,6 +99,8 @@ def launch_command(
                 "(herd sync copies it to the nodes)",
             )
         entry, is_module = (script, *args), False
+    if log_dir is not None and not dry_run:
+        check_log_dir(log_dir)
     job = JobSpec(
         entry=tuple(entry), module=is_module, nproc=nproc, max_restarts=max_restarts, grace=grace
     )
@@ -109,3 +113,18 @@ def launch_command(
         sys.stdout.write(result.render() + "\n")
         return 0
     return result.exit_code
+
+
+def check_log_dir(path: Path) -> None:
+    """Create --log-dir (0700) and write a file in it now, so a directory that cannot take the
+    logs is an error before any node starts, not a traceback after."""
+    try:
+        private_dir(path)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as exc:
+        raise UsageError(
+            f"cannot write logs to --log-dir {path}: {exc.strerror or exc}",
+            "give a directory you can write to, or leave --log-dir out "
+            "(logs then go to ~/.herd/jobs/<job-id>/)",
+        ) from None

@@ -11,6 +11,7 @@ import typer
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
+from rich.text import Text
 
 from ..errors import EXIT_NODE_NOT_READY, EXIT_OK
 from ..ops.top import NodeLoad, follow, sample_once
@@ -56,7 +57,8 @@ def render(loads: list[NodeLoad]) -> Table:
     table = result_table(columns, right=set(columns) - {"HOST", "JOB", "PROGRESS"})
     for load in loads:
         if load.error is not None:
-            table.add_row(load.host, f"[red]{load.error}[/red]", *([""] * (len(columns) - 2)))
+            error = Text(load.error, style="red")
+            table.add_row(load.host, error, *([""] * (len(columns) - 2)))
             continue
         cpu = "-" if load.cpu_percent is None else f"{load.cpu_percent:.0f}"
         mem = f"{_gib(load.mem_used)}/{_gib(load.mem_total)}"

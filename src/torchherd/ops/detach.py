@@ -30,6 +30,15 @@ from .remote import agent_argv
 
 # Seconds a node gets to say "started" (the agent waits up to 120 s for its daemon).
 START_TIMEOUT = 150.0
+# Marks a failed start after which the job may be running on the node all the same.
+MAYBE_STARTED = "maybe_started"
+
+
+def may_have_started(events: dict[str, dict[str, Any]]) -> list[str]:
+    """Nodes a failed start must stop: those that said "started", and those whose answer
+    never came (a timeout, a broken link). Only a node that was not reached, or whose agent
+    said why it would not start, surely runs nothing."""
+    return [h for h, e in events.items() if e.get("e") == "started" or e.get(MAYBE_STARTED)]
 
 
 def detach_request(supervisor: Supervisor, node: NodePlan) -> dict[str, Any]:
@@ -64,6 +73,8 @@ async def start_node(
             "e": "error",
             "message": f"{node.host} did not start the job in {START_TIMEOUT:g} s",
             "remedy": "check the node's load and disk",
+            # Its agent may have daemonized and started the job after all.
+            MAYBE_STARTED: True,
         }
     except (ConnectionError, OSError) as exc:
         out, err = b"", str(exc).encode()
@@ -87,6 +98,8 @@ async def start_node(
         "e": "error",
         "message": f"{node.host}: the agent did not start: {last[0]}",
         "remedy": "update torchherd on that node to this version (`herd doctor` compares)",
+        # No answer from the agent (the link broke, it crashed): it may have started the job.
+        MAYBE_STARTED: True,
     }
 
 
@@ -141,19 +154,19 @@ async def start_detached(
         return RunResult(
             plan.job_id, EXIT_OK, {h: "running" for h in events}, log_dir=Path(record.log_dir)
         )
-    return await _not_started(record, events, started, stream, secrets, transport, plan.grace)
+    return await _not_started(record, events, stream, secrets, transport, plan.grace)
 
 
 async def _not_started(
     record: JobRecord,
     events: dict[str, dict[str, Any]],
-    started: dict[str, dict[str, Any]],
     stream: TextIO,
     secrets: list[str],
     transport: Transport,
     grace: float,
 ) -> RunResult:
-    failed = {h: e for h, e in events.items() if h not in started}
+    failed = {h: e for h, e in events.items() if e.get("e") != "started"}
+    started = may_have_started(events)
     for host, event in failed.items():
         message = redact_text(str(event.get("message")), secrets)
         stream.write(f"herd: {host} did not start: {message}\n")
@@ -190,5 +203,5 @@ async def _not_started(
     return RunResult(record.id, EXIT_NODE_NOT_READY, status, failure, log_dir=Path(record.log_dir))
 
 
-def _only(record: JobRecord, hosts: dict[str, Any]) -> JobRecord:
+def _only(record: JobRecord, hosts: list[str]) -> JobRecord:
     return replace(record, nodes=[n for n in record.nodes if n["host"] in hosts])

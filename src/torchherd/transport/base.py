@@ -25,7 +25,8 @@ class Unreachable:
 
     host: str
     reason: str
-    """One of: timeout, refused, auth, host-key-changed, unknown-name, no-route, ssh-error."""
+    """One of: timeout, refused, auth, host-key-changed, host-key-unknown, unknown-name,
+    no-route, ssh-error."""
     detail: str
     """ssh's last line of error output."""
     remedy: str
@@ -39,6 +40,7 @@ _REASON_TEXT = {
     "refused": "connection refused",
     "auth": "authentication failed",
     "host-key-changed": "host key changed",
+    "host-key-unknown": "host key not known",
     "unknown-name": "unknown host name",
     "no-route": "no route to host",
     "ssh-error": "ssh failed",

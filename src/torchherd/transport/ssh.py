@@ -17,9 +17,16 @@ from collections.abc import Mapping
 from ..errors import ConfigError
 from ..spec import ClusterSpec, NodeSpec
 from .base import Command, Transport, Unreachable, remote_line
+from .host_keys import HostKeyPolicy
 
 # ssh's words for each way a connection fails, checked in this order; first match wins.
 _FAILURES: tuple[tuple[str, tuple[str, ...], str], ...] = (
+    (
+        "host-key-unknown",
+        ("you have requested strict checking",),
+        "your ssh config asks for strict host key checking and {host}'s key is not in your "
+        "known_hosts: connect once with `ssh {host} true` and check the fingerprint it shows",
+    ),
     (
         "host-key-changed",
         ("REMOTE HOST IDENTIFICATION HAS CHANGED", "Host key verification failed"),
@@ -104,6 +111,8 @@ class SshTransport(Transport):
         self._control_dir = tempfile.mkdtemp(prefix="herd-ssh-")
         os.chmod(self._control_dir, 0o700)
         self._masters: set[str] = set()
+        config = ["-F", os.path.expanduser(cluster.ssh_config)] if cluster.ssh_config else []
+        self._host_keys = HostKeyPolicy([self._ssh, *config])
 
     def base_argv(self, node: NodeSpec, *, master: bool = False) -> list[str]:
         assert self._ssh is not None
@@ -116,7 +125,8 @@ class SshTransport(Transport):
             "ConnectTimeout": str(timeout),
             "ServerAliveInterval": "5",
             "ServerAliveCountMax": "3",
-            "StrictHostKeyChecking": "accept-new",
+            # accept-new only where the user's own setting is ssh's default (see host_keys).
+            **self._host_keys.option(node.host),
             "ForwardAgent": "no",
             "ForwardX11": "no",
             "ControlPath": os.path.join(self._control_dir, "%C"),
@@ -133,6 +143,7 @@ class SshTransport(Transport):
         """Open this node's master connection: a real login, so failures say why."""
         if node.host in self._masters:
             return None
+        await self._host_keys.learn(node.host)
         argv = self.base_argv(node, master=True) + ["-N", "-f", "-T", node.host]
         # -f backgrounds the master after authentication; its stdio must not be our pipes,
         # or a reader would wait for the master to exit. Errors come back through a file.

@@ -1,0 +1,78 @@
+"""Which StrictHostKeyChecking herd passes to ssh for a node: the user's own, where it is theirs.
+
+herd runs ssh with BatchMode, under which ssh's default ``ask`` turns every unknown host key
+into a failure. Only there does herd say ``accept-new`` (record a new key, refuse a changed
+one). A user who wrote ``StrictHostKeyChecking yes`` (or anything else) keeps it: herd passes
+nothing and ssh applies their config. The effective setting comes from ``ssh -G HOST``, asked
+once per node and remembered for the life of the transport.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+from collections.abc import Sequence
+
+# ssh -G prints the setting under this key: ask (the default), true (yes), false (no), accept-new.
+SETTING = "stricthostkeychecking"
+DEFAULT = "ask"
+
+
+def parse_setting(ssh_g_output: str) -> str:
+    """The StrictHostKeyChecking value in ``ssh -G`` output (ssh's default when absent)."""
+    for line in ssh_g_output.splitlines():
+        key, _, value = line.strip().partition(" ")
+        if key.lower() == SETTING:
+            return value.strip().lower() or DEFAULT
+    return DEFAULT
+
+
+def option_for(setting: str) -> dict[str, str]:
+    """The -o option herd adds for a node whose effective setting is ``setting``."""
+    return {"StrictHostKeyChecking": "accept-new"} if setting == DEFAULT else {}
+
+
+class HostKeyPolicy:
+    """Remembers each node's effective setting; ``config_argv`` is ssh plus its -F, if any."""
+
+    def __init__(self, config_argv: Sequence[str]) -> None:
+        self._config_argv = list(config_argv)
+        self._settings: dict[str, str] = {}
+
+    def _argv(self, host: str) -> list[str]:
+        return [*self._config_argv, "-G", "--", host]
+
+    async def learn(self, host: str) -> None:
+        """Ask ssh (without blocking the event loop) for this node's setting, once."""
+        if host in self._settings:
+            return
+        process = await asyncio.create_subprocess_exec(
+            *self._argv(host),
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.DEVNULL,
+        )
+        try:
+            out, _ = await asyncio.wait_for(process.communicate(), 10)
+        except TimeoutError:
+            process.kill()
+            await process.wait()
+            out = b""
+        self._remember(host, process.returncode == 0, out.decode(errors="replace"))
+
+    def option(self, host: str) -> dict[str, str]:
+        """The option to add for ``host`` (asked here and now if ``learn`` was not awaited)."""
+        if host not in self._settings:
+            try:
+                done = subprocess.run(
+                    self._argv(host), capture_output=True, text=True, timeout=10, check=False
+                )
+                self._remember(host, done.returncode == 0, done.stdout)
+            except (OSError, subprocess.TimeoutExpired):
+                self._remember(host, False, "")
+        return option_for(self._settings[host])
+
+    def _remember(self, host: str, ok: bool, output: str) -> None:
+        # When ssh cannot say (a config error it will report itself at connect), keep the
+        # default behaviour rather than guess at something stricter or looser.
+        self._settings[host] = parse_setting(output) if ok else DEFAULT
