@@ -605,7 +605,8 @@ def read_text_file(path: Path, what: str, remedy: str) -> str:
     except UnicodeDecodeError as exc:
         raise ConfigError(
             f"{what} {path} is not UTF-8 text (byte {exc.start}: {exc.reason})",
-            f"save it as UTF-8 (e.g. `iconv -t UTF-8 {path}`), or {remedy}",
+            f"save it as UTF-8 (e.g. `iconv -f LATIN1 -t UTF-8 {path} > {path}.utf8`, then "
+            "use that file)",
         ) from None
     except OSError as exc:
         raise ConfigError(f"cannot read {what} {path}: {exc.strerror or exc}", remedy) from None
