@@ -1,0 +1,166 @@
+"""Hardening on the testbed: the rendezvous exposure, host keys, files at rest, secrets kept off
+the nodes' disks, a ~/ interpreter, a rendezvous port reused right after a job.
+
+Every test runs the real `herd` command against the namespaced nodes and their real sshd.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+import sys
+from pathlib import Path
+
+from tests.integration.herd_cli import herd
+from tests.testbed import Testbed
+
+SCRIPTS = Path(__file__).parent / "scripts"
+
+
+def cluster(testbed: Testbed, tmp_path: Path, nodes: list[str], **keys: object) -> Path:
+    return testbed.write_cluster_file(
+        tmp_path / "herd.toml",
+        nodes=list(nodes),
+        workdir=str(SCRIPTS),
+        env={"HERD_HOME": str(tmp_path / "home")},
+        **keys,
+    )
+
+
+def mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def test_launch_refuses_a_public_address_on_the_rendezvous_node(
+    clean_faults: Testbed, tmp_path: Path
+) -> None:
+    """The plan would advertise node1's private bridge address, but the store listens on every
+    interface: a global IPv6 address on another NIC of node1 exposes it all the same."""
+    testbed = clean_faults
+    testbed.add_nic("node1", "pub0", "2a01:4f8:1:2::5/64")
+    config = cluster(testbed, tmp_path, ["node1", "node2"])
+    refused = herd(["launch", "-c", str(config), "--dry-run", "allreduce.py"], tmp_path, tmp_path)
+    assert refused.returncode == 3, refused.stdout + refused.stderr
+    assert "node1: the rendezvous store would listen on public address(es) 2a01:4f8:1:2::5" in (
+        refused.stderr
+    )
+    assert "allow_public_rendezvous = true" in refused.stderr
+    # The rendezvous on node2 (no public address): fine; and node1 allowed explicitly: fine.
+    moved = cluster(testbed, tmp_path, ["node2", "node1"])
+    ok = herd(["launch", "-c", str(moved), "--dry-run", "allreduce.py"], tmp_path, tmp_path)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    allowed = cluster(testbed, tmp_path, ["node1", "node2"], allow_public_rendezvous=True)
+    ok = herd(["launch", "-c", str(allowed), "--dry-run", "allreduce.py"], tmp_path, tmp_path)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    # An IPv4 public address counts the same way.
+    testbed.remove_nic("node1", "pub0")
+    testbed.add_nic("node1", "pub1", "11.22.33.44/24")
+    config = cluster(testbed, tmp_path, ["node1", "node2"])
+    refused = herd(["launch", "-c", str(config), "--dry-run", "allreduce.py"], tmp_path, tmp_path)
+    assert refused.returncode == 3 and "11.22.33.44" in refused.stderr
+
+
+def _ssh_config(testbed: Testbed, tmp_path: Path, strict: str | None) -> Path:
+    """The testbed's ssh config with a fresh, empty known_hosts and the given setting."""
+    known = tmp_path / "known_hosts"
+    known.write_text("")
+    text = testbed.ssh_config.read_text()
+    text = re.sub(r"UserKnownHostsFile \S+", f"UserKnownHostsFile {known}", text)
+    text = re.sub(
+        r"\n\s*StrictHostKeyChecking \S+",
+        f"\n    StrictHostKeyChecking {strict}" if strict else "",
+        text,
+    )
+    path = tmp_path / "ssh_config"
+    path.write_text(text)
+    return path
+
+
+def test_a_strict_host_key_setting_of_the_user_is_kept(testbed: Testbed, tmp_path: Path) -> None:
+    strict = _ssh_config(testbed, tmp_path, "yes")
+    config = testbed.write_cluster_file(
+        tmp_path / "herd.toml", nodes=["node1"], ssh_config=str(strict)
+    )
+    refused = herd(["exec", "-c", str(config), "--", "true"], tmp_path, tmp_path)
+    assert refused.returncode == 3, refused.stdout + refused.stderr
+    assert "host key not known" in refused.stdout + refused.stderr
+    assert (tmp_path / "known_hosts").read_text() == ""  # nothing accepted behind their back
+    # ssh's default (ask) under BatchMode: herd accepts a new key and records it.
+    default = _ssh_config(testbed, tmp_path, None)
+    config = testbed.write_cluster_file(
+        tmp_path / "herd.toml", nodes=["node1"], ssh_config=str(default)
+    )
+    ok = herd(["exec", "-c", str(config), "--", "true"], tmp_path, tmp_path)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert (tmp_path / "known_hosts").read_text().strip()
+
+
+def test_job_files_are_private_on_the_launcher_and_the_nodes(
+    testbed: Testbed, tmp_path: Path
+) -> None:
+    os.umask(0o022)  # the usual umask, which herd must not rely on
+    config = cluster(testbed, tmp_path, ["node1", "node2"])
+    home = tmp_path / "home"
+    done = herd(["launch", "-c", str(config), "allreduce.py"], home, SCRIPTS)
+    assert done.returncode == 0, done.stdout + done.stderr
+    [job] = list((home / "jobs").iterdir())
+    for path in (home, home / "jobs", job):
+        assert mode(path) == 0o700, path
+    files = [p for p in job.iterdir() if p.is_file()]
+    assert {p.name for p in files} >= {"job.json", "output.log", "rank-0.log", "rank-1.log"}
+    assert all(mode(p) == 0o600 for p in files), {p.name: oct(mode(p)) for p in files}
+    # The nodes (HERD_HOME from [cluster] env; the testbed's nodes share this filesystem).
+    for node in ("node1", "node2"):
+        node_dir = home / "nodes" / job.name / node
+        for path in (home / "nodes", home / "nodes" / job.name, node_dir):
+            assert mode(path) == 0o700, path
+        assert mode(node_dir / "agent.json") == 0o600
+
+
+def test_sync_never_copies_the_env_file(testbed: Testbed, tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "train.py").write_text("print('train')\n")
+    (src / ".env").write_text("HF_TOKEN=hf_synced_by_mistake\n")  # not in any .gitignore
+    (src / ".env").chmod(0o600)
+    dst = tmp_path / "dst"
+    config = testbed.write_cluster_file(
+        src / "herd.toml", nodes=["node1"], workdir=str(dst), env_file=".env"
+    )
+    done = herd(["sync", str(src), "-c", str(config)], tmp_path, tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert (dst / "train.py").exists()
+    assert not (dst / ".env").exists()
+
+
+def test_a_home_relative_python_is_found_on_the_nodes(testbed: Testbed, tmp_path: Path) -> None:
+    venv = Path.home() / f".herd-test-{testbed.tag}" / "bin"
+    venv.mkdir(parents=True, exist_ok=True)
+    try:
+        link = venv / "python"
+        if not link.exists():
+            link.symlink_to(sys.executable)
+        relative = "~/" + str(link.relative_to(Path.home()))
+        config = cluster(testbed, tmp_path, ["node1", "node2"], python=relative)
+        done = herd(["launch", "-c", str(config), "--dry-run", "allreduce.py"], tmp_path, SCRIPTS)
+        # The probe ran with that interpreter on both nodes, and the plan keeps the ~ for them.
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert done.stdout.count("torchherd.agent.elastic") == 2
+    finally:
+        (venv / "python").unlink(missing_ok=True)
+        venv.rmdir()
+        venv.parent.rmdir()
+
+
+def test_a_fixed_rendezvous_port_is_reusable_right_after_a_job(
+    testbed: Testbed, tmp_path: Path
+) -> None:
+    """The store's connections of the first job linger in TIME_WAIT on node1; the store
+    binds with SO_REUSEADDR, and so must the probe that says whether the port is free."""
+    config = cluster(testbed, tmp_path, ["node1", "node2"], rdzv_port=29611)
+    home = tmp_path / "home"
+    first = herd(["launch", "-c", str(config), "allreduce.py"], home, SCRIPTS)
+    assert first.returncode == 0, first.stdout + first.stderr
+    second = herd(["launch", "-c", str(config), "allreduce.py"], home, SCRIPTS)
+    assert second.returncode == 0, second.stdout + second.stderr
