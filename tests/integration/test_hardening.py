@@ -1,5 +1,5 @@
 """Hardening on the testbed: the rendezvous exposure, host keys, files at rest, secrets kept off
-the nodes' disks, a ~/ interpreter, a rendezvous port reused right after a job.
+the nodes' disks, a ~/ interpreter.
 
 Every test runs the real `herd` command against the namespaced nodes and their real sshd.
 """
@@ -151,16 +151,3 @@ def test_a_home_relative_python_is_found_on_the_nodes(testbed: Testbed, tmp_path
         (venv / "python").unlink(missing_ok=True)
         venv.rmdir()
         venv.parent.rmdir()
-
-
-def test_a_fixed_rendezvous_port_is_reusable_right_after_a_job(
-    testbed: Testbed, tmp_path: Path
-) -> None:
-    """The store's connections of the first job linger in TIME_WAIT on node1; the store
-    binds with SO_REUSEADDR, and so must the probe that says whether the port is free."""
-    config = cluster(testbed, tmp_path, ["node1", "node2"], rdzv_port=29611)
-    home = tmp_path / "home"
-    first = herd(["launch", "-c", str(config), "allreduce.py"], home, SCRIPTS)
-    assert first.returncode == 0, first.stdout + first.stderr
-    second = herd(["launch", "-c", str(config), "allreduce.py"], home, SCRIPTS)
-    assert second.returncode == 0, second.stdout + second.stderr
