@@ -597,7 +597,8 @@ def _warn_on_stderr(message: str, fix: str) -> None:
 
 
 def read_text_file(path: Path, what: str, remedy: str) -> str:
-    """A UTF-8 text file for a loader, or a ConfigError saying why it cannot be read."""
+    """A UTF-8 text file for a loader, or a ConfigError saying why it cannot be read
+    (``remedy``: what to do when it does not exist)."""
     try:
         return path.read_text(encoding="utf-8")
     except FileNotFoundError:
@@ -609,7 +610,10 @@ def read_text_file(path: Path, what: str, remedy: str) -> str:
             "use that file)",
         ) from None
     except OSError as exc:
-        raise ConfigError(f"cannot read {what} {path}: {exc.strerror or exc}", remedy) from None
+        raise ConfigError(
+            f"cannot read {what} {path}: {exc.strerror or exc}",
+            f"check that it is a file you can read (`ls -l {path}`)",
+        ) from None
 
 
 SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL", re.IGNORECASE)
