@@ -20,7 +20,14 @@ from typing import TextIO
 
 from . import __version__
 from .agent.protocol import missing_module
-from .errors import EXIT_JOB_FAILED, ConfigError, HerdError, Interrupted, NodeNotReady
+from .errors import (
+    EXIT_JOB_FAILED,
+    EXIT_SAVED,
+    ConfigError,
+    HerdError,
+    Interrupted,
+    NodeNotReady,
+)
 from .facts import NodeFacts
 from .jobs import job_dir
 from .logs import JobOutput, RunResult, render_summary
@@ -47,6 +54,10 @@ class LaunchOptions:
     """Colour the prefixes; default: when stdout is a terminal."""
     detach: bool = False
     """Return once every node has started; the job runs on without the launcher."""
+    save_within: float = 60.0
+    """On SIGUSR1 (a scheduler's time-limit warning) workers are asked to save a snapshot and
+    stop; after this many seconds whatever still runs is stopped. The result's exit code is then
+    EXIT_SAVED (5): the job should be requeued."""
 
 
 async def connect_all(cluster: ClusterSpec, transport: Transport) -> None:
@@ -311,10 +322,18 @@ async def _supervise(
         supervisor.interrupt()
 
     _on_signals(loop, interrupt)
+    saving = False
+
+    def save_and_stop() -> None:
+        nonlocal saving
+        saving = True
+        supervisor.request_save(options.save_within)
+
+    _on_save_signal(loop, save_and_stop)
     try:
         while True:
             result = await supervisor.run()
-            if interrupted or not policy.should_restart(result, restarts):
+            if interrupted or saving or not policy.should_restart(result, restarts):
                 break
             restarts += 1
             cause = result.first_failure.headline() if result.first_failure else "a node failed"
@@ -336,7 +355,9 @@ async def _supervise(
     result.duration = time.monotonic() - started
     output.note(render_summary(result))
     output.close()
-    record.state = {0: "succeeded", 130: "stopped"}.get(result.exit_code, "failed")
+    record.state = {0: "succeeded", 130: "stopped", EXIT_SAVED: "saved"}.get(
+        result.exit_code, "failed"
+    )
     record.ended = time.time()
     record.exit_code = result.exit_code
     record.restarts = restarts
@@ -381,8 +402,16 @@ def _on_signals(loop: asyncio.AbstractEventLoop, handler: Callable[[], object]) 
             pass  # not the main thread, or not POSIX
 
 
+def _on_save_signal(loop: asyncio.AbstractEventLoop, handler: Callable[[], object]) -> None:
+    """SIGUSR1: a scheduler's warning before the time limit (Slurm --signal=B:USR1@T)."""
+    try:
+        loop.add_signal_handler(signal.SIGUSR1, handler)
+    except (NotImplementedError, RuntimeError, ValueError):
+        pass
+
+
 def _restore_signals(loop: asyncio.AbstractEventLoop) -> None:
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1):
         try:
             loop.remove_signal_handler(sig)
         except (NotImplementedError, RuntimeError, ValueError):

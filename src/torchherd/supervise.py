@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .agent.protocol import decode, missing_module
-from .errors import EXIT_INTERRUPTED, EXIT_JOB_FAILED, EXIT_NODE_NOT_READY, EXIT_OK
+from .errors import EXIT_INTERRUPTED, EXIT_JOB_FAILED, EXIT_NODE_NOT_READY, EXIT_OK, EXIT_SAVED
 from .logs import FLUSH_EVERY, Failure, JobOutput, RunResult
 from .plan import LaunchPlan, NodePlan
 from .spec import ClusterSpec
@@ -65,6 +65,8 @@ class Supervisor:
         self.nodes = {p.host: NodeRun(p) for p in plan.nodes}
         self.stopping = False
         self.interrupted = False
+        self.saving = False
+        """Workers were asked to save a snapshot and stop (a time limit is near)."""
         self.trigger: str | None = None
         """The node whose failure made the supervisor stop the others."""
         self._stop_deadline: float | None = None
@@ -93,6 +95,20 @@ class Supervisor:
         self.interrupted = True
         self.output.note("herd: stopping the job on every node (Ctrl-C again to cut off now)")
         self.stop_all()
+
+    def request_save(self, within: float) -> None:
+        """Ask every worker to save a snapshot and stop (torchherd.train does at its next log
+        step); whatever still runs after ``within`` seconds is stopped."""
+        if self.saving or self.stopping:
+            return
+        self.saving = True
+        self.output.note(
+            f"herd: asking every worker to save a snapshot and stop (stopping in {within:g} s "
+            "at the latest)"
+        )
+        for node in self.nodes.values():
+            self._send(node, b'{"cmd":"save"}\n')
+        asyncio.get_running_loop().call_later(within, self.stop_all)
 
     def stop_all(self, except_host: str | None = None) -> None:
         if not self.stopping:
@@ -236,12 +252,16 @@ class Supervisor:
         while True:
             await asyncio.sleep(HEARTBEAT_INTERVAL)
             for node in self.nodes.values():
-                stdin = node.process.stdin if node.process is not None else None
-                if stdin is not None and not stdin.is_closing():
-                    try:
-                        stdin.write(b'{"cmd":"ping"}\n')
-                    except (ConnectionError, OSError, RuntimeError):
-                        pass
+                self._send(node, b'{"cmd":"ping"}\n')
+
+    @staticmethod
+    def _send(node: NodeRun, command: bytes) -> None:
+        stdin = node.process.stdin if node.process is not None else None
+        if stdin is not None and not stdin.is_closing():
+            try:
+                stdin.write(command)
+            except (ConnectionError, OSError, RuntimeError):
+                pass
 
     async def _cut_off_after_deadline(self) -> None:
         while True:
@@ -264,7 +284,9 @@ class Supervisor:
         status = {host: node.state for host, node in self.nodes.items()}
         # Every agent ended its job on request, and not this launcher's: `herd stop` did it.
         stopped_elsewhere = not self.stopping and all(s == "stopped" for s in status.values())
-        if all(state == "succeeded" for state in status.values()):
+        if self.saving and all(s in ("succeeded", "stopped") for s in status.values()):
+            code = EXIT_SAVED
+        elif all(state == "succeeded" for state in status.values()):
             code = EXIT_OK
         elif self.interrupted or stopped_elsewhere:
             code = EXIT_INTERRUPTED
@@ -276,7 +298,9 @@ class Supervisor:
             job_id=self.plan.job_id,
             exit_code=code,
             node_status=status,
-            first_failure=None if code == EXIT_OK or stopped_elsewhere else self.first_failure(),
+            first_failure=None
+            if code in (EXIT_OK, EXIT_SAVED) or stopped_elsewhere
+            else self.first_failure(),
             duration=duration,
             log_dir=self.output.log_dir,
         )

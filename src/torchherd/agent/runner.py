@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable
 from typing import IO, Any
 
+from .. import progress
 from . import processes
 from .control import write_agent_record
 from .elastic import FAILURE_FILE_VAR, NODE_DIR_VAR
@@ -34,6 +35,8 @@ Emit = Callable[[dict[str, Any]], None]
 STDERR_TAIL = 20
 # Missed launcher pings after which an attached agent ends its job.
 HEARTBEAT_MISSES = 6
+# Seconds between looks at the workers' beat files.
+BEAT_POLL = 1.0
 
 
 def herd_home(env: dict[str, str]) -> str:
@@ -57,6 +60,7 @@ class NodeJob:
         env = dict(request.get("env", {}))
         self.node_dir = os.path.join(herd_home(env), "nodes", self.job_id, self.node)
         self.failure_file = os.path.join(self.node_dir, "failure.json")
+        self.progress_dir = os.path.join(self.node_dir, "progress")
 
     def run(self) -> int:
         workdir = self.request.get("workdir")
@@ -73,7 +77,7 @@ class NodeJob:
                 )
                 return 3
             os.chdir(path)
-        os.makedirs(self.node_dir, exist_ok=True)
+        os.makedirs(self.progress_dir, exist_ok=True)
         # Where `herd stop` (from any terminal) finds this agent to end the job cleanly.
         write_agent_record(self.node_dir, self.job_id, self.node, bool(self.request.get("detach")))
         processes.become_subreaper()
@@ -105,6 +109,7 @@ class NodeJob:
         for pump in pumps:
             pump.start()
         threading.Thread(target=self._stop_when_asked, daemon=True).start()
+        threading.Thread(target=self._report_beats, daemon=True).start()
         code = self.process.wait()
         for pump in pumps:
             pump.join(timeout=5)
@@ -122,6 +127,7 @@ class NodeJob:
                 NODE_VAR: self.node,
                 NODE_DIR_VAR: self.node_dir,
                 FAILURE_FILE_VAR: self.failure_file,
+                progress.PROGRESS_DIR_VAR: self.progress_dir,
                 "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": LINE_PREFIX_TEMPLATE,
             }
         )
@@ -157,6 +163,23 @@ class NodeJob:
 
     def request_stop(self) -> None:
         self.stop_requested.set()
+
+    def request_save(self) -> None:
+        """Ask the workers to save a snapshot and stop (torchherd.train does at its next log
+        step); herd stops the job anyway if they do not."""
+        progress.request_save(self.progress_dir)
+        self.emit({"e": "save-requested", "host": self.node})
+
+    def _report_beats(self) -> None:
+        """Forward each rank's newest beat (torchherd.progress.beat) to the launcher."""
+        sent: dict[int, tuple[int | None, float]] = {}
+        while not self.stop_requested.wait(BEAT_POLL):
+            if self.process is not None and self.process.poll() is not None:
+                return
+            for rank, beat in progress.read_beats(self.progress_dir).items():
+                if sent.get(rank) != beat:
+                    sent[rank] = beat
+                    self.emit({"e": "beat", "r": rank, "step": beat[0], "at": beat[1]})
 
     def _exit_event(self, code: int, survivors: list[int]) -> dict[str, Any]:
         record: dict[str, Any] = {}
@@ -246,6 +269,8 @@ def main() -> int:
                 continue
             if command == "stop":
                 break
+            if command == "save":
+                job.request_save()
         stop()  # "stop", or stdin closed: the launcher is gone
 
     def watch_heartbeat(interval: float) -> None:
