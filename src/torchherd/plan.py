@@ -39,6 +39,10 @@ class JobSpec:
     """Workers on every node, overriding the cluster file and the GPU count."""
     max_restarts: int = 0
     """Times herd restarts the whole job (every node) after a failure before it fails."""
+    min_nodes: int | None = None
+    """Go on without lost nodes while this many remain (None: [cluster] min_nodes, else all)."""
+    crash_loop: int = 3
+    """Restarts in a row without step progress after which herd gives up (exit 4)."""
     attempt: int = 0
     """0 for the first run; n for the n-th restart (its own rendezvous id)."""
     job_id: str = field(default_factory=lambda: new_job_id())
