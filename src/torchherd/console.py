@@ -10,6 +10,7 @@ how many were left out. herd's own notes always wait their turn. A console that 
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
 from typing import TextIO
@@ -88,3 +89,19 @@ class Console:
             action()  # type: ignore[operator]
         except (OSError, ValueError):  # a closed pipe or file: the console is gone
             self.gone = True
+            _discard_from_now_on(self.stream)
+
+
+def _discard_from_now_on(stream: TextIO) -> None:
+    """Point a dead console's descriptor at /dev/null, so nothing written to it later (the
+    interpreter's own flush at exit included) fails again."""
+    try:
+        descriptor = stream.fileno()
+    except (OSError, ValueError, AttributeError):
+        return
+    try:
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, descriptor)
+        os.close(null)
+    except OSError:
+        pass

@@ -314,20 +314,48 @@ async def _launch(
         if options.dry_run:
             return plan
         if options.detach:
-            from .ops.detach import start_detached
-
-            return await start_detached(
-                cluster,
-                plan,
-                transport,
-                stream,
-                log_dir=options.log_dir,
-                banner=banner(plan, cluster),
-            )
+            return await _start_detached(prepared, options, transport, stream, loop)
         return await _supervise(prepared, job, transport, options, stream, loop)
     finally:
         _restore_signals(loop)
         await transport.close()
+
+
+async def _start_detached(
+    prepared: Prepared,
+    options: LaunchOptions,
+    transport: Transport,
+    stream: TextIO,
+    loop: asyncio.AbstractEventLoop,
+) -> RunResult:
+    """Start the job detached; Ctrl-C while it starts stops it on every node it may reach."""
+    from .ops.detach import start_detached
+    from .ops.jobctl import stop_nodes
+
+    cluster, plan = prepared.cluster, prepared.plan
+    starting = asyncio.create_task(
+        start_detached(
+            cluster,
+            plan,
+            transport,
+            stream,
+            log_dir=options.log_dir,
+            banner=banner(plan, cluster),
+        )
+    )
+    _on_signals(loop, starting.cancel)
+    try:
+        return await starting
+    except asyncio.CancelledError:
+        stream.write("herd: interrupted while the job was starting; stopping it on every node\n")
+        stream.flush()
+        record = new_record(cluster, plan, options.log_dir or job_dir(plan.job_id), state="running")
+        record.detached = True
+        await stop_nodes(record, plan.grace, transport)
+        raise Interrupted(
+            "interrupted while the job was starting; it was stopped on every node",
+            f"nothing of job {plan.job_id} is left; launch it again when ready",
+        ) from None
 
 
 async def _supervise(

@@ -82,7 +82,9 @@ class LiveHerd:
         return "\n".join(line for _, line in self.lines)
 
 
-def cluster(testbed: Testbed, tmp_path: Path, hosts: list[str], **keys: object) -> tuple[Path, Path]:
+def cluster(
+    testbed: Testbed, tmp_path: Path, hosts: list[str], **keys: object
+) -> tuple[Path, Path]:
     home = tmp_path / "home"
     path = testbed.write_cluster_file(
         tmp_path / "herd.toml",
@@ -279,7 +281,17 @@ def test_rendezvous_host_lost_job_goes_on_with_fewer_nodes(
 def test_crash_loop_stops_early_with_its_own_exit_code(testbed: Testbed, tmp_path: Path) -> None:
     path, home = cluster(testbed, tmp_path, ["node1", "node2"])
     herd = LiveHerd(
-        ["-c", str(path), "--max-restarts", "10", "--crash-loop", "2", "steps.py", "--fail-rank", "1"],
+        [
+            "-c",
+            str(path),
+            "--max-restarts",
+            "10",
+            "--crash-loop",
+            "2",
+            "steps.py",
+            "--fail-rank",
+            "1",
+        ],
         home,
     )
     code = herd.finish(timeout=300)
