@@ -14,7 +14,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TextIO
 
@@ -173,6 +173,9 @@ class Prepared:
     facts: dict[str, NodeFacts]
     secrets: dict[str, str]
     plan: LaunchPlan
+    sessions: dict[str, asyncio.subprocess.Process] = field(default_factory=dict)
+    """Agent sessions opened while probing (torchrun's wrapper importing torch meanwhile),
+    by host; the first attempt runs in them."""
 
 
 async def prepare(
@@ -182,28 +185,79 @@ async def prepare(
     *,
     preflight: bool = True,
     progress: Progress | None = None,
+    prewarm: bool = False,
 ) -> Prepared:
-    """Connect, probe and check every node, then make the plan."""
+    """Connect, probe and check every node, then make the plan. With ``prewarm``, each node's
+    agent session is opened while the probe runs, and starts importing torch at once."""
     say = progress or (lambda _: None)
     secrets = read_env_file(cluster.env_file) if cluster.env_file else {}
     cluster = with_workdir(cluster)
     say(f"connecting to {len(cluster.nodes)} node(s)")
     await connect_all(cluster, transport)
     say("probing nodes")
-    facts = await probe_all(
-        cluster,
-        transport,
-        workdir=cluster.workdir,
-        port_on_first=cluster.rdzv_port or 0,
-    )
-    problems = fast_preflight(cluster, facts)
-    if problems and preflight:
-        raise NodeNotReady(
-            "preflight found problems:\n" + "\n".join(f"  {p}" for p in problems),
-            "fix them, or launch anyway with --no-preflight",
-            hosts=tuple(p.split(":", 1)[0] for p in problems),
+    opening = asyncio.create_task(open_sessions(cluster, transport, job)) if prewarm else None
+    try:
+        facts = await probe_all(
+            cluster,
+            transport,
+            workdir=cluster.workdir,
+            port_on_first=cluster.rdzv_port or 0,
         )
-    return Prepared(cluster, facts, secrets, make_plan(cluster, job, facts, secrets))
+        problems = fast_preflight(cluster, facts)
+        if problems and preflight:
+            raise NodeNotReady(
+                "preflight found problems:\n" + "\n".join(f"  {p}" for p in problems),
+                "fix them, or launch anyway with --no-preflight",
+                hosts=tuple(p.split(":", 1)[0] for p in problems),
+            )
+        plan = make_plan(cluster, job, facts, secrets)
+    except BaseException:
+        if opening is not None:
+            await close_sessions(await opening)
+        raise
+    sessions = await opening if opening is not None else {}
+    return Prepared(cluster, facts, secrets, plan, sessions)
+
+
+async def open_sessions(
+    cluster: ClusterSpec, transport: Transport, job: JobSpec
+) -> dict[str, asyncio.subprocess.Process]:
+    """An agent session per node, told to prewarm (start torchrun's wrapper, which imports
+    torch while the launcher plans). A node where this fails simply gets a session later."""
+
+    async def open_one(node: NodeSpec) -> asyncio.subprocess.Process | None:
+        python = cluster.python_for(node)
+        spec = {"python": python, "workdir": cluster.workdir, "job_id": job.job_id}
+        try:
+            process = await transport.start(node, [python, "-m", "torchherd.agent", "run"])
+            assert process.stdin is not None
+            process.stdin.write(json.dumps({"prewarm": spec | {"node": node.name}}).encode())
+            process.stdin.write(b"\n")
+            return process
+        except (OSError, ConnectionError):
+            return None
+
+    opened = await transport.each(cluster.nodes, open_one)
+    return {n.host: p for n, p in zip(cluster.nodes, opened, strict=True) if p is not None}
+
+
+async def close_sessions(sessions: Mapping[str, asyncio.subprocess.Process]) -> None:
+    """End prewarmed sessions that will not run a job (their agents end their wrappers)."""
+    for process in sessions.values():
+        if process.stdin is not None and not process.stdin.is_closing():
+            process.stdin.close()
+
+    async def ended(process: asyncio.subprocess.Process) -> None:
+        try:
+            await asyncio.wait_for(process.wait(), 5)
+        except TimeoutError:
+            try:
+                process.kill()
+            except ProcessLookupError:
+                pass
+            await process.wait()
+
+    await asyncio.gather(*(ended(p) for p in sessions.values()))
 
 
 async def replan(
@@ -301,7 +355,14 @@ async def _launch(
     try:
         progress = _Progress(err)
         preparing = asyncio.create_task(
-            prepare(cluster, job, transport, preflight=options.preflight, progress=progress)
+            prepare(
+                cluster,
+                job,
+                transport,
+                preflight=options.preflight,
+                progress=progress,
+                prewarm=not (options.dry_run or options.detach),
+            )
         )
         _on_signals(loop, preparing.cancel)
         try:
@@ -400,6 +461,7 @@ async def _supervise(
             output,
             hang=HangWatch(options.hang_timeout),
             evidence_dir=log_dir / "stacks" / f"attempt-{job.attempt + restarts}",
+            sessions=prepared.sessions if not restarts else None,
         )
 
     supervisor = attempt(plan)

@@ -77,6 +77,7 @@ class Supervisor:
         silence: float = SILENCE,
         evidence_dir: Path | None = None,
         clock: Callable[[], float] = time.monotonic,
+        sessions: dict[str, asyncio.subprocess.Process] | None = None,
     ) -> None:
         self.plan = plan
         self.cluster = cluster
@@ -91,6 +92,8 @@ class Supervisor:
         self.cause: Failure | None = None
         """Set when herd itself found the cause (a lost node, a hang); wins over workers'."""
         self.hang_found: str | None = None
+        self._sessions = dict(sessions or {})
+        """Agent sessions already open (prewarmed while the launcher planned), by host."""
         self._stacks_wanted: set[str] = set()
         self._stacks_arrived = asyncio.Event()
         self._ending = False
@@ -191,7 +194,9 @@ class Supervisor:
         spec = self.cluster.node(node.plan.host)
         command = [node.plan.python, "-m", "torchherd.agent", "run"]
         try:
-            process = await self.transport.start(spec, command)
+            process = self._sessions.pop(node.plan.host, None)
+            if process is None or process.returncode is not None:
+                process = await self.transport.start(spec, command)
         except OSError as exc:
             node.error = {"message": f"cannot start ssh: {exc}", "remedy": ""}
             self._set_state(node, "not started")

@@ -31,7 +31,7 @@ from typing import IO, Any
 from .. import progress
 from . import processes, stacks
 from .control import write_agent_record
-from .elastic import FAILURE_FILE_VAR, NODE_DIR_VAR
+from .elastic import FAILURE_FILE_VAR, NODE_DIR_VAR, PREWARM_FLAG
 from .protocol import JOB_ID_VAR, LINE_PREFIX_TEMPLATE, NODE_VAR, RankLines, encode
 
 Emit = Callable[[dict[str, Any]], None]
@@ -56,12 +56,63 @@ def herd_home(env: dict[str, str]) -> str:
     return os.path.expanduser(env.get("HERD_HOME") or os.environ.get("HERD_HOME") or "~/.herd")
 
 
+ELASTIC_MODULE = "torchherd.agent.elastic"
+
+
+class Prewarmed:
+    """torchrun's wrapper, started before the job request arrives so that its torch import
+    overlaps the launcher's probe and plan (a launch is then as fast as torchrun by hand)."""
+
+    def __init__(self, spec: dict[str, Any]) -> None:
+        self.python = str(spec["python"])
+        self.workdir = spec.get("workdir")
+        cwd = os.path.expanduser(self.workdir) if self.workdir else None
+        env = dict(os.environ)
+        env.update({JOB_ID_VAR: str(spec["job_id"]), NODE_VAR: str(spec["node"])})
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        processes.become_subreaper()
+        self.process = subprocess.Popen(
+            [self.python, "-m", ELASTIC_MODULE, PREWARM_FLAG],
+            env=env,
+            cwd=cwd if cwd and os.path.isdir(cwd) else None,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
+
+    def fits(self, request: dict[str, Any]) -> bool:
+        argv = list(request.get("argv", []))
+        return (
+            argv[:3] == [self.python, "-m", ELASTIC_MODULE]
+            and request.get("workdir") == self.workdir
+            and self.process.poll() is None
+        )
+
+    def hand_over(self, argv: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+        """Give the waiting wrapper its job; it runs torchrun from here on."""
+        assert self.process.stdin is not None
+        try:
+            self.process.stdin.write(json.dumps({"argv": argv[3:], "env": env}).encode() + b"\n")
+            self.process.stdin.close()
+        except OSError:
+            pass  # it died (torch could not be imported): its own output says why
+        return self.process
+
+    def discard(self) -> None:
+        _signal_group(self.process.pid, signal.SIGKILL)
+        self.process.wait()
+
+
 class NodeJob:
     """One node's part of one job: the process, its output pumps and its teardown."""
 
-    def __init__(self, request: dict[str, Any], emit: Emit) -> None:
+    def __init__(
+        self, request: dict[str, Any], emit: Emit, prewarmed: Prewarmed | None = None
+    ) -> None:
         self.request = request
         self.emit = emit
+        self.prewarmed = prewarmed
         self.job_id: str = request["job_id"]
         self.node: str = request["node"]
         self.grace: float = float(request.get("grace", 10))
@@ -95,14 +146,7 @@ class NodeJob:
         write_agent_record(self.node_dir, self.job_id, self.node, bool(self.request.get("detach")))
         processes.become_subreaper()
         try:
-            self.process = subprocess.Popen(
-                self.request["argv"],
-                env=self._environment(),
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                start_new_session=True,
-            )
+            self.process = self._start()
         except OSError as exc:
             self.emit(
                 {
@@ -130,6 +174,22 @@ class NodeJob:
         survivors = processes.end_job(self.job_id, self.node, grace=min(self.grace, 5))
         self.emit(self._exit_event(code, survivors))
         return 130 if self.stop_requested.is_set() else (0 if code == 0 else 1)
+
+    def _start(self) -> subprocess.Popen[bytes]:
+        """torchrun's wrapper for this job: the prewarmed one when it fits, else a new one."""
+        env = self._environment()
+        if self.prewarmed is not None:
+            if self.prewarmed.fits(self.request):
+                return self.prewarmed.hand_over(list(self.request["argv"]), env)
+            self.prewarmed.discard()
+        return subprocess.Popen(
+            self.request["argv"],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
 
     def _environment(self) -> dict[str, str]:
         env = dict(os.environ)
@@ -285,9 +345,18 @@ class StdoutEmitter:
 
 
 def main() -> int:
-    first = sys.stdin.buffer.readline()
     try:
-        request = json.loads(first)
+        request = json.loads(sys.stdin.buffer.readline())
+        prewarmed = None
+        if "prewarm" in request:
+            # The launcher opened this session before planning: start torchrun's wrapper now
+            # (it imports torch meanwhile), then wait for the real request.
+            prewarmed = Prewarmed(request["prewarm"])
+            line = sys.stdin.buffer.readline()
+            request = json.loads(line) if line.strip() else {}
+            if "job_id" not in request:  # stdin closed or "stop": the launch did not happen
+                prewarmed.discard()
+                return 0
     except ValueError:
         print("torchherd agent: expected a JSON job request on stdin", file=sys.stderr)
         return 2
@@ -303,7 +372,7 @@ def main() -> int:
             job.request_stop()
 
     emitter = StdoutEmitter(on_broken=stop)
-    job = NodeJob(request, emitter)
+    job = NodeJob(request, emitter, prewarmed)
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, stop)
     nodejob = job
