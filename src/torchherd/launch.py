@@ -297,14 +297,19 @@ async def replan(
                 f"herd: going on without {', '.join(gone)}: {len(alive)} node(s) left, "
                 f"rendezvous now on {cluster.rendezvous_node.host}"
             )
-    if cluster.transport != "local":
-        first = cluster.rendezvous_node
-        fresh = await probe_all(
-            cluster.select([first.host]), transport, port_on_first=cluster.rdzv_port or 0
-        )
-        facts[first.host] = fresh[first.host]
-    plan = make_plan(cluster, job, facts, prepared.secrets)
-    return Prepared(cluster, facts, prepared.secrets, plan)
+    opening = asyncio.create_task(open_sessions(cluster, transport, job))
+    try:
+        if cluster.transport != "local":
+            first = cluster.rendezvous_node
+            fresh = await probe_all(
+                cluster.select([first.host]), transport, port_on_first=cluster.rdzv_port or 0
+            )
+            facts[first.host] = fresh[first.host]
+        plan = make_plan(cluster, job, facts, prepared.secrets)
+    except BaseException:
+        await close_sessions(await opening)
+        raise
+    return Prepared(cluster, facts, prepared.secrets, plan, await opening)
 
 
 def with_workdir(cluster: ClusterSpec) -> ClusterSpec:
@@ -461,7 +466,7 @@ async def _supervise(
             output,
             hang=HangWatch(options.hang_timeout),
             evidence_dir=log_dir / "stacks" / f"attempt-{job.attempt + restarts}",
-            sessions=prepared.sessions if not restarts else None,
+            sessions=prepared.sessions,
         )
 
     supervisor = attempt(plan)

@@ -102,6 +102,8 @@ class JobOutput:
         self.stream = stream or sys.stdout
         self.color = self.stream.isatty() if color is None else color
         self.console = Console(self.stream)
+        self.ranks_seen: set[tuple[str, int]] = set()
+        """(host, rank) of every rank that printed a line."""
         self._file_problem: str | None = None
         hosts = list(hosts)
         self._colors = {host: _PALETTE[i % len(_PALETTE)] for i, host in enumerate(hosts)}
@@ -120,6 +122,8 @@ class JobOutput:
         if self._secrets:
             text = redact_text(text, self._secrets)
         label = self.prefix(host, rank)
+        if rank is not None:
+            self.ranks_seen.add((host, rank))
         if self.color:
             code = self._colors.get(host, "0") if rank is not None else _DIM
             shown = f"\x1b[{code}m{label}\x1b[0m | {text}"

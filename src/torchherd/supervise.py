@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import json
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -486,19 +487,48 @@ class Supervisor:
         failure = self.cause or choose_first_failure(list(self.nodes.values()), self.trigger)
         if failure is None:
             return None
-        found = explain("\n".join((failure.message, *failure.last_stderr)))
-        if found is not None and not failure.cause:
-            return Failure(
-                failure.host,
-                failure.rank,
-                failure.exitcode,
-                failure.signal,
-                failure.message,
-                failure.last_stderr,
-                remedy=failure.remedy or found.fix,
-                cause=found.cause,
-            )
-        return failure
+        text = "\n".join((failure.message, *failure.last_stderr))
+        found = explain(text)
+        if found is None or failure.cause:
+            return failure
+        cause = found.cause
+        if found.kind == "rendezvous-timeout":
+            absent = self._never_joined()
+            if absent:
+                cause += f"; never joined: {', '.join(absent)}"
+        elif found.kind == "peer-connection":
+            peer = self._peer_named_in(text)
+            if peer is not None:
+                cause += f"; the peer is {peer}"
+        return Failure(
+            failure.host,
+            failure.rank,
+            failure.exitcode,
+            failure.signal,
+            failure.message,
+            failure.last_stderr,
+            remedy=failure.remedy or found.fix,
+            cause=cause,
+        )
+
+    def _never_joined(self) -> list[str]:
+        """Nodes whose workers never started (no rank spoke there) and that did not time out
+        waiting in the rendezvous themselves: the ones the others waited for."""
+        spoke = {host for host, _ in self.output.ranks_seen}
+        waited = {
+            host
+            for host, node in self.nodes.items()
+            if node.error
+            and "Rendezvous" in f"{node.error.get('error', '')} {node.error.get('message', '')}"
+        }
+        return [host for host in self.nodes if host not in spoke and host not in waited]
+
+    def _peer_named_in(self, text: str) -> str | None:
+        """The node whose address a connection error names."""
+        for node in self.plan.nodes:
+            if node.local_addr and re.search(rf"\b{re.escape(node.local_addr)}\b", text):
+                return node.host
+        return None
 
 
 # What a worker says when a peer died first: its failure is a consequence, not the cause.
