@@ -6,27 +6,18 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import pytest
 
+from tests.integration.herd_cli import SCRIPTS
+from tests.integration.herd_cli import one_worker_cluster as cluster
 from tests.testbed import Testbed
-
-SCRIPTS = Path(__file__).parent / "scripts"
-
-
-def cluster(testbed: Testbed, tmp_path: Path, hosts: list[str]) -> tuple[Path, Path]:
-    home = tmp_path / "home"
-    path = testbed.write_cluster_file(
-        tmp_path / "herd.toml",
-        nodes=[{"host": h, "nproc": 1} for h in hosts],
-        workdir=str(SCRIPTS),
-        env={"HERD_HOME": str(home)},
-    )
-    return path, home
 
 
 def record(home: Path) -> dict[str, object]:
@@ -134,3 +125,62 @@ def test_ctrl_c_in_a_real_terminal_stops_every_node_cleanly(
     for node in ("node1", "node2", "node3"):
         assert f"{node}  stopped" in out, out
     assert record(home)["state"] == "stopped"
+
+
+def test_a_closed_terminal_stops_the_job_and_leaves_nothing(
+    testbed: Testbed, tmp_path: Path
+) -> None:
+    path, home = cluster(testbed, tmp_path, ["node1", "node2"])
+    # A private TMPDIR (short: ssh control sockets live in it) shows what the launcher left.
+    scratch = Path(tempfile.mkdtemp(prefix="h", dir="/tmp"))
+    process = subprocess.Popen(
+        herd_argv("-c", str(path), "allreduce.py", "--sleep", "300"),
+        cwd=SCRIPTS,
+        env=dict(os.environ, HERD_HOME=str(home), PYTHONUNBUFFERED="1", TMPDIR=str(scratch)),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        assert process.stdout is not None
+        sleeping = 0
+        for line in process.stdout:
+            sleeping += "SLEEPING" in line
+            if sleeping == 2:
+                break
+        assert list(scratch.glob("herd-ssh-*")), "no control directory while the job runs"
+        process.send_signal(signal.SIGHUP)
+        out = process.communicate(timeout=60)[0]
+        assert process.returncode == 130, out
+        assert record(home)["state"] == "stopped", out
+        assert not list(scratch.iterdir()), list(scratch.iterdir())
+        assert not testbed.processes_with_env("HERD_JOB_ID", str(record(home)["id"]))
+    finally:
+        if process.poll() is None:
+            process.kill()
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def test_a_full_log_disk_does_not_stop_the_job(testbed: Testbed, tmp_path: Path) -> None:
+    path, home = cluster(testbed, tmp_path, ["node1", "node2"])
+    small = tmp_path / "small"
+    small.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(small)], check=True)
+    try:
+        done = subprocess.run(
+            herd_argv("-c", str(path), "--log-dir", str(small), "chatty.py", "--seconds", "3"),
+            cwd=SCRIPTS,
+            env=dict(os.environ, HERD_HOME=str(home)),
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=240,
+        )
+    finally:
+        subprocess.run(["umount", str(small)], check=False)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+    assert "cannot write the job's logs" in done.stdout, done.stdout[-2000:]
+    assert done.stdout.count("DONE rank=") == 2
+    assert record(home)["state"] == "succeeded"

@@ -18,9 +18,10 @@ import threading
 import time
 from pathlib import Path
 
+from tests.integration.herd_cli import SCRIPTS
+from tests.integration.herd_cli import one_worker_cluster as cluster
 from tests.testbed import Testbed
 
-SCRIPTS = Path(__file__).parent / "scripts"
 # Generous bounds for the 2-core test machine; herd's own targets are 15 s and 60 s.
 NODE_LOSS_BOUND = 25.0
 HANG_BOUND = 40.0
@@ -80,20 +81,6 @@ class LiveHerd:
     @property
     def output(self) -> str:
         return "\n".join(line for _, line in self.lines)
-
-
-def cluster(
-    testbed: Testbed, tmp_path: Path, hosts: list[str], **keys: object
-) -> tuple[Path, Path]:
-    home = tmp_path / "home"
-    path = testbed.write_cluster_file(
-        tmp_path / "herd.toml",
-        nodes=[{"host": h, "nproc": 1} for h in hosts],
-        workdir=str(SCRIPTS),
-        env={"HERD_HOME": str(home)},
-        **keys,
-    )
-    return path, home
 
 
 def job_id(home: Path) -> str:
