@@ -11,6 +11,10 @@ EXIT_OK = 0
 EXIT_JOB_FAILED = 1
 EXIT_USAGE = 2
 EXIT_NODE_NOT_READY = 3
+EXIT_CRASH_LOOP = 4
+"""Restarts kept failing without any step progress; herd gave up early."""
+EXIT_SAVED = 5
+"""The job saved a snapshot and stopped on request (a time limit or preemption): requeue it."""
 EXIT_INTERRUPTED = 130
 
 

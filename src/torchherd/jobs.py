@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .agent.private import private_dir, write_private
+from .files import private_dir, write_private
 
 
 def herd_home() -> Path:

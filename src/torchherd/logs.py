@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TextIO
 
-from .agent.private import open_private, private_dir
+from .console import Console
+from .files import open_private, private_dir
 from .jobs import herd_home
 from .redact import redact_text
 
@@ -37,9 +38,12 @@ class Failure:
     message: str
     last_stderr: tuple[str, ...] = ()
     remedy: str = ""
+    cause: str = ""
+    """What the failure means, in words, when its signature is known (recovery.causes)."""
 
     def headline(self) -> str:
         where = f"{self.host} rank {self.rank}" if self.rank is not None else self.host
+        where = where or "the job"
         if self.signal:
             how = f"killed by {self.signal}"
         elif self.exitcode is not None:
@@ -60,10 +64,28 @@ class RunResult:
     log_dir: Path | None = None
     restarts: int = 0
     """Times the whole job was restarted after a failure."""
+    behind: tuple[str, ...] = ()
+    """The ranks herd found holding the others up, one line each (from their stacks)."""
+    stacks_dir: Path | None = None
+    """Where the workers' stacks taken before the kill are kept."""
+    evidence_problems: tuple[str, ...] = ()
+    hang: str | None = None
+    """Why herd called the job hung, if it did."""
+    lost: tuple[str, ...] = ()
+    """Nodes that stopped answering."""
+    max_step: int | None = None
+    """The highest step any rank reported (torchherd.progress beats)."""
+    reason: str = ""
+    """One line on why herd gave up, when it did early (a crash loop, too few nodes)."""
 
 
 class JobOutput:
-    """Prints prefixed worker lines and keeps one log file per rank (plus one per node)."""
+    """Prints prefixed worker lines and keeps one log file per rank (plus one per node).
+
+    The console is written by a thread of its own (console.Console), so a console that stops
+    reading never blocks the supervision; the files are written here. A file that cannot be
+    written (a full disk) is noted once and left; the job goes on.
+    """
 
     def __init__(
         self,
@@ -79,6 +101,10 @@ class JobOutput:
         private_dir(log_dir, home=herd_home())
         self.stream = stream or sys.stdout
         self.color = self.stream.isatty() if color is None else color
+        self.console = Console(self.stream)
+        self.ranks_seen: set[tuple[str, int]] = set()
+        """(host, rank) of every rank that printed a line."""
+        self._file_problem: str | None = None
         hosts = list(hosts)
         self._colors = {host: _PALETTE[i % len(_PALETTE)] for i, host in enumerate(hosts)}
         self.width = max(len(h) for h in hosts) + 1 + len(str(max(world_size - 1, 0)))
@@ -96,14 +122,16 @@ class JobOutput:
         if self._secrets:
             text = redact_text(text, self._secrets)
         label = self.prefix(host, rank)
+        if rank is not None:
+            self.ranks_seen.add((host, rank))
         if self.color:
             code = self._colors.get(host, "0") if rank is not None else _DIM
             shown = f"\x1b[{code}m{label}\x1b[0m | {text}"
         else:
             shown = f"{label} | {text}"
-        self.stream.write(shown + "\n")
-        self._merged.write(f"{label} | {text}\n")
-        self._file(host, rank).write(text + "\n")
+        self.console.write_line(shown)
+        self._keep(lambda: self._merged.write(f"{label} | {text}\n"))
+        self._keep(lambda: self._file(host, rank).write(text + "\n"))
         if time.monotonic() - self._flushed > FLUSH_EVERY:
             self.flush()
 
@@ -111,16 +139,29 @@ class JobOutput:
         """herd's own words (banner, restarts, summary): console and merged log."""
         if self._secrets:  # a summary quotes failure messages and stderr, which can hold them
             text = redact_text(text, self._secrets)
-        self.stream.write(text + "\n")
-        self._merged.write(text + "\n")
-        self.stream.flush()
+        self.console.note(text)
+        self.console.flush()
+        self._keep(lambda: self._merged.write(text + "\n"))
 
     def flush(self) -> None:
         self._flushed = time.monotonic()
-        self.stream.flush()
-        self._merged.flush()
+        self.console.flush()
+        self._keep(self._merged.flush)
         for handle in self._files.values():
-            handle.flush()
+            self._keep(handle.flush)
+
+    def _keep(self, write: Callable[[], object]) -> None:
+        """A write to the log files; a failure (disk full) is said once, and the job goes on."""
+        if self._file_problem is not None:
+            return
+        try:
+            write()
+        except (OSError, ValueError) as exc:
+            self._file_problem = str(exc)
+            self.console.note(
+                f"herd: cannot write the job's logs in {self.log_dir}: {exc}; the job goes on, "
+                "its output is shown here only"
+            )
 
     def _file(self, host: str, rank: int | None) -> IO[str]:
         name = f"rank-{rank}.log" if rank is not None else f"node-{host}.log"
@@ -132,14 +173,19 @@ class JobOutput:
 
     def close(self) -> None:
         self.flush()
-        for handle in self._files.values():
-            handle.close()
-        self._merged.close()
+        for handle in [*self._files.values(), self._merged]:
+            try:
+                handle.close()
+            except OSError:
+                pass
+        self.console.close()
 
 
 def render_summary(result: RunResult) -> str:
     """The closing block: status per node and the first failure with its last stderr lines."""
-    state = {0: "succeeded", 130: "interrupted"}.get(result.exit_code, "failed")
+    state = {0: "succeeded", 130: "interrupted", 5: "saved a snapshot and stopped"}.get(
+        result.exit_code, "failed"
+    )
     after = f" after {result.restarts} restart(s)" if result.restarts else ""
     lines = [f"job {result.job_id} {state} in {result.duration:.1f} s{after}"]
     width = max((len(h) for h in result.node_status), default=0)
@@ -153,8 +199,19 @@ def render_summary(result: RunResult) -> str:
         if failure.last_stderr:
             lines.append("  last lines of its stderr:")
             lines.extend(f"    {text}" for text in failure.last_stderr[-10:])
+        if failure.cause:
+            lines.append(f"  cause: {failure.cause}")
         if failure.remedy:
             lines.append(f"  fix: {failure.remedy}")
+    if result.behind:
+        lines.append("behind (from the workers' stacks):")
+        lines.extend(f"  {line}" for line in result.behind)
+    if result.stacks_dir is not None:
+        lines.append(f"stacks: {result.stacks_dir} (herd logs {result.job_id} --stacks)")
+    for problem in result.evidence_problems:
+        lines.append(f"  stacks missing: {problem}")
+    if result.reason:
+        lines.append(f"gave up: {result.reason}")
     if result.log_dir is not None:
         lines.append(f"logs: {result.log_dir}")
     return "\n".join(lines)

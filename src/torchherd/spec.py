@@ -134,6 +134,8 @@ class ClusterSpec(BaseModel):
     """Rendezvous port on the first node; default: a free port found at launch."""
     allow_public_rendezvous: bool = False
     """Allow a public rendezvous address (the c10d store has no authentication)."""
+    min_nodes: int | None = Field(default=None, ge=1)
+    """On a restart, go on without lost nodes while at least this many answer (default: all)."""
     source: str = "command line"
     """Where this spec came from, for messages."""
 

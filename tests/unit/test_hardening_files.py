@@ -81,7 +81,7 @@ def test_launcher_job_directory_and_files_are_private(herd_home: Path) -> None:
 
 
 def test_a_chosen_log_dir_gets_private_files_and_keeps_its_own_mode(tmp_path: Path) -> None:
-    from torchherd.agent.private import open_private, private_dir
+    from torchherd.files import open_private, private_dir
 
     chosen = tmp_path / "mine"
     chosen.mkdir(mode=0o750)

@@ -19,8 +19,8 @@ import threading
 import time
 from typing import Any
 
+from ..files import write_private
 from . import processes
-from .private import write_private
 from .protocol import encode
 
 AGENT_FILE = "agent.json"

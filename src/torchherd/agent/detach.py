@@ -22,8 +22,8 @@ import threading
 import time
 from typing import Any
 
+from ..files import private_dir
 from .control import EVENTS_FILE
-from .private import private_dir
 from .protocol import decode, encode
 
 # How long the foreground agent waits for the daemon's first event.

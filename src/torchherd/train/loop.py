@@ -29,6 +29,7 @@ from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 from torch.utils.data import DataLoader, Dataset
 
+from torchherd import progress
 from torchherd.train import _state
 from torchherd.train._batches import batch_len, to_device
 from torchherd.train.config import TrainerConfig
@@ -128,6 +129,8 @@ class Trainer:
         self._snapshot_step = -1
         self._snapshot_time = time.monotonic()
         self._pending: list[dict[str, Any]] = []
+        self.stopped_for_save = False
+        """True when fit() ended early because herd asked for a snapshot (a time limit)."""
 
     @property
     def module(self) -> nn.Module:
@@ -236,8 +239,10 @@ class Trainer:
 
     def _done(self) -> bool:
         cfg = self.config
-        return (cfg.max_steps is not None and self.step >= cfg.max_steps) or (
-            cfg.max_epochs is not None and self.epoch >= cfg.max_epochs
+        return (
+            self.stopped_for_save
+            or (cfg.max_steps is not None and self.step >= cfg.max_steps)
+            or (cfg.max_epochs is not None and self.epoch >= cfg.max_epochs)
         )
 
     def _autocast(self) -> contextlib.AbstractContextManager[Any]:
@@ -290,6 +295,7 @@ class Trainer:
 
     def _after_step(self) -> None:
         cfg = self.config
+        progress.beat(self.step)  # herd's hang watch: this rank is advancing
         last = self._done()
         snapshot_due = cfg.snapshot_every > 0 and self.step % cfg.snapshot_every == 0
         eval_due = (
@@ -298,6 +304,11 @@ class Trainer:
         show = self.step % cfg.log_every == 0 or last
         if show or snapshot_due or eval_due:
             snapshot_due = self._flush_metrics(show) or snapshot_due
+        if self.stopped_for_save:
+            # herd asked for a snapshot before a time limit: save now and leave the loop.
+            self.metrics.message(f"herd asked to save and stop: snapshot at step {self.step}")
+            self.save_snapshot()
+            return
         if eval_due:
             self.evaluate()
         if snapshot_due:
@@ -311,12 +322,15 @@ class Trainer:
             return False
         interval = self.config.snapshot_every_seconds
         timed = interval > 0 and time.monotonic() - self._snapshot_time >= interval
-        values = torch.stack([r.pop("_loss") for r in pending] + [self._flag(timed)])
+        flags = [self._flag(timed), self._flag(progress.save_requested())]
+        values = torch.stack([r.pop("_loss") for r in pending] + flags)
         if self.ctx.distributed:
             dist.all_reduce(values)
         reduced = values.tolist()
+        # Rank 0's view decides for every rank, so all of them stop at the same step.
+        self.stopped_for_save = self.stopped_for_save or reduced[-1] > 0
         samples = 0
-        for index, (raw, loss) in enumerate(zip(pending, reduced, strict=False)):
+        for index, (raw, loss) in enumerate(zip(pending, reduced[:-2], strict=True)):
             samples += raw.pop("_samples") * self.ctx.world_size
             record = {"step": raw.pop("step"), "epoch": raw.pop("epoch")}
             record["loss"] = loss / self.ctx.world_size
@@ -325,7 +339,7 @@ class Trainer:
             pending[index] = record | raw
         self._last_loss = pending[-1]["loss"]
         self.metrics.log_steps(pending, samples, show)
-        return reduced[-1] > 0
+        return reduced[-2] > 0
 
     def _flag(self, value: bool) -> torch.Tensor:
         # Summed over ranks, so only rank 0's clock counts.
@@ -333,7 +347,11 @@ class Trainer:
 
     def _finish(self) -> None:
         self._flush_metrics()
-        if self.eval_loader is not None and self._last_eval_step != self.step:
+        if (
+            self.eval_loader is not None
+            and self._last_eval_step != self.step
+            and not self.stopped_for_save
+        ):
             self.evaluate()
         if self.config.snapshots_enabled and self._snapshot_step != self.step and self.step > 0:
             self.save_snapshot()
@@ -353,6 +371,7 @@ class Trainer:
         model.eval()
         totals = torch.zeros(2, device=self.ctx.device, dtype=torch.float64)
         for batch in self.eval_loader:
+            progress.beat(self.step)  # a long evaluation is progress, not a hang
             count = batch_len(batch)
             with self._autocast():
                 loss = self.loss_fn(model, to_device(batch, self.ctx.device))
