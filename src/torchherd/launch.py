@@ -211,12 +211,29 @@ async def prepare(
                 hosts=tuple(p.split(":", 1)[0] for p in problems),
             )
         plan = make_plan(cluster, job, facts, secrets)
+        refuse_public_rendezvous(cluster, facts, plan)
     except BaseException:
         if opening is not None:
             await close_sessions(await opening)
         raise
     sessions = await opening if opening is not None else {}
     return Prepared(cluster, facts, secrets, plan, sessions)
+
+
+def refuse_public_rendezvous(
+    cluster: ClusterSpec, facts: Mapping[str, NodeFacts], plan: LaunchPlan
+) -> None:
+    """The one check --no-preflight does not skip (and a restart on a new rendezvous host
+    makes again): the c10d store must not listen on a public address unless allowed."""
+    if cluster.transport == "local" or plan.rdzv_endpoint is None:
+        return
+    from .preflight.network_checks import rendezvous_exposure
+
+    first = cluster.rendezvous_node
+    planned = plan.nodes[0].local_addr
+    found = rendezvous_exposure(cluster, first, facts[first.host], planned)
+    if found is not None:
+        raise NodeNotReady(f"{first.host}: {found.summary}", found.remedy, hosts=(first.host,))
 
 
 async def open_sessions(
@@ -306,6 +323,7 @@ async def replan(
             )
             facts[first.host] = fresh[first.host]
         plan = make_plan(cluster, job, facts, prepared.secrets)
+        refuse_public_rendezvous(cluster, facts, plan)
     except BaseException:
         await close_sessions(await opening)
         raise

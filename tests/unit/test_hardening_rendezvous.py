@@ -178,3 +178,20 @@ def test_a_listening_port_is_busy_on_either_family(family: int, address: str) ->
         listener.bind((address, port))
         listener.listen()
         assert not probe._is_free(port)
+
+
+def test_no_preflight_does_not_skip_the_public_rendezvous_refusal() -> None:
+    from torchherd.errors import NodeNotReady
+    from torchherd.launch import refuse_public_rendezvous
+    from torchherd.plan import JobSpec, make_plan
+
+    cluster = two_nodes()
+    facts = {
+        "node1": facts_for("node1", 1, ipv6=[*QUICK_PROBE["ipv6"], PUBLIC_V6]),
+        "node2": facts_for("node2", 2),
+    }
+    plan = make_plan(cluster, JobSpec(entry=("train.py",)), facts)
+    with pytest.raises(NodeNotReady, match="2a01:4f8:1:2::5"):
+        refuse_public_rendezvous(cluster, facts, plan)
+    allowed = two_nodes(allow_public_rendezvous=True)
+    refuse_public_rendezvous(allowed, facts, make_plan(allowed, JobSpec(entry=("t.py",)), facts))
