@@ -286,6 +286,15 @@ class Supervisor:
             elif event.get("stopped"):
                 self._set_state(node, "stopped")
             else:
+                if not node.failures and node.error is None:
+                    # torchrun ended badly without a worker failure to show: say how it ended.
+                    how = event.get("signal") or f"exit code {event.get('code')}"
+                    node.error = {
+                        "message": f"torchrun on {host} ended with {how} and no worker failure",
+                        "remedy": f"see {host}'s own lines above, and its torchrun logs in "
+                        f"{event.get('node_dir') or 'the job directory on the node'}",
+                        "last_stderr": event.get("last_stderr", []),
+                    }
                 self._set_state(node, "failed")
                 self._on_node_failed(node)
 

@@ -310,10 +310,11 @@ class NodeJob:
             "failures": failures,
             "stopped": self.stop_requested.is_set(),
             "survivors": survivors,
+            "node_dir": self.node_dir,
         }
         if record.get("kind") == "launcher":
             event["error"] = {k: record.get(k, "") for k in ("error", "message", "remedy")}
-            event["last_stderr"] = list(self.stderr_tails.get(None, []))
+        event["last_stderr"] = list(self.stderr_tails.get(None, []))
         return event
 
 
