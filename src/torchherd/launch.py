@@ -36,6 +36,7 @@ from .plan import JobSpec, LaunchPlan, make_plan
 from .redact import redact_text
 from .spec import ClusterSpec, NodeSpec, read_env_file
 from .transport import CommandResult, Transport, for_cluster
+from .transport.base import setup_failure
 
 Progress = Callable[[str], None]
 
@@ -122,6 +123,13 @@ def explain_probe_failure(node: NodeSpec, python: str, result: CommandResult) ->
     if result.timed_out:
         return f"{node.host}: the probe did not answer in time; fix: check the node's load and disk"
     code, stderr = result.returncode, result.stderr
+    prelude = setup_failure(code, stderr)
+    if prelude is not None:
+        shown = prelude.replace("\n", "\n    ")
+        return (
+            f"{node.host}: the setup commands failed; their output:\n    {shown}\n"
+            "  fix: correct setup in [cluster] (or this [[node]]) of the cluster file"
+        )
     if code == 127 or ("not found" in stderr and missing_module(stderr) is None):
         return (
             f"{node.host}: {python} not found; fix: install Python 3.11+ there or set python "
@@ -188,7 +196,7 @@ async def prepare(
 async def replan(prepared: Prepared, job: JobSpec, transport: Transport) -> LaunchPlan:
     """The plan for a restart: the same nodes, a fresh rendezvous id and a port free now."""
     cluster, facts = prepared.cluster, dict(prepared.facts)
-    if cluster.transport == "ssh":
+    if cluster.transport != "local":
         first = cluster.rendezvous_node
         fresh = await probe_all(
             cluster.select([first.host]), transport, port_on_first=cluster.rdzv_port or 0
