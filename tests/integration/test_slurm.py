@@ -6,8 +6,10 @@ start exactly one agent per node through srun and run the job on all of them.
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -118,3 +120,73 @@ def test_salloc_interactive_run(slurm: SlurmCluster, tmp_path: Path) -> None:
     assert "herd: Slurm job" in done.stderr
     assert_three_ranks(done.stdout)
     nothing_left(slurm, herd_job_id(done.stdout))
+
+
+def herd_cli(
+    slurm: SlurmCluster, args: list[str], home: Path, cwd: Path = SCRIPTS
+) -> subprocess.CompletedProcess[str]:
+    return slurm.run([sys.executable, "-m", "torchherd", *args], cwd=cwd, env=herd_env(slurm, home))
+
+
+def submitted_id(stdout: str) -> str:
+    match = re.search(r"submitted slurm job (\d+)", stdout)
+    assert match, stdout
+    return match.group(1)
+
+
+def test_herd_submit_slurm(slurm: SlurmCluster, tmp_path: Path) -> None:
+    home, output = tmp_path / "home", tmp_path / "submit.out"
+    args = ["submit", "--scheduler", "slurm", "-N", "3", "--time", "00:10:00", "--grace", "60"]
+    done = herd_cli(slurm, [*args, "-o", str(output), "allreduce.py"], home)
+    assert done.returncode == 0, done.stderr
+    job = submitted_id(done.stdout)
+    assert f"squeue -j {job}" in done.stdout  # how to follow it
+    script = Path(done.stdout.split("script: ")[1].split()[0]).read_text()
+    assert "#SBATCH --signal=B:USR1@60" in script and "#SBATCH --requeue" in script
+    assert "\nexec " in script  # herd is the batch shell process, so USR1 reaches it
+    assert slurm.wait_job(job, timeout=300) == "COMPLETED", output.read_text()
+    assert_three_ranks(output.read_text())
+    listed = json.loads(herd_cli(slurm, ["ps", "--json"], home).stdout)
+    mine = [row for row in listed if row.get("scheduler") == "slurm"]
+    assert [(row["id"], row["state"]) for row in mine] == [(job, "COMPLETED")]
+
+
+TRAIN_ARGS = ["--max-steps", "200", "--snapshot-every", "20", "--batch-size", "16"]
+
+
+def final_loss(run_dir: Path) -> float:
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    last = [r for r in records if r.get("step") == 200]
+    assert last, f"step 200 never logged in {run_dir}"
+    return float(last[-1]["loss"])
+
+
+def submit_training(slurm: SlurmCluster, tmp_path: Path, name: str) -> tuple[str, Path, Path]:
+    run_dir, output = tmp_path / name / "run", tmp_path / name / "out.txt"
+    args = ["submit", "--scheduler", "slurm", "-N", "2", "--time", "00:10:00", "--grace", "60"]
+    args += ["--max-requeues", "1", "-o", str(output), "slow_minimal.py", *TRAIN_ARGS]
+    done = herd_cli(slurm, [*args, "--run-dir", str(run_dir)], tmp_path / name / "home")
+    assert done.returncode == 0, done.stderr
+    return submitted_id(done.stdout), run_dir, output
+
+
+def test_time_limit_warning_saves_requeues_and_resumes(slurm: SlurmCluster, tmp_path: Path) -> None:
+    straight, straight_dir, straight_out = submit_training(slurm, tmp_path, "straight")
+    assert slurm.wait_job(straight, timeout=300) == "COMPLETED", straight_out.read_text()
+
+    job, run_dir, output = submit_training(slurm, tmp_path, "warned")
+    deadline = time.monotonic() + 180
+    while not (run_dir / "snapshots" / "step-40").exists():
+        assert time.monotonic() < deadline, "no snapshot in time: " + (
+            output.read_text() if output.exists() else "(no output)"
+        )
+        time.sleep(0.1)
+    # What Slurm does at --signal=B:USR1@60 before the time limit, now.
+    warned = slurm.run(["scancel", "--signal=USR1", "--batch", job])
+    assert warned.returncode == 0, warned.stderr
+    assert slurm.wait_job(job, timeout=400) == "COMPLETED", output.read_text()
+    text = output.read_text()
+    assert "asking every worker to save a snapshot" in text, text
+    assert f"requeued Slurm job {job} (requeue 1 of 1)" in text, text
+    assert slurm.job_field(job, "Restarts") == "1"
+    assert final_loss(run_dir) == final_loss(straight_dir)

@@ -8,9 +8,10 @@ from pathlib import Path
 
 import typer
 
-from ..errors import UsageError
+from ..errors import EXIT_SAVED, UsageError
 from ..launch import LaunchOptions, launch
 from ..plan import JobSpec, LaunchPlan
+from ..scheduler.requeue import pbs_deadline, requeue_after_save
 from .app import CLUSTER_HELP, app
 from .common import cluster_for
 
@@ -63,12 +64,27 @@ def launch_command(
     grace: float = typer.Option(
         10.0, "--grace", min=0, help="Seconds workers get to exit after SIGTERM."
     ),
+    max_requeues: int = typer.Option(
+        0,
+        "--max-requeues",
+        min=0,
+        help="Inside Slurm/PBS: after the job saved at a time limit (SIGUSR1), requeue it "
+        "(Slurm) or submit it again after this one (PBS) up to this many times.",
+    ),
+    time_grace: float = typer.Option(
+        120.0,
+        "--time-grace",
+        min=1,
+        help="Inside PBS: ask the workers to save and stop this many seconds before the "
+        "walltime (Slurm: #SBATCH --signal=B:USR1@SECONDS does it).",
+    ),
 ) -> int:
     """Run SCRIPT [ARGS...] (or -m MODULE [ARGS...]) with torchrun on every node.
 
     Output of every worker is prefixed with host:rank; per-rank logs are kept; Ctrl-C stops
-    the job on every node. Exit: 0 success, 1 job failed, 2 usage/config, 3 node not ready,
-    130 interrupted.
+    the job on every node. Inside a Slurm or PBS allocation the nodes are the allocated ones
+    (one agent per node). Exit: 0 success, 1 job failed, 2 usage/config, 3 node not ready,
+    5 saved a snapshot at a time limit (requeue), 130 interrupted.
     """
     args = list(ctx.args)
     if detach and max_restarts:
@@ -100,12 +116,22 @@ def launch_command(
     job = JobSpec(
         entry=tuple(entry), module=is_module, nproc=nproc, max_restarts=max_restarts, grace=grace
     )
-    result = launch(
-        cluster,
-        job,
-        LaunchOptions(dry_run=dry_run, log_dir=log_dir, preflight=not no_preflight, detach=detach),
+    options = LaunchOptions(
+        dry_run=dry_run,
+        log_dir=log_dir,
+        preflight=not no_preflight,
+        detach=detach,
+        save_within=max(5.0, min(60.0, time_grace / 2)),
     )
+    deadline = None if dry_run or detach else pbs_deadline(cluster, time_grace)
+    try:
+        result = launch(cluster, job, options)
+    finally:
+        if deadline is not None:
+            deadline.cancel()
     if isinstance(result, LaunchPlan):
         sys.stdout.write(result.render() + "\n")
         return 0
+    if result.exit_code == EXIT_SAVED:
+        print(requeue_after_save(cluster, max_requeues), file=sys.stderr, flush=True)
     return result.exit_code
