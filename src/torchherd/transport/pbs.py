@@ -30,7 +30,7 @@ class PbsTransport(SshTransport):
         environ = os.environ if environ is None else environ
         self.job_id = cluster.scheduler_job_id or environ.get("PBS_JOBID")
         # Nodes of one allocation share their software: where the first node has pbs_attach,
-        # every node has it.
+        # every node has it, at the same path (a remote non-login PATH may not hold it).
         self.pbs_attach = shutil.which("pbs_attach", path=environ.get("PATH"))
 
     def shell_line(
@@ -44,4 +44,4 @@ class PbsTransport(SshTransport):
         if not self.pbs_attach or not self.job_id:
             return line
         shell = shell_for(self.cluster.setup_for(node))
-        return shlex.join(["pbs_attach", "-j", self.job_id, shell, "-c", line])
+        return shlex.join([self.pbs_attach, "-j", self.job_id, shell, "-c", line])
