@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.conftest import require_testbed
+from tests.integration.test_fault_tolerance import final_loss
 from tests.integration.test_launch import results
 from tests.slurm_testbed import SlurmCluster, slurm_available
 from tests.testbed import Testbed
@@ -152,13 +153,6 @@ def test_herd_submit_slurm(slurm: SlurmCluster, tmp_path: Path) -> None:
 
 
 TRAIN_ARGS = ["--max-steps", "200", "--snapshot-every", "20", "--batch-size", "16"]
-
-
-def final_loss(run_dir: Path) -> float:
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    last = [r for r in records if r.get("step") == 200]
-    assert last, f"step 200 never logged in {run_dir}"
-    return float(last[-1]["loss"])
 
 
 def submit_training(slurm: SlurmCluster, tmp_path: Path, name: str) -> tuple[str, Path, Path]:

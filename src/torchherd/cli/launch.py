@@ -12,18 +12,11 @@ from ..errors import EXIT_SAVED, UsageError
 from ..launch import LaunchOptions, launch
 from ..plan import JobSpec, LaunchPlan
 from ..scheduler.requeue import pbs_deadline, requeue_after_save
-from .app import CLUSTER_HELP, app
+from .app import CLUSTER_HELP, SCRIPT_COMMAND, app
 from .common import cluster_for
 
 
-@app.command(
-    "launch",
-    context_settings={
-        "allow_extra_args": True,
-        "ignore_unknown_options": True,
-        "allow_interspersed_args": False,
-    },
-)
+@app.command("launch", context_settings=SCRIPT_COMMAND)
 def launch_command(
     ctx: typer.Context,
     script: str = typer.Argument(

@@ -10,17 +10,10 @@ import typer
 from ..errors import EXIT_OK, UsageError
 from ..scheduler.render import Scheduler, SubmitSpec, render
 from ..scheduler.submit import follow_hint, script_path, submit
-from .app import app
+from .app import SCRIPT_COMMAND, app
 
 
-@app.command(
-    "submit",
-    context_settings={
-        "allow_extra_args": True,
-        "ignore_unknown_options": True,
-        "allow_interspersed_args": False,
-    },
-)
+@app.command("submit", context_settings=SCRIPT_COMMAND)
 def submit_command(
     ctx: typer.Context,
     script: str = typer.Argument(
