@@ -106,6 +106,12 @@ def test_detection_order(tmp_path: Path) -> None:
     assert detect_allocation({}) is None
     with pytest.raises(ConfigError, match="SLURM_JOB_NODELIST"):
         detect_allocation({"SLURM_JOB_ID": "5"})
+    # `srun -N2 herd launch`: two launchers would each start the job on every node.
+    step = {"SLURM_JOB_ID": "5", "SLURM_JOB_NODELIST": "n1", "SLURM_STEP_ID": "0", "PATH": ""}
+    with pytest.raises(ConfigError, match="job step of 2 tasks"):
+        detect_allocation({**step, "SLURM_STEP_NUM_TASKS": "2"})
+    single = detect_allocation({**step, "SLURM_STEP_NUM_TASKS": "1"})  # srun --pty bash
+    assert single is not None and single.hosts == ("n1",)
 
 
 def test_gpus_per_node_from_the_scheduler(tmp_path: Path) -> None:

@@ -68,6 +68,14 @@ def detect_allocation(environ: Mapping[str, str] | None = None) -> Allocation | 
 
 def slurm_allocation(environ: Mapping[str, str]) -> Allocation:
     job_id = environ["SLURM_JOB_ID"]
+    tasks = environ.get("SLURM_STEP_NUM_TASKS", "")
+    if environ.get("SLURM_STEP_ID") and tasks.isdigit() and int(tasks) > 1:
+        # `srun herd launch`: every task would start the whole job again on every node.
+        raise ConfigError(
+            f"herd runs in a Slurm job step of {tasks} tasks (srun started it {tasks} times)",
+            "run herd once, in the batch script or the salloc shell, not under srun: "
+            "herd starts one agent per node itself",
+        )
     for name in ("SLURM_JOB_NODELIST", "SLURM_NODELIST"):
         if environ.get(name):
             nodelist_var, nodelist = name, environ[name]
