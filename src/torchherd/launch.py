@@ -14,13 +14,15 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TextIO
 
 from . import __version__
 from .agent.protocol import missing_module
 from .errors import (
+    EXIT_CRASH_LOOP,
+    EXIT_INTERRUPTED,
     EXIT_JOB_FAILED,
     EXIT_SAVED,
     ConfigError,
@@ -29,10 +31,12 @@ from .errors import (
     NodeNotReady,
 )
 from .facts import NodeFacts
-from .jobs import job_dir
+from .jobs import JobRecord, job_dir
 from .logs import JobOutput, RunResult, render_summary
 from .ops.jobctl import new_record
 from .plan import JobSpec, LaunchPlan, make_plan
+from .recovery import HangWatch, RestartPolicy
+from .recovery.policy import made_progress
 from .redact import redact_text
 from .spec import ClusterSpec, NodeSpec, read_env_file
 from .transport import CommandResult, Transport, for_cluster
@@ -55,6 +59,9 @@ class LaunchOptions:
     """Colour the prefixes; default: when stdout is a terminal."""
     detach: bool = False
     """Return once every node has started; the job runs on without the launcher."""
+    hang_timeout: float | None = None
+    """Seconds without progress from any rank that make a hang; None learns the limit from the
+    job (recovery.hang), 0 turns the watch off."""
     save_within: float = 60.0
     """On SIGUSR1 (a scheduler's time-limit warning) workers are asked to save a snapshot and
     stop; after this many seconds whatever still runs is stopped. The result's exit code is then
@@ -86,24 +93,8 @@ async def probe_all(
     """Run the quick probe on every node in parallel. NodeNotReady when a node cannot answer."""
 
     async def probe(node: NodeSpec) -> NodeFacts | str:
-        request: dict[str, object] = {"full": full}
-        if workdir:
-            request["workdir"] = workdir
-        if node is cluster.rendezvous_node and port_on_first is not None:
-            request["port"] = port_on_first
-        python = cluster.python_for(node)
-        result = await transport.run(
-            node,
-            [python, "-m", "torchherd.agent", "probe"],
-            input=json.dumps(request).encode(),
-            timeout=timeout,
-        )
-        if result.ok:
-            try:
-                return NodeFacts.from_probe(node.host, json.loads(result.stdout))
-            except (ValueError, TypeError, KeyError):
-                return f"{node.host}: the probe answered with something that is not JSON"
-        return explain_probe_failure(node, python, result)
+        port = port_on_first if node is cluster.rendezvous_node else None
+        return await probe_node(cluster, transport, node, workdir, port, full, timeout)
 
     results = await transport.each(cluster.nodes, probe)
     problems = [r for r in results if isinstance(r, str)]
@@ -114,6 +105,36 @@ async def probe_all(
             hosts=tuple(p.split(":", 1)[0] for p in problems),
         )
     return {facts.host: facts for facts in results if isinstance(facts, NodeFacts)}
+
+
+async def probe_node(
+    cluster: ClusterSpec,
+    transport: Transport,
+    node: NodeSpec,
+    workdir: str | None = None,
+    port: int | None = None,
+    full: bool = False,
+    timeout: float = 60,
+) -> NodeFacts | str:
+    """One node's quick probe: its facts, or one line saying why there are none."""
+    request: dict[str, object] = {"full": full}
+    if workdir:
+        request["workdir"] = workdir
+    if port is not None:
+        request["port"] = port
+    python = cluster.python_for(node)
+    result = await transport.run(
+        node,
+        [python, "-m", "torchherd.agent", "probe"],
+        input=json.dumps(request).encode(),
+        timeout=timeout,
+    )
+    if result.ok:
+        try:
+            return NodeFacts.from_probe(node.host, json.loads(result.stdout))
+        except (ValueError, TypeError, KeyError):
+            return f"{node.host}: the probe answered with something that is not JSON"
+    return explain_probe_failure(node, python, result)
 
 
 def explain_probe_failure(node: NodeSpec, python: str, result: CommandResult) -> str:
@@ -160,6 +181,9 @@ class Prepared:
     facts: dict[str, NodeFacts]
     secrets: dict[str, str]
     plan: LaunchPlan
+    sessions: dict[str, asyncio.subprocess.Process] = field(default_factory=dict)
+    """Agent sessions opened while probing (torchrun's wrapper importing torch meanwhile),
+    by host; the first attempt runs in them."""
 
 
 async def prepare(
@@ -169,51 +193,131 @@ async def prepare(
     *,
     preflight: bool = True,
     progress: Progress | None = None,
+    prewarm: bool = False,
 ) -> Prepared:
-    """Connect, probe and check every node, then make the plan."""
+    """Connect, probe and check every node, then make the plan. With ``prewarm``, each node's
+    agent session is opened while the probe runs, and starts importing torch at once."""
     say = progress or (lambda _: None)
     secrets = read_env_file(cluster.env_file) if cluster.env_file else {}
     cluster = with_workdir(cluster)
     say(f"connecting to {len(cluster.nodes)} node(s)")
     await connect_all(cluster, transport)
     say("probing nodes")
-    facts = await probe_all(
-        cluster,
-        transport,
-        workdir=cluster.workdir,
-        port_on_first=cluster.rdzv_port or 0,
-    )
-    problems = fast_preflight(cluster, facts)
-    if problems and preflight:
-        raise NodeNotReady(
-            "preflight found problems:\n" + "\n".join(f"  {p}" for p in problems),
-            "fix them, or launch anyway with --no-preflight",
-            hosts=tuple(p.split(":", 1)[0] for p in problems),
+    opening = asyncio.create_task(open_sessions(cluster, transport, job)) if prewarm else None
+    try:
+        facts = await probe_all(
+            cluster,
+            transport,
+            workdir=cluster.workdir,
+            port_on_first=cluster.rdzv_port or 0,
         )
-    return Prepared(cluster, facts, secrets, make_plan(cluster, job, facts, secrets))
+        problems = fast_preflight(cluster, facts)
+        if problems and preflight:
+            raise NodeNotReady(
+                "preflight found problems:\n" + "\n".join(f"  {p}" for p in problems),
+                "fix them, or launch anyway with --no-preflight",
+                hosts=tuple(p.split(":", 1)[0] for p in problems),
+            )
+        plan = make_plan(cluster, job, facts, secrets)
+    except BaseException:
+        if opening is not None:
+            await close_sessions(await opening)
+        raise
+    sessions = await opening if opening is not None else {}
+    return Prepared(cluster, facts, secrets, plan, sessions)
 
 
-async def replan(prepared: Prepared, job: JobSpec, transport: Transport) -> LaunchPlan:
-    """The plan for a restart: the same nodes, a fresh rendezvous id and a port free now."""
+async def open_sessions(
+    cluster: ClusterSpec, transport: Transport, job: JobSpec
+) -> dict[str, asyncio.subprocess.Process]:
+    """An agent session per node, told to prewarm (start torchrun's wrapper, which imports
+    torch while the launcher plans). A node where this fails simply gets a session later."""
+
+    async def open_one(node: NodeSpec) -> asyncio.subprocess.Process | None:
+        python = cluster.python_for(node)
+        spec = {"python": python, "workdir": cluster.workdir, "job_id": job.job_id}
+        try:
+            process = await transport.start(node, [python, "-m", "torchherd.agent", "run"])
+            assert process.stdin is not None
+            process.stdin.write(json.dumps({"prewarm": spec | {"node": node.name}}).encode())
+            process.stdin.write(b"\n")
+            return process
+        except (OSError, ConnectionError):
+            return None
+
+    opened = await transport.each(cluster.nodes, open_one)
+    return {n.host: p for n, p in zip(cluster.nodes, opened, strict=True) if p is not None}
+
+
+async def close_sessions(sessions: Mapping[str, asyncio.subprocess.Process]) -> None:
+    """End prewarmed sessions that will not run a job (their agents end their wrappers)."""
+    for process in sessions.values():
+        if process.stdin is not None and not process.stdin.is_closing():
+            process.stdin.close()
+
+    async def ended(process: asyncio.subprocess.Process) -> None:
+        try:
+            await asyncio.wait_for(process.wait(), 5)
+        except TimeoutError:
+            try:
+                process.kill()
+            except ProcessLookupError:
+                pass
+            await process.wait()
+
+    await asyncio.gather(*(ended(p) for p in sessions.values()))
+
+
+async def replan(
+    prepared: Prepared,
+    job: JobSpec,
+    transport: Transport,
+    policy: RestartPolicy,
+    suspects: tuple[str, ...] = (),
+    say: Callable[[str], None] = lambda _: None,
+) -> Prepared:
+    """The plan for a restart: a fresh rendezvous id and a port free now, on the nodes that
+    still answer. When ``suspects`` (nodes lost in the last attempt) do not answer again, the
+    job goes on without them if the policy allows, the first live node hosting the rendezvous."""
     cluster, facts = prepared.cluster, dict(prepared.facts)
-    if cluster.transport != "local":
-        first = cluster.rendezvous_node
-        fresh = await probe_all(
-            cluster.select([first.host]), transport, port_on_first=cluster.rdzv_port or 0
+    if suspects and cluster.transport != "local":
+        timeout = cluster.connect_timeout + 5
+        answers = await transport.each(
+            cluster.nodes,
+            lambda node: probe_node(cluster, transport, node, cluster.workdir, timeout=timeout),
         )
-        facts[first.host] = fresh[first.host]
-    return make_plan(cluster, job, facts, prepared.secrets)
-
-
-@dataclass(frozen=True)
-class RestartPolicy:
-    """When the launcher restarts a failed job (all nodes, fresh rendezvous)."""
-
-    max_restarts: int = 0
-
-    def should_restart(self, result: RunResult, restarts_done: int) -> bool:
-        # Only a job that ran and failed; never one interrupted or whose nodes are not ready.
-        return result.exit_code == EXIT_JOB_FAILED and restarts_done < self.max_restarts
+        alive = [a.host for a in answers if isinstance(a, NodeFacts)]
+        facts.update({a.host: a for a in answers if isinstance(a, NodeFacts)})
+        gone = [n.host for n in cluster.nodes if n.host not in alive]
+        if gone:
+            total = len(prepared.cluster.nodes)
+            if not policy.enough_nodes(len(alive), total):
+                needed = policy.min_nodes or total
+                raise NodeNotReady(
+                    f"{', '.join(gone)} still do(es) not answer: {len(alive)} node(s) left, "
+                    f"{needed} needed",
+                    "bring the node back, or allow going on with fewer nodes "
+                    "(--min-nodes M, or min_nodes in [cluster])",
+                    hosts=tuple(gone),
+                )
+            cluster = cluster.select(alive)
+            say(
+                f"herd: going on without {', '.join(gone)}: {len(alive)} node(s) left, "
+                f"rendezvous now on {cluster.rendezvous_node.host}"
+            )
+    opening = asyncio.create_task(open_sessions(cluster, transport, job))
+    try:
+        if cluster.transport != "local":
+            first = cluster.rendezvous_node
+            fresh = await probe_all(
+                cluster.select([first.host]), transport, port_on_first=cluster.rdzv_port or 0
+            )
+            facts[first.host] = fresh[first.host]
+        plan = make_plan(cluster, job, facts, prepared.secrets)
+    except BaseException:
+        await close_sessions(await opening)
+        raise
+    return Prepared(cluster, facts, prepared.secrets, plan, await opening)
 
 
 def with_workdir(cluster: ClusterSpec) -> ClusterSpec:
@@ -264,7 +368,14 @@ async def _launch(
     try:
         progress = _Progress(err)
         preparing = asyncio.create_task(
-            prepare(cluster, job, transport, preflight=options.preflight, progress=progress)
+            prepare(
+                cluster,
+                job,
+                transport,
+                preflight=options.preflight,
+                progress=progress,
+                prewarm=not (options.dry_run or options.detach),
+            )
         )
         _on_signals(loop, preparing.cancel)
         try:
@@ -277,20 +388,48 @@ async def _launch(
         if options.dry_run:
             return plan
         if options.detach:
-            from .ops.detach import start_detached
-
-            return await start_detached(
-                cluster,
-                plan,
-                transport,
-                stream,
-                log_dir=options.log_dir,
-                banner=banner(plan, cluster),
-            )
+            return await _start_detached(prepared, options, transport, stream, loop)
         return await _supervise(prepared, job, transport, options, stream, loop)
     finally:
         _restore_signals(loop)
         await transport.close()
+
+
+async def _start_detached(
+    prepared: Prepared,
+    options: LaunchOptions,
+    transport: Transport,
+    stream: TextIO,
+    loop: asyncio.AbstractEventLoop,
+) -> RunResult:
+    """Start the job detached; Ctrl-C while it starts stops it on every node it may reach."""
+    from .ops.detach import start_detached
+    from .ops.jobctl import stop_nodes
+
+    cluster, plan = prepared.cluster, prepared.plan
+    starting = asyncio.create_task(
+        start_detached(
+            cluster,
+            plan,
+            transport,
+            stream,
+            log_dir=options.log_dir,
+            banner=banner(plan, cluster),
+        )
+    )
+    _on_signals(loop, starting.cancel)
+    try:
+        return await starting
+    except asyncio.CancelledError:
+        stream.write("herd: interrupted while the job was starting; stopping it on every node\n")
+        stream.flush()
+        record = new_record(cluster, plan, options.log_dir or job_dir(plan.job_id), state="running")
+        record.detached = True
+        await stop_nodes(record, plan.grace, transport)
+        raise Interrupted(
+            "interrupted while the job was starting; it was stopped on every node",
+            f"nothing of job {plan.job_id} is left; launch it again when ready",
+        ) from None
 
 
 async def _supervise(
@@ -302,10 +441,11 @@ async def _supervise(
     loop: asyncio.AbstractEventLoop,
     policy: RestartPolicy | None = None,
 ) -> RunResult:
+    """Run the job, restarting it (every node, a fresh rendezvous) as the policy allows."""
     from .supervise import Supervisor
 
-    cluster, plan = prepared.cluster, prepared.plan
-    policy = policy or RestartPolicy(job.max_restarts)
+    plan = prepared.plan
+    policy = policy or job_policy(job, prepared.cluster)
     log_dir = options.log_dir or job_dir(plan.job_id)
     secrets = list(plan.secret_env.values())
     output = JobOutput(
@@ -316,59 +456,125 @@ async def _supervise(
         color=options.color,
         secrets=secrets,
     )
-    record = new_record(cluster, plan, log_dir, state="running")
+    record = new_record(prepared.cluster, plan, log_dir, state="running")
     record.save()
-    output.note(banner(plan, cluster))
+    output.note(banner(plan, prepared.cluster))
     started = time.monotonic()
-    restarts = 0
-    interrupted = False
-    supervisor = Supervisor(plan, cluster, transport, output)
+    restarts = no_progress = 0
+    best_step: int | None = None
+    interrupted = saving = False
+    replanning: asyncio.Task[Prepared] | None = None
+    result = RunResult(plan.job_id, EXIT_JOB_FAILED, log_dir=log_dir)
+
+    def attempt(plan: LaunchPlan) -> Supervisor:
+        return Supervisor(
+            plan,
+            prepared.cluster,
+            transport,
+            output,
+            hang=HangWatch(options.hang_timeout),
+            evidence_dir=log_dir / "stacks" / f"attempt-{job.attempt + restarts}",
+            sessions=prepared.sessions,
+        )
+
+    supervisor = attempt(plan)
 
     def interrupt() -> None:
         nonlocal interrupted
         interrupted = True
         supervisor.interrupt()
-
-    _on_signals(loop, interrupt)
-    saving = False
+        if replanning is not None:
+            replanning.cancel()
 
     def save_and_stop() -> None:
         nonlocal saving
         saving = True
         supervisor.request_save(options.save_within)
 
+    _on_signals(loop, interrupt)
     _on_save_signal(loop, save_and_stop)
     try:
         while True:
+            attempt_started = time.monotonic()
             result = await supervisor.run()
-            if interrupted or saving or not policy.should_restart(result, restarts):
+            if interrupted or saving or not policy.should_restart(result.exit_code, restarts):
+                break
+            seconds = time.monotonic() - attempt_started
+            if made_progress(best_step, result.max_step, seconds):
+                no_progress = 0
+            elif restarts:  # a restart that got nowhere: the crash loop counts restarts
+                no_progress += 1
+            if result.max_step is not None:
+                best_step = max(best_step or 0, result.max_step)
+            if no_progress >= policy.crash_loop:
+                result.exit_code = EXIT_CRASH_LOOP
+                result.reason = (
+                    f"crash loop: {no_progress} restart(s) in a row failed without step progress "
+                    f"(best step {best_step if best_step is not None else 'none'}); fix the "
+                    "first failure above, restarting will not"
+                )
                 break
             restarts += 1
             cause = result.first_failure.headline() if result.first_failure else "a node failed"
             output.note(
-                f"herd: {cause}; restarting the job on every node "
-                f"(restart {restarts} of {policy.max_restarts})"
+                f"herd: {cause}; restarting the job (restart {restarts} of {policy.max_restarts})"
+            )
+            replanning = asyncio.create_task(
+                replan(
+                    prepared,
+                    replace(job, attempt=job.attempt + restarts),
+                    transport,
+                    policy,
+                    suspects=result.lost,
+                    say=output.note,
+                )
             )
             try:
-                plan = await replan(prepared, replace(job, attempt=restarts), transport)
-            except HerdError as exc:
-                output.note(f"herd: cannot restart: {exc.message}")
+                prepared = await replanning
+            except asyncio.CancelledError:
+                result.exit_code = EXIT_INTERRUPTED
                 break
+            except HerdError as exc:
+                output.note(f"herd: cannot restart: {exc.message}\n  fix: {exc.remedy}")
+                result.reason = exc.message
+                break
+            finally:
+                replanning = None
+            if interrupted:
+                result.exit_code = EXIT_INTERRUPTED
+                break
+            plan = prepared.plan
+            record.nodes = [{"host": n.host, "nproc": n.nproc} for n in plan.nodes]
+            record.world_size = plan.world_size
             record.rdzv_endpoint = plan.rdzv_endpoint
             record.save()
-            supervisor = Supervisor(plan, cluster, transport, output)
+            supervisor = attempt(plan)
     finally:
-        output.flush()
-    result.restarts = restarts
-    result.duration = time.monotonic() - started
-    output.note(render_summary(result))
-    output.close()
-    record.state = {0: "succeeded", 130: "stopped", EXIT_SAVED: "saved"}.get(
+        result.restarts = restarts
+        result.duration = time.monotonic() - started
+        output.note(render_summary(result))
+        output.close()
+        finish_record(record, result, secrets)
+    return result
+
+
+def job_policy(job: JobSpec, cluster: ClusterSpec) -> RestartPolicy:
+    """The restart policy a job asks for (the command line wins over [cluster])."""
+    return RestartPolicy(
+        max_restarts=job.max_restarts,
+        min_nodes=job.min_nodes if job.min_nodes is not None else cluster.min_nodes,
+        crash_loop=job.crash_loop,
+    )
+
+
+def finish_record(record: JobRecord, result: RunResult, secrets: list[str]) -> None:
+    """The job record once the launcher is done: never left "running"."""
+    record.state = {0: "succeeded", EXIT_INTERRUPTED: "stopped", EXIT_SAVED: "saved"}.get(
         result.exit_code, "failed"
     )
     record.ended = time.time()
     record.exit_code = result.exit_code
-    record.restarts = restarts
+    record.restarts = result.restarts
     if result.first_failure is not None:
         failure = result.first_failure
         record.first_failure = {
@@ -379,7 +585,6 @@ async def _supervise(
             "message": redact_text(failure.message, secrets),
         }
     record.save()
-    return result
 
 
 class _Progress:
@@ -402,8 +607,12 @@ class _Progress:
             self.shown = False
 
 
+# Signals that stop the job: Ctrl-C, `kill`, and a closed terminal.
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
 def _on_signals(loop: asyncio.AbstractEventLoop, handler: Callable[[], object]) -> None:
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    for sig in _STOP_SIGNALS:
         try:
             loop.add_signal_handler(sig, handler)
         except (NotImplementedError, RuntimeError, ValueError):
@@ -419,7 +628,7 @@ def _on_save_signal(loop: asyncio.AbstractEventLoop, handler: Callable[[], objec
 
 
 def _restore_signals(loop: asyncio.AbstractEventLoop) -> None:
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1):
+    for sig in (*_STOP_SIGNALS, signal.SIGUSR1):
         try:
             loop.remove_signal_handler(sig)
         except (NotImplementedError, RuntimeError, ValueError):

@@ -25,6 +25,16 @@ from .redact import MASK, redact_env
 from .spec import ClusterSpec, NodeSpec
 
 IFNAME_VARS = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
+# On GPU nodes: what PyTorch offers for a hung or failed NCCL job and nobody turns on. The
+# flight recorder keeps the last collectives of every rank and dumps them on a timeout (into
+# the job's node directory: the agent sets TORCH_NCCL_DEBUG_INFO_TEMP_FILE); async error
+# handling tears a rank down on an NCCL error instead of leaving it hung. A user's own value
+# (in [cluster] env or the node's environment) always wins.
+GPU_EVIDENCE = {
+    "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",
+    "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING": "3",
+}
 
 
 @dataclass(frozen=True)
@@ -39,6 +49,10 @@ class JobSpec:
     """Workers on every node, overriding the cluster file and the GPU count."""
     max_restarts: int = 0
     """Times herd restarts the whole job (every node) after a failure before it fails."""
+    min_nodes: int | None = None
+    """Go on without lost nodes while this many remain (None: [cluster] min_nodes, else all)."""
+    crash_loop: int = 3
+    """Restarts in a row without step progress after which herd gives up (exit 4)."""
     attempt: int = 0
     """0 for the first run; n for the n-th restart (its own rendezvous id)."""
     job_id: str = field(default_factory=lambda: new_job_id())
@@ -230,6 +244,10 @@ def _worker_env(cluster: ClusterSpec, facts: NodeFacts, nproc: int, job: JobSpec
     env = dict(cluster.env)
     # torchrun's TORCHELASTIC_RESTART_COUNT stays 0 (herd restarts, not torchrun): this says.
     env["HERD_ATTEMPT"] = str(job.attempt)
+    if facts.gpu_count:
+        for name, value in GPU_EVIDENCE.items():
+            if name not in env and name not in facts.env:
+                env[name] = value
     if "OMP_NUM_THREADS" not in env and "OMP_NUM_THREADS" not in facts.env:
         env["OMP_NUM_THREADS"] = str(max(1, facts.cpu_count // nproc))
     return env

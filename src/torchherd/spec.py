@@ -100,6 +100,8 @@ class ClusterSpec(BaseModel):
     """Rendezvous port on the first node; default: a free port found at launch."""
     allow_public_rendezvous: bool = False
     """Allow a public rendezvous address (the c10d store has no authentication)."""
+    min_nodes: int | None = Field(default=None, ge=1)
+    """On a restart, go on without lost nodes while at least this many answer (default: all)."""
     setup: str | None = None
     """Shell commands run in the shell that starts each node's agent, e.g.
     "module load cuda/12.6 && source ~/venv/bin/activate"; a failure stops the launch."""

@@ -7,6 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.testbed import Testbed
+
+SCRIPTS = Path(__file__).parent / "scripts"
+
 
 def herd(
     args: list[str], home: Path, cwd: Path, *, timeout: float = 180
@@ -21,3 +25,19 @@ def herd(
         timeout=timeout,
         stdin=subprocess.DEVNULL,
     )
+
+
+def one_worker_cluster(
+    testbed: Testbed, tmp_path: Path, hosts: list[str], **keys: object
+) -> tuple[Path, Path]:
+    """A herd.toml for ``hosts`` with one worker each, running tests/integration/scripts;
+    returns it and the HERD_HOME its jobs (launcher and nodes) use."""
+    home = tmp_path / "home"
+    path = testbed.write_cluster_file(
+        tmp_path / "herd.toml",
+        nodes=[{"host": h, "nproc": 1} for h in hosts],
+        workdir=str(SCRIPTS),
+        env={"HERD_HOME": str(home)},
+        **keys,
+    )
+    return path, home

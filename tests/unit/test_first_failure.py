@@ -87,3 +87,46 @@ def test_lost_node_beats_workers_killed_by_teardown() -> None:
 
 def test_nothing_failed() -> None:
     assert choose_first_failure([node("node1", "succeeded")], trigger=None) is None
+
+
+def supervisor_of(tmp_path, hosts: list[str]):  # type: ignore[no-untyped-def]
+    """A Supervisor over a plan of ``hosts`` (nothing is started: only its judgement runs)."""
+    from torchherd.logs import JobOutput
+    from torchherd.plan import LaunchPlan
+    from torchherd.spec import ClusterSpec, NodeSpec
+    from torchherd.supervise import Supervisor
+    from torchherd.transport.local import LocalTransport
+
+    cluster = ClusterSpec(nodes=tuple(NodeSpec(host=h) for h in hosts))
+    plans = []
+    for index, host in enumerate(hosts):
+        plan = node(host, "running").plan
+        plans.append(plan.__class__(**{**plan.__dict__, "local_addr": f"10.0.0.{index + 1}"}))
+    launch_plan = LaunchPlan("job", "10.0.0.1:29500", len(hosts), tuple(plans), None, 1.0)
+    output = JobOutput(tmp_path, hosts, len(hosts), stream=open(tmp_path / "out", "w"))  # noqa: SIM115
+    return Supervisor(launch_plan, cluster, LocalTransport(cluster), output), output
+
+
+def test_a_rendezvous_timeout_names_the_nodes_that_never_joined(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    supervisor, output = supervisor_of(tmp_path, ["n1", "n2", "n3"])
+    output.line("n1", 0, "hello")
+    timeout = {"error": "RendezvousTimeoutError", "message": "", "last_stderr": []}
+    supervisor.nodes["n1"].error = dict(timeout, message="rendezvous timed out")
+    supervisor.nodes["n1"].state = "failed"
+    supervisor.nodes["n2"].error = timeout
+    supervisor.nodes["n2"].state = "failed"
+    supervisor.trigger = "n1"
+    failure = supervisor.first_failure()
+    output.close()
+    assert failure is not None and failure.cause.endswith("never joined: n3"), failure
+
+
+def test_a_reset_connection_points_at_the_peer(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    supervisor, output = supervisor_of(tmp_path, ["n1", "n2"])
+    reset = "RuntimeError: [gloo/transport/tcp/pair.cc:534] Read error [10.0.0.2]:21345: "
+    supervisor.nodes["n1"].failures = [failure(0, 1, stderr=[reset + "Connection reset by peer"])]
+    supervisor.nodes["n1"].state = "failed"
+    supervisor.trigger = "n1"
+    found = supervisor.first_failure()
+    output.close()
+    assert found is not None and found.cause.endswith("the peer is n2"), found

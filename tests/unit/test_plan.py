@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 
 from torchherd.errors import ConfigError, NodeNotReady
-from torchherd.facts import NodeFacts
+from torchherd.facts import Interface, NodeFacts, Route
 from torchherd.plan import JobSpec, make_plan
 from torchherd.spec import ClusterSpec, NodeSpec, local_cluster
 
@@ -191,3 +191,34 @@ def test_dry_run_masks_secrets_by_name_and_value() -> None:
     assert "k-123456" not in text and "s3cr3t-value" not in text
     assert "HF_TOKEN=********" in text and "WANDB_API_KEY=********" in text and "A=1" in text
     assert "is_host=1" in text and "10.0.0.2" in text
+
+
+def test_gpu_nodes_get_the_nccl_flight_recorder_unless_the_user_set_it() -> None:
+    from torchherd.plan import GPU_EVIDENCE
+
+    cluster = ClusterSpec(
+        nodes=(NodeSpec(host="g1"), NodeSpec(host="c1")),
+        env={"TORCH_NCCL_DUMP_ON_TIMEOUT": "0"},
+    )
+    facts = {
+        "g1": NodeFacts(
+            host="g1",
+            ssh_server_addr="10.0.0.1",
+            gpu_count=2,
+            port=29500,
+            interfaces=(Interface("eth0", "10.0.0.1", 24),),
+            env={"TORCH_NCCL_TRACE_BUFFER_SIZE": "500"},
+        ),
+        "c1": NodeFacts(
+            host="c1",
+            interfaces=(Interface("eth0", "10.0.0.2", 24),),
+            routes=(Route("eth0", "10.0.0.0/24"),),
+        ),
+    }
+    plan = make_plan(cluster, JobSpec(entry=("train.py",)), facts)
+    gpu, cpu = plan.nodes
+    handling = "TORCH_NCCL_ASYNC_ERROR_HANDLING"
+    assert gpu.env[handling] == GPU_EVIDENCE[handling]
+    assert gpu.env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "0"  # the cluster's own value
+    assert "TORCH_NCCL_TRACE_BUFFER_SIZE" not in gpu.env  # the node's own value stays
+    assert handling not in cpu.env and "TORCH_NCCL_TRACE_BUFFER_SIZE" not in cpu.env

@@ -29,7 +29,32 @@ _REMEDIES = {
 }
 
 
+# Started with only this flag, the wrapper imports torch while the launcher is still probing and
+# planning, then reads the job ({"argv": [...], "env": {...}}) as one JSON line on stdin.
+PREWARM_FLAG = "--herd-prewarm"
+
+
+def prewarmed() -> int:
+    """Import torch now; run torchrun with the job that arrives on stdin (none: exit 0)."""
+    try:
+        import torch.distributed.run  # noqa: F401 - the point is to have it imported already
+    except ImportError:
+        pass  # main() imports again and records the error with the job's failure file
+    line = sys.stdin.readline()
+    if not line.strip():
+        return 0
+    job = json.loads(line)
+    os.environ.update(job["env"])
+    # Workers inherit stdin: give them /dev/null, as a wrapper started for the job would.
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    return main(list(job["argv"]))
+
+
 def main(argv: list[str]) -> int:
+    if argv == [PREWARM_FLAG]:
+        return prewarmed()
     try:
         from torch.distributed.elastic.multiprocessing.api import SignalException
         from torch.distributed.elastic.multiprocessing.errors import ChildFailedError

@@ -51,6 +51,9 @@ def collect(request: dict[str, Any]) -> dict[str, Any]:
                 "GLOO_SOCKET_IFNAME",
                 "CUDA_VISIBLE_DEVICES",
                 "OMP_NUM_THREADS",
+                "TORCH_NCCL_TRACE_BUFFER_SIZE",
+                "TORCH_NCCL_DUMP_ON_TIMEOUT",
+                "TORCH_NCCL_ASYNC_ERROR_HANDLING",
             )
             if key in os.environ
         },

@@ -74,3 +74,32 @@ def end_job(job_id: str, node: str | None, grace: float) -> list[int]:
         time.sleep(0.05)
         pids = job_processes(job_id, node)
     return pids
+
+
+def zombie_children(parent: int) -> list[int]:
+    """Pids of ``parent``'s children that have exited and wait to be reaped."""
+    found = []
+    for pid in _children(parent):
+        try:
+            with open(f"/proc/{pid}/stat") as handle:
+                state = handle.read().rsplit(")", 1)[-1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if state == "Z":
+            found.append(pid)
+    return found
+
+
+def _children(parent: int) -> list[int]:
+    try:
+        tasks = os.listdir(f"/proc/{parent}/task")
+    except OSError:
+        return []
+    pids: list[int] = []
+    for task in tasks:
+        try:
+            with open(f"/proc/{parent}/task/{task}/children") as handle:
+                pids += [int(pid) for pid in handle.read().split()]
+        except (OSError, ValueError):
+            continue
+    return pids

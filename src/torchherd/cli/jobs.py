@@ -12,7 +12,7 @@ import typer
 from ..errors import EXIT_NODE_NOT_READY, EXIT_OK
 from ..jobs import JobRecord, list_records
 from ..ops.jobctl import RUNNING_STATES, find_record, refresh, stop_job
-from ..ops.joblogs import show_logs
+from ..ops.joblogs import show_logs, show_stacks
 from ..scheduler.submit import list_submitted, scheduler_states
 from .app import app
 from .common import result_table
@@ -120,12 +120,21 @@ def logs_command(
     job: str = typer.Argument(..., help="Job id (a unique prefix is enough); see `herd ps`."),
     rank: int = typer.Option(None, "--rank", "-r", help="Only this global rank's lines."),
     follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing until the job ends."),
+    stacks: bool = typer.Option(
+        False,
+        "--stacks",
+        help="Print the workers' stacks herd took before it stopped the job (a hang, a lost "
+        "node, a failure), and which ranks it found behind.",
+    ),
 ) -> int:
     """Print a job's output: every rank with host:rank prefixes, or one rank's lines.
 
     Attached jobs are read from the launcher's job directory; detached jobs from their nodes.
     """
     record = find_record(job)
+    if stacks:
+        show_stacks(record, rank, sys.stdout)
+        return EXIT_OK
     show_logs(record, rank, follow, sys.stdout)
     return EXIT_OK
 

@@ -36,7 +36,32 @@ def launch_command(
         None, "--nproc", min=1, help="Workers per node (default: GPUs, or 1)."
     ),
     max_restarts: int = typer.Option(
-        0, "--max-restarts", min=0, help="Restarts of all workers after a failure."
+        0,
+        "--max-restarts",
+        min=0,
+        help="Restarts of the whole job (every node, fresh rendezvous) after a failure, "
+        "a lost node or a hang.",
+    ),
+    min_nodes: int = typer.Option(
+        None,
+        "--min-nodes",
+        min=1,
+        help="On a restart, go on without nodes that stopped answering while at least this "
+        "many remain (default: \\[cluster] min_nodes, else every node is needed).",
+    ),
+    hang_timeout: float = typer.Option(
+        None,
+        "--hang-timeout",
+        min=0,
+        help="Seconds without progress from any rank (output lines, torchherd.progress beats) "
+        "that make a hang; 0 turns the watch off. Default: learned from the job, "
+        "max(60 s, 3 x the longest gap seen).",
+    ),
+    crash_loop: int = typer.Option(
+        3,
+        "--crash-loop",
+        min=1,
+        help="Give up (exit 4) after this many restarts in a row without step progress.",
     ),
     log_dir: Path = typer.Option(
         None, "--log-dir", help="Per-rank logs here (default: ~/.herd/jobs/<job-id>/)."
@@ -74,10 +99,14 @@ def launch_command(
 ) -> int:
     """Run SCRIPT [ARGS...] (or -m MODULE [ARGS...]) with torchrun on every node.
 
-    Output of every worker is prefixed with host:rank; per-rank logs are kept; Ctrl-C stops
-    the job on every node. Inside a Slurm or PBS allocation the nodes are the allocated ones
-    (one agent per node). Exit: 0 success, 1 job failed, 2 usage/config, 3 node not ready,
-    5 saved a snapshot at a time limit (requeue), 130 interrupted.
+    Every worker's output is prefixed with host:rank; per-rank logs are kept.
+    Ctrl-C stops the job on every node. Inside a Slurm or PBS allocation the nodes are the
+    allocated ones (one agent per node).
+    A node that stops answering for 10 s, or a job that makes no progress (a hang), is stopped
+    after herd takes every worker's stacks (herd logs JOB --stacks).
+
+    Exit: 0 success, 1 job failed, 2 usage/config, 3 node not ready, 4 crash loop,
+    5 saved for a time limit, 130 interrupted.
     """
     args = list(ctx.args)
     if detach and max_restarts:
@@ -107,7 +136,13 @@ def launch_command(
             )
         entry, is_module = (script, *args), False
     job = JobSpec(
-        entry=tuple(entry), module=is_module, nproc=nproc, max_restarts=max_restarts, grace=grace
+        entry=tuple(entry),
+        module=is_module,
+        nproc=nproc,
+        max_restarts=max_restarts,
+        min_nodes=min_nodes,
+        crash_loop=crash_loop,
+        grace=grace,
     )
     options = LaunchOptions(
         dry_run=dry_run,
@@ -115,6 +150,7 @@ def launch_command(
         preflight=not no_preflight,
         detach=detach,
         save_within=max(5.0, min(60.0, time_grace / 2)),
+        hang_timeout=hang_timeout,
     )
     deadline = None if dry_run or detach else pbs_deadline(cluster, time_grace)
     try:

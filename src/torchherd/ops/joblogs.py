@@ -175,3 +175,42 @@ def show_logs(record: JobRecord, rank: int | None, follow: bool, stream: TextIO)
 
 
 __all__ = ["show_logs", "format_event"]
+
+
+# ---------------------------------------------------------------------------------------------
+# stacks: the evidence herd kept before stopping the job (recovery.evidence)
+
+
+def show_stacks(record: JobRecord, rank: int | None, stream: TextIO) -> None:
+    """Print every attempt's stacks (or one rank's), with who was found behind."""
+    root = Path(record.log_dir) / "stacks"
+    attempts = sorted(p for p in root.glob("attempt-*") if p.is_dir()) if root.is_dir() else []
+    if not attempts:
+        raise ConfigError(
+            f"job {record.id} has no stacks",
+            "herd takes them only when it stops a job that did not end by itself "
+            "(a hang, a lost node, a failure elsewhere, a worker past its grace period)",
+        )
+    for attempt in attempts:
+        stream.write(f"== {attempt.name}\n")
+        try:
+            summary = json.loads((attempt / "summary.json").read_text())
+        except (OSError, ValueError):
+            summary = {}
+        for reason in sorted(set(summary.get("reasons", {}).values())):
+            stream.write(f"taken: {reason}\n")
+        for behind in summary.get("behind", []):
+            stream.write(f"behind: {behind['host']} rank {behind['rank']}: {behind['why']}\n")
+        for path in sorted(attempt.glob("*-rank-*.txt"), key=_rank_of):
+            if rank is not None and _rank_of(path) != rank:
+                continue
+            stream.write(f"\n{path.read_text()}")
+        stream.write("\n")
+    stream.flush()
+
+
+def _rank_of(path: Path) -> int:
+    try:
+        return int(path.stem.rsplit("-", 1)[1])
+    except (IndexError, ValueError):
+        return -1

@@ -27,6 +27,8 @@ class LocalTransport(Transport):
             "stdout": asyncio.subprocess.PIPE,
             "stderr": asyncio.subprocess.PIPE,
             "limit": 1 << 24,
+            # Like ssh clients: the terminal's Ctrl-C is for herd, which stops the agent itself.
+            "start_new_session": True,
         }
         if isinstance(command, str):
             return await asyncio.create_subprocess_exec(

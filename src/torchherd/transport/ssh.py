@@ -188,6 +188,10 @@ class SshTransport(Transport):
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
             limit=1 << 24,
+            # A session of its own: the terminal's Ctrl-C (sent to the whole foreground process
+            # group) reaches herd only, which stops the job through the agents; an ssh client
+            # killed by it would cut its node off, and the node would be reported "lost".
+            start_new_session=True,
         )
 
     def classify_failure(self, node: NodeSpec, returncode: int, stderr: str) -> Unreachable | None:

@@ -1,0 +1,107 @@
+"""The launcher's console: written from a thread of its own, never blocking the supervision.
+
+A console that stops reading (`herd launch ... | less` left unread, Ctrl-S, a slow terminal)
+must not stop the job: the event loop that carries the agents' heartbeats never writes to it.
+Lines wait in a bounded queue for the writer thread; when the queue is full, new worker lines
+are not shown (they are all in the log files) and, once the console reads again, a note says
+how many were left out. herd's own notes always wait their turn. A console that is gone
+(a closed pipe: `herd launch ... | head`) is dropped; the job and its logs go on.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+from typing import TextIO
+
+# Lines that may wait for a slow console before worker lines are left out of it.
+QUEUE_LINES = 10_000
+_STOP = object()
+
+
+class Console:
+    """A TextIO written by a writer thread; ``write_line`` and ``note`` never block."""
+
+    def __init__(self, stream: TextIO, capacity: int = QUEUE_LINES) -> None:
+        self.stream = stream
+        self._queue: queue.Queue[object] = queue.Queue()
+        self._capacity = capacity
+        self._dropped = 0
+        self._lock = threading.Lock()
+        self.gone = False
+        """True once the console could not be written (a closed pipe): it is not used again."""
+        self._thread = threading.Thread(target=self._write, name="herd-console", daemon=True)
+        self._thread.start()
+
+    def write_line(self, text: str) -> None:
+        """A worker line: shown unless the console is too far behind (then counted)."""
+        if self.gone:
+            return
+        if self._queue.qsize() >= self._capacity:
+            with self._lock:
+                self._dropped += 1
+            return
+        self._queue.put(text)
+
+    def note(self, text: str) -> None:
+        """herd's own words: never left out."""
+        if not self.gone:
+            self._queue.put(text)
+
+    def flush(self) -> None:
+        """Ask the writer to flush once it has written what waits (does not wait for it)."""
+        if not self.gone:
+            self._queue.put(None)
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Write what waits (for at most ``timeout`` s: a console that never reads again must
+        not keep herd from exiting), then stop the writer."""
+        self._queue.put(_STOP)
+        self._thread.join(timeout)
+
+    def _write(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is _STOP:
+                self._safely(self.stream.flush)
+                return
+            if self.gone:
+                continue
+            with self._lock:
+                dropped, self._dropped = self._dropped, 0
+            if dropped:
+                self._safely(
+                    lambda d=dropped: self.stream.write(
+                        f"[herd: {d} line(s) not shown: the console did not keep up; "
+                        "every line is in the job's output.log]\n"
+                    )
+                )
+            if item is None or self._queue.empty():
+                if item is not None:
+                    self._safely(lambda t=item: self.stream.write(f"{t}\n"))
+                self._safely(self.stream.flush)
+            else:
+                self._safely(lambda t=item: self.stream.write(f"{t}\n"))
+
+    def _safely(self, action: object) -> None:
+        try:
+            action()  # type: ignore[operator]
+        except (OSError, ValueError):  # a closed pipe or file: the console is gone
+            self.gone = True
+            _discard_from_now_on(self.stream)
+
+
+def _discard_from_now_on(stream: TextIO) -> None:
+    """Point a dead console's descriptor at /dev/null, so nothing written to it later (the
+    interpreter's own flush at exit included) fails again."""
+    try:
+        descriptor = stream.fileno()
+    except (OSError, ValueError, AttributeError):
+        return
+    try:
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, descriptor)
+        os.close(null)
+    except OSError:
+        pass

@@ -1,0 +1,27 @@
+"""Recovery: how herd notices trouble, what it keeps as evidence, and what it decides.
+
+    detection  liveness.NodeLiveness   a node silent for a few seconds is lost (both ways)
+               hang.HangWatch          no progress signal from any rank for too long is a hang
+    evidence   evidence.Evidence       every rank's stacks (py-spy), who is behind and why
+               causes.explain          known failure signatures -> a cause and a fix, in words
+    decisions  policy.RestartPolicy    restart, go on with fewer nodes, or give up (crash loop)
+
+The Supervisor is given these objects (and a clock), so each can be tested alone and swapped.
+"""
+
+from .causes import Cause, explain
+from .evidence import Behind, Evidence, RankStack
+from .hang import HangWatch
+from .liveness import NodeLiveness
+from .policy import RestartPolicy
+
+__all__ = [
+    "Behind",
+    "Cause",
+    "Evidence",
+    "HangWatch",
+    "NodeLiveness",
+    "RankStack",
+    "RestartPolicy",
+    "explain",
+]

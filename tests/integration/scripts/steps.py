@@ -1,0 +1,43 @@
+"""Test job: a plain loop of all-reduces (no DDP), one step every 50 ms, with progress beats.
+
+Rank 0 prints "step N" every 10 steps; every rank calls torchherd.progress.beat(step) and
+prints "STEPPING rank=R pid=P host=H" once, after its first all-reduce, so a test can pick a
+victim. --steps N ends the job after N steps; --fail-rank R makes rank R exit with code 3 at
+once (every attempt: a crash loop); --quiet prints nothing after the first line.
+"""
+
+import argparse
+import os
+import socket
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+from torchherd.progress import beat
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--steps", type=int, default=100000)
+parser.add_argument("--fail-rank", type=int, default=-1)
+parser.add_argument("--quiet", action="store_true")
+args = parser.parse_args()
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+if rank == args.fail_rank:
+    print(f"rank {rank} failing on purpose", file=sys.stderr, flush=True)
+    os._exit(3)
+value = torch.ones(1)
+for step in range(1, args.steps + 1):
+    dist.all_reduce(value)
+    value.fill_(1.0)
+    beat(step)
+    if step == 1:
+        host = socket.gethostname()
+        print(f"STEPPING rank={rank} pid={os.getpid()} host={host}", flush=True)
+    elif rank == 0 and step % 10 == 0 and not args.quiet:
+        print(f"step {step}", flush=True)
+    time.sleep(0.05)
+dist.barrier()
+dist.destroy_process_group()

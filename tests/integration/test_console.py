@@ -1,0 +1,186 @@
+"""The launcher's console must never end a job: a console that stops reading, a closed pipe,
+a line longer than any reader's limit, and Ctrl-C typed in a real terminal (tmux)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.integration.herd_cli import SCRIPTS
+from tests.integration.herd_cli import one_worker_cluster as cluster
+from tests.testbed import Testbed
+
+
+def record(home: Path) -> dict[str, object]:
+    job = next((home / "jobs").iterdir())
+    return json.loads((job / "job.json").read_text())
+
+
+def herd_argv(*args: str) -> list[str]:
+    return [sys.executable, "-m", "torchherd", "launch", *args]
+
+
+def test_a_console_that_stops_reading_does_not_stop_the_job(
+    testbed: Testbed, tmp_path: Path
+) -> None:
+    path, home = cluster(testbed, tmp_path, ["node1", "node2", "node3"])
+    process = subprocess.Popen(
+        herd_argv("-c", str(path), "chatty.py", "--seconds", "30", "--rate", "100"),
+        cwd=SCRIPTS,
+        env=dict(os.environ, HERD_HOME=str(home)),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        # Nobody reads for longer than the agents' silence limit (10 s): the pipe fills at once.
+        time.sleep(25)
+        assert process.poll() is None, "herd ended while its console was not read"
+        out = process.communicate(timeout=180)[0].decode(errors="replace")
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert process.returncode == 0, out[-3000:]
+    assert out.count("DONE rank=") == 3, out[-3000:]
+    assert record(home)["state"] == "succeeded"
+    lines = (Path(str(record(home)["log_dir"])) / "output.log").read_text().count(" line ")
+    assert lines > 3 * 100 * 20, lines  # every line is in the log, whatever the console saw
+
+
+def test_a_closed_pipe_and_a_huge_line_end_nothing(testbed: Testbed, tmp_path: Path) -> None:
+    path, home = cluster(testbed, tmp_path, ["node1", "node2"])
+    command = " ".join(
+        [
+            *herd_argv("-c", str(path), "chatty.py", "--seconds", "3", "--huge-line", "17"),
+            "| head -c 100 >/dev/null",
+        ]
+    )
+    done = subprocess.run(
+        ["bash", "-o", "pipefail", "-c", command],
+        cwd=SCRIPTS,
+        env=dict(os.environ, HERD_HOME=str(home)),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert "Traceback" not in done.stderr, done.stderr
+    saved = record(home)
+    assert saved["state"] == "succeeded", (saved, done.stderr)
+    rank0 = Path(str(saved["log_dir"])) / "rank-0.log"
+    assert rank0.stat().st_size > 17 << 20  # the huge line arrived whole, in pieces
+    assert "DONE rank=0" in rank0.read_text()[-2000:]
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
+def test_ctrl_c_in_a_real_terminal_stops_every_node_cleanly(
+    testbed: Testbed, tmp_path: Path
+) -> None:
+    path, home = cluster(testbed, tmp_path, ["node1", "node2", "node3"])
+    log = tmp_path / "terminal.log"
+    session = f"herd-test-{os.getpid()}"
+    command = " ".join(herd_argv("-c", str(path), "allreduce.py", "--sleep", "300"))
+    env = f"HERD_HOME={home} PYTHONUNBUFFERED=1"
+    subprocess.run(
+        [
+            "tmux",
+            "new-session",
+            "-d",
+            "-s",
+            session,
+            "-x",
+            "200",
+            "-y",
+            "50",
+            f"cd {SCRIPTS} && {env} {command} 2>&1 | tee -i {log}; sleep 600",
+        ],
+        check=True,
+        timeout=30,
+    )
+    try:
+        deadline = time.monotonic() + 180
+        while not (log.exists() and log.read_text().count("SLEEPING") == 3):
+            assert time.monotonic() < deadline, log.read_text() if log.exists() else "no output"
+            time.sleep(0.2)
+        subprocess.run(["tmux", "send-keys", "-t", session, "C-c"], check=True, timeout=10)
+        deadline = time.monotonic() + 10 + 10 + 15  # grace + 10 s, as the README promises
+        while "logs: " not in log.read_text():
+            assert time.monotonic() < deadline, log.read_text()
+            time.sleep(0.2)
+    finally:
+        subprocess.run(["tmux", "kill-session", "-t", session], timeout=10, check=False)
+    out = log.read_text()
+    assert "interrupted" in out, out
+    assert "lost" not in out and "ssh -v" not in out, out
+    for node in ("node1", "node2", "node3"):
+        assert f"{node}  stopped" in out, out
+    assert record(home)["state"] == "stopped"
+
+
+def test_a_closed_terminal_stops_the_job_and_leaves_nothing(
+    testbed: Testbed, tmp_path: Path
+) -> None:
+    path, home = cluster(testbed, tmp_path, ["node1", "node2"])
+    # A private TMPDIR (short: ssh control sockets live in it) shows what the launcher left.
+    scratch = Path(tempfile.mkdtemp(prefix="h", dir="/tmp"))
+    process = subprocess.Popen(
+        herd_argv("-c", str(path), "allreduce.py", "--sleep", "300"),
+        cwd=SCRIPTS,
+        env=dict(os.environ, HERD_HOME=str(home), PYTHONUNBUFFERED="1", TMPDIR=str(scratch)),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        assert process.stdout is not None
+        sleeping = 0
+        for line in process.stdout:
+            sleeping += "SLEEPING" in line
+            if sleeping == 2:
+                break
+        assert list(scratch.glob("herd-ssh-*")), "no control directory while the job runs"
+        process.send_signal(signal.SIGHUP)
+        out = process.communicate(timeout=60)[0]
+        assert process.returncode == 130, out
+        assert record(home)["state"] == "stopped", out
+        assert not list(scratch.iterdir()), list(scratch.iterdir())
+        assert not testbed.processes_with_env("HERD_JOB_ID", str(record(home)["id"]))
+    finally:
+        if process.poll() is None:
+            process.kill()
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def test_a_full_log_disk_does_not_stop_the_job(testbed: Testbed, tmp_path: Path) -> None:
+    path, home = cluster(testbed, tmp_path, ["node1", "node2"])
+    small = tmp_path / "small"
+    small.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(small)], check=True)
+    try:
+        done = subprocess.run(
+            herd_argv("-c", str(path), "--log-dir", str(small), "chatty.py", "--seconds", "3"),
+            cwd=SCRIPTS,
+            env=dict(os.environ, HERD_HOME=str(home)),
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=240,
+        )
+    finally:
+        subprocess.run(["umount", str(small)], check=False)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+    assert "cannot write the job's logs" in done.stdout, done.stdout[-2000:]
+    assert done.stdout.count("DONE rank=") == 2
+    assert record(home)["state"] == "succeeded"
