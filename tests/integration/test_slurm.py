@@ -184,3 +184,22 @@ def test_time_limit_warning_saves_requeues_and_resumes(slurm: SlurmCluster, tmp_
     assert f"requeued Slurm job {job} (requeue 1 of 1)" in text, text
     assert slurm.job_field(job, "Restarts") == "1"
     assert final_loss(run_dir) == final_loss(straight_dir)
+
+
+def test_exec_and_doctor_inside_an_allocation(slurm: SlurmCluster, tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    for args in (["exec", "--", "hostname"], ["doctor"]):
+        done = slurm.run(
+            ["salloc", "--nodes=3", sys.executable, "-m", "torchherd", *args],
+            cwd=SCRIPTS,
+            env=herd_env(slurm, home),
+            timeout=300,
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert "herd: Slurm job" in done.stderr
+        if args[0] == "exec":
+            answers = sorted(line for line in done.stdout.splitlines() if " | " in line)
+            assert answers == ["node1 | node1", "node2 | node2", "node3 | node3"], done.stdout
+        else:
+            assert "All 3 node(s) ready" in done.stdout, done.stdout
+            assert "link(s) measured" in done.stdout  # the network tests ran through srun
