@@ -150,3 +150,16 @@ def test_fake_pbs_walltime_saves_and_chains_the_job(testbed: Testbed, tmp_path: 
     ]
     assert f"to run after PBS job {fake.job_id} (requeue 2 of 2)" in done.stderr
     assert (run_dir / "snapshots" / "latest").exists()
+
+
+def test_fake_pbs_sync_reaches_every_host_once(testbed: Testbed, tmp_path: Path) -> None:
+    fake, settings = allocation(testbed, tmp_path)
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "train.py").write_text("print('hi')\n")
+    done = fake.herd(["sync", "-c", str(settings), str(project)], cwd=project)
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = [line.split()[0] for line in done.stdout.splitlines() if DOMAIN in line]
+    assert rows == [f"{n.name}.{DOMAIN}" for n in testbed.nodes]  # once each, not per line
+    # The testbed's nodes share this filesystem, as HPC nodes usually do: nothing to copy.
+    assert all("shared filesystem" in line for line in done.stdout.splitlines() if DOMAIN in line)
