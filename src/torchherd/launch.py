@@ -40,6 +40,7 @@ from .recovery.policy import made_progress
 from .redact import redact_text
 from .spec import ClusterSpec, NodeSpec, read_env_file
 from .transport import CommandResult, Transport, for_cluster
+from .transport.base import setup_failure
 
 Progress = Callable[[str], None]
 
@@ -143,6 +144,13 @@ def explain_probe_failure(node: NodeSpec, python: str, result: CommandResult) ->
     if result.timed_out:
         return f"{node.host}: the probe did not answer in time; fix: check the node's load and disk"
     code, stderr = result.returncode, result.stderr
+    prelude = setup_failure(code, stderr)
+    if prelude is not None:
+        shown = prelude.replace("\n", "\n    ")
+        return (
+            f"{node.host}: the setup commands failed; their output:\n    {shown}\n"
+            "  fix: correct setup in [cluster] (or this [[node]]) of the cluster file"
+        )
     if code == 127 or ("not found" in stderr and missing_module(stderr) is None):
         return (
             f"{node.host}: {python} not found; fix: install Python 3.11+ there or set python "

@@ -80,6 +80,8 @@ class NodeSpec(BaseModel):
     """NIC for NCCL/Gloo; default: the one on the route to the rendezvous host."""
     python: str | None = None
     """Interpreter on this node, where it differs from [cluster] python."""
+    setup: str | None = None
+    """Shell commands run before this node's agent starts, after [cluster] setup."""
 
     @field_validator("host")
     @classmethod
@@ -116,8 +118,9 @@ class ClusterSpec(BaseModel):
 
     nodes: tuple[NodeSpec, ...]
     """The machines; the first one hosts the rendezvous store."""
-    transport: Literal["ssh", "local"] = "ssh"
-    """How node agents are started: over ssh, or as a local process (this machine alone)."""
+    transport: Literal["ssh", "local", "slurm", "pbs"] = "ssh"
+    """How node agents are started: over ssh, as a local process (this machine alone), or inside
+    a Slurm or PBS allocation (srun; ssh between the allocated nodes)."""
     python: str = "python3"
     """Interpreter on the nodes; default: python3 on the remote PATH."""
     workdir: str | None = None
@@ -136,6 +139,13 @@ class ClusterSpec(BaseModel):
     """Allow a public rendezvous address (the c10d store has no authentication)."""
     min_nodes: int | None = Field(default=None, ge=1)
     """On a restart, go on without lost nodes while at least this many answer (default: all)."""
+    setup: str | None = None
+    """Shell commands run in the shell that starts each node's agent, e.g.
+    "module load cuda/12.6 && source ~/venv/bin/activate"; a failure stops the launch."""
+    carry_env: dict[str, str] = Field(default_factory=dict)
+    """Inside an allocation: the launcher's variables sent to every agent (PATH, venv, NCCL_*)."""
+    scheduler_job_id: str | None = None
+    """Inside an allocation: the scheduler's job id."""
     source: str = "command line"
     """Where this spec came from, for messages."""
 
@@ -169,6 +179,14 @@ class ClusterSpec(BaseModel):
 
     def python_for(self, node: NodeSpec) -> str:
         return node.python or self.python
+
+    def setup_for(self, node: NodeSpec) -> str | None:
+        """The setup prelude for a node: [cluster] setup, then the node's own."""
+        parts = [part.strip() for part in (self.setup, node.setup) if part and part.strip()]
+        if len(parts) < 2:
+            return parts[0] if parts else None
+        # The node's part runs only when the cluster's succeeded.
+        return " && ".join(f"{{ {part}\n}}" for part in parts)
 
     def node(self, host: str) -> NodeSpec:
         for node in self.nodes:
@@ -204,8 +222,11 @@ def _this_python() -> str:
 # ---------------------------------------------------------------------------------------------
 # herd.toml
 
+# Fields a herd.toml may set; the rest are filled in by herd (an allocation, the loader).
 CLUSTER_KEYS = {
-    name for name in ClusterSpec.model_fields if name not in ("nodes", "transport", "source")
+    name
+    for name in ClusterSpec.model_fields
+    if name not in ("nodes", "transport", "source", "carry_env", "scheduler_job_id")
 }
 NODE_KEYS = set(NodeSpec.model_fields)
 
@@ -491,43 +512,9 @@ def _cluster(nodes: list[NodeSpec], source: str, cluster: Mapping[str, Any]) -> 
 
 def expand_nodelist(text: str) -> list[str]:
     """Expand a Slurm node list: ``gpu[01-03,07],cpu1`` -> gpu01 gpu02 gpu03 gpu07 cpu1."""
-    hosts: list[str] = []
-    for part in _split_top_level(text):
-        match = re.match(r"^([^\[\]]*)\[([^\]]+)\](.*)$", part)
-        if not match:
-            if part:
-                hosts.append(part)
-            continue
-        prefix, ranges, rest = match.groups()
-        for piece in ranges.split(","):
-            low, sep, high = piece.partition("-")
-            if not low.isdigit() or (sep and not high.isdigit()):
-                raise ConfigError(
-                    f"node list {text!r}: cannot read range {piece!r}",
-                    "ranges look like gpu[01-04,07]",
-                )
-            width = len(low)
-            stop = int(high) if sep else int(low)
-            for number in range(int(low), stop + 1):
-                for tail in expand_nodelist(rest) if rest else [""]:
-                    hosts.append(f"{prefix}{number:0{width}d}{tail}")
-    return hosts
+    from .scheduler.hostlist import expand_hostlist
 
-
-def _split_top_level(text: str) -> list[str]:
-    parts, depth, current = [], 0, ""
-    for ch in text:
-        if ch == "[":
-            depth += 1
-        elif ch == "]":
-            depth -= 1
-        if ch == "," and depth == 0:
-            parts.append(current.strip())
-            current = ""
-        else:
-            current += ch
-    parts.append(current.strip())
-    return [p for p in parts if p]
+    return expand_hostlist(text)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -47,3 +47,11 @@ def root(
 
 
 CLUSTER_HELP = "Cluster file (herd.toml or a hostfile); default: ./herd.toml, else this machine."
+
+# Commands that take a script and its own arguments after herd's options (launch, submit):
+# everything from the script on belongs to the script.
+SCRIPT_COMMAND = {
+    "allow_extra_args": True,
+    "ignore_unknown_options": True,
+    "allow_interspersed_args": False,
+}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Collection, Sequence
 from typing import Any
 
@@ -10,15 +11,26 @@ from rich.markup import escape
 from rich.table import Table
 
 from ..errors import ConfigError
+from ..scheduler.detect import cluster_for_allocation, detect_allocation
 from ..spec import ClusterSpec, find_cluster, local_cluster, parse_host_list
 
 
 def cluster_for(
     config: str | None, hosts: str | None = None, *, nproc: int | None = None
 ) -> ClusterSpec:
-    """-c FILE, or -H h1:4,h2:2, or ./herd.toml, or this machine alone."""
+    """A Slurm allocation, else a PBS one, else -c FILE, or -H h1:4,h2:2, or ./herd.toml, or
+    this machine alone (see scheduler/detect.py). Says on stderr when it found an allocation."""
     if config and hosts:
         raise ConfigError("give either -c FILE or -H HOSTS, not both", "drop one of them")
+    allocation = detect_allocation()
+    if allocation is not None:
+        if hosts:
+            raise ConfigError(
+                f"-H {hosts} given inside {allocation.title}: the allocation names the nodes",
+                "drop -H (herd uses the allocated nodes), or run outside the allocation",
+            )
+        print(f"herd: {allocation.describe()}", file=sys.stderr)
+        return cluster_for_allocation(allocation, find_cluster(config))
     if hosts:
         return parse_host_list(hosts, source="-H")
     cluster = find_cluster(config)

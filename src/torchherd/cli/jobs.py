@@ -13,6 +13,7 @@ from ..errors import EXIT_NODE_NOT_READY, EXIT_OK
 from ..jobs import JobRecord, list_records
 from ..ops.jobctl import RUNNING_STATES, find_record, refresh, stop_job
 from ..ops.joblogs import show_logs, show_stacks
+from ..scheduler.submit import list_submitted, scheduler_states
 from .app import app
 from .common import result_table
 from .ops import console
@@ -51,7 +52,8 @@ def ps_command(
         False, "--no-refresh", help="Do not ask the nodes of running detached jobs how they are."
     ),
 ) -> int:
-    """List jobs: id, state, nodes, world size, started, runtime, exit code.
+    """List jobs: id, state, nodes, world size, started, runtime, exit code; and jobs sent to
+    Slurm/PBS by `herd submit`, with the scheduler's state (squeue/sacct, qstat).
 
     Running detached jobs are checked on their nodes (one ssh per node), so a job that ended
     while nobody watched shows how it ended.
@@ -61,11 +63,37 @@ def ps_command(
         records = records[-20:]
     if not no_refresh:
         records = refresh(records)
+    submitted = list_submitted()[-20:] if not all_jobs else list_submitted()
+    states = scheduler_states(submitted) if submitted else {}
     if as_json:
-        print(json.dumps([ps_row(r) for r in records], indent=2))
+        rows = [ps_row(r) for r in records] + [
+            {
+                "id": job.job_id,
+                "scheduler": job.scheduler,
+                "name": job.name,
+                "state": states[job.job_id],
+                "submitted": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(job.submitted)),
+            }
+            for job in submitted
+        ]
+        print(json.dumps(rows, indent=2))
         return EXIT_OK
+    if submitted:
+        table = result_table(("SUBMITTED JOB", "SCHEDULER", "NAME", "STATE", "SUBMITTED"))
+        for job in submitted:
+            table.add_row(
+                job.job_id,
+                job.scheduler,
+                job.name,
+                states[job.job_id],
+                time.strftime("%m-%d %H:%M:%S", time.localtime(job.submitted)),
+            )
+        console().print(table)
+        if records:
+            print()
     if not records:
-        print("no jobs yet: start one with `herd launch train.py` (or `herd demo`)")
+        if not submitted:
+            print("no jobs yet: start one with `herd launch train.py` (or `herd demo`)")
         return EXIT_OK
     table = result_table(
         ("ID", "STATE", "NODES", "WORLD", "STARTED", "RUNTIME", "EXIT"), right=("WORLD", "EXIT")

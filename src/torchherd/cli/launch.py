@@ -9,22 +9,16 @@ from pathlib import Path
 
 import typer
 
-from ..errors import UsageError
+from ..errors import EXIT_SAVED, UsageError
 from ..files import private_dir
 from ..launch import LaunchOptions, launch
 from ..plan import JobSpec, LaunchPlan
-from .app import CLUSTER_HELP, app
+from ..scheduler.requeue import pbs_deadline, requeue_after_save
+from .app import CLUSTER_HELP, SCRIPT_COMMAND, app
 from .common import cluster_for
 
 
-@app.command(
-    "launch",
-    context_settings={
-        "allow_extra_args": True,
-        "ignore_unknown_options": True,
-        "allow_interspersed_args": False,
-    },
-)
+@app.command("launch", context_settings=SCRIPT_COMMAND)
 def launch_command(
     ctx: typer.Context,
     script: str = typer.Argument(
@@ -90,11 +84,26 @@ def launch_command(
     grace: float = typer.Option(
         10.0, "--grace", min=0, help="Seconds workers get to exit after SIGTERM."
     ),
+    max_requeues: int = typer.Option(
+        0,
+        "--max-requeues",
+        min=0,
+        help="Inside Slurm/PBS: after the job saved at a time limit (SIGUSR1), requeue it "
+        "(Slurm) or submit it again after this one (PBS) up to this many times.",
+    ),
+    time_grace: float = typer.Option(
+        120.0,
+        "--time-grace",
+        min=1,
+        help="Inside PBS: ask the workers to save and stop this many seconds before the "
+        "walltime (Slurm: #SBATCH --signal=B:USR1@SECONDS does it).",
+    ),
 ) -> int:
     """Run SCRIPT [ARGS...] (or -m MODULE [ARGS...]) with torchrun on every node.
 
     Every worker's output is prefixed with host:rank; per-rank logs are kept.
-    Ctrl-C stops the job on every node.
+    Ctrl-C stops the job on every node. Inside a Slurm or PBS allocation the nodes are the
+    allocated ones (one agent per node).
     A node that stops answering for 10 s, or a job that makes no progress (a hang), is stopped
     after herd takes every worker's stacks (herd logs JOB --stacks).
 
@@ -139,20 +148,25 @@ def launch_command(
         crash_loop=crash_loop,
         grace=grace,
     )
-    result = launch(
-        cluster,
-        job,
-        LaunchOptions(
-            dry_run=dry_run,
-            log_dir=log_dir,
-            preflight=not no_preflight,
-            detach=detach,
-            hang_timeout=hang_timeout,
-        ),
+    options = LaunchOptions(
+        dry_run=dry_run,
+        log_dir=log_dir,
+        preflight=not no_preflight,
+        detach=detach,
+        save_within=max(5.0, min(60.0, time_grace / 2)),
+        hang_timeout=hang_timeout,
     )
+    deadline = None if dry_run or detach else pbs_deadline(cluster, time_grace)
+    try:
+        result = launch(cluster, job, options)
+    finally:
+        if deadline is not None:
+            deadline.cancel()
     if isinstance(result, LaunchPlan):
         sys.stdout.write(result.render() + "\n")
         return 0
+    if result.exit_code == EXIT_SAVED:
+        print(requeue_after_save(cluster, max_requeues), file=sys.stderr, flush=True)
     return result.exit_code
 
 

@@ -152,7 +152,13 @@ class Syncer:
         on_progress: OnProgress | None = None,
         transport: Transport | None = None,
     ) -> None:
-        if cluster.transport != "ssh":
+        if cluster.transport == "slurm":
+            raise ConfigError(
+                f"herd sync copies over ssh, and {cluster.source} starts its agents with srun",
+                "Slurm clusters share the filesystem: put the project there (the job runs in "
+                "this directory on every node), or run herd sync outside the allocation",
+            )
+        if cluster.transport not in ("ssh", "pbs"):
             raise ConfigError(
                 "herd sync copies to the nodes of a cluster, and there is none: this machine "
                 "alone runs the job where it is",

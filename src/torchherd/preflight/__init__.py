@@ -129,11 +129,11 @@ def fast_checks(cluster: ClusterSpec, facts: Mapping[str, NodeFacts]) -> list[Ch
     results += versions(findings)
     first = cluster.rendezvous_node
     first_facts = facts.get(first.host)
-    if cluster.transport == "ssh" and first_facts is not None:
+    if cluster.transport != "local" and first_facts is not None:
         exposed = network_checks.rendezvous_exposure(cluster, first, first_facts)
         if exposed is not None:
             results.append(exposed)
-    if cluster.transport == "ssh" and first_facts is not None and first_facts.port_free is False:
+    if cluster.transport != "local" and first_facts is not None and first_facts.port_free is False:
         results.append(
             CheckResult(
                 "rendezvous",

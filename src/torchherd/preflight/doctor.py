@@ -131,7 +131,7 @@ async def gather(
         facts = {p.host: p for p in probed if isinstance(p, NodeFacts)}
         failures = {p.host: p for p in probed if isinstance(p, ProbeFailure)}
         network, skipped = None, ""
-        if cluster.transport == "ssh":
+        if cluster.transport != "local":
             outcome = plan_for(cluster, facts, options.nproc)
             if outcome.plan is not None:
                 network = await network_tests(cluster, outcome.plan, sessions, options.net, say)
@@ -160,7 +160,7 @@ async def _probe(
     if cluster.workdir:
         probe["workdir"] = cluster.workdir
     ports: dict[str, int] = {"ephemeral": 0}
-    if node is cluster.rendezvous_node and cluster.transport == "ssh":
+    if node is cluster.rendezvous_node and cluster.transport != "local":
         ports["rdzv"] = cluster.rdzv_port or 0
     python = cluster.python_for(node)
     session = await Session.start(cluster, transport, node, {"probe": probe, "ports": ports})

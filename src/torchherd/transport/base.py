@@ -94,15 +94,50 @@ def cd_prefix(cwd: str | None) -> str:
     return f"cd {home_quote(cwd)} && "
 
 
-def remote_line(command: Command, cwd: str | None, env: Mapping[str, str] | None) -> str:
-    """One shell line for a node: enter cwd, set env, run the command."""
+# Exit code of a node command whose setup prelude failed (and the word that says so on stderr).
+SETUP_FAILED_EXIT = 97
+SETUP_FAILED_MARK = "herd: setup failed"
+
+
+def setup_prelude(setup: str | None) -> str:
+    """Shell text that runs the setup commands in the current shell (so `module load` and
+    `source venv/bin/activate` hold for the command after it), with their output on stderr
+    (stdout is the agent's channel); on failure it says so and exits SETUP_FAILED_EXIT."""
+    if not setup or not setup.strip():
+        return ""
+    return (
+        f"{{ {setup.strip()}\n}} >&2 || "
+        f'{{ echo "{SETUP_FAILED_MARK} with exit code $?" >&2; exit {SETUP_FAILED_EXIT}; }}; '
+    )
+
+
+def remote_line(
+    command: Command,
+    cwd: str | None,
+    env: Mapping[str, str] | None,
+    setup: str | None = None,
+) -> str:
+    """One shell line for a node: run the setup prelude, enter cwd, set env, run the command."""
     line = as_shell(command)
     if env:
         assignments = " ".join(shlex.quote(f"{key}={value}") for key, value in env.items())
         # A shell line given as text must keep its pipes and redirections: run it in a shell.
         body = f"sh -c {shlex.quote(command)}" if isinstance(command, str) else line
         line = f"env {assignments} {body}"
-    return cd_prefix(cwd) + line
+    return setup_prelude(setup) + cd_prefix(cwd) + line
+
+
+def shell_for(setup: str | None) -> str:
+    """The shell that runs a line with this prelude: bash for `module` and `source`, else sh."""
+    return "bash" if setup else "/bin/sh"
+
+
+def setup_failure(returncode: int, stderr: str) -> str | None:
+    """The output of a failed setup prelude, when that is why a node command failed."""
+    if returncode != SETUP_FAILED_EXIT or SETUP_FAILED_MARK not in stderr:
+        return None
+    lines = [line for line in stderr.strip().splitlines() if line.strip()]
+    return "\n".join(lines[-15:])
 
 
 class Transport(ABC):
@@ -128,6 +163,18 @@ class Transport(ABC):
     ) -> asyncio.subprocess.Process:
         """Start a command with piped stdin/stdout/stderr. ``env`` must hold no secrets:
         on ssh it becomes part of the remote command line; send secrets over stdin instead."""
+
+    def shell_line(
+        self,
+        node: NodeSpec,
+        command: Command,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> str:
+        """The shell line that runs ``command`` on ``node``: the node's setup prelude, cwd, the
+        variables an allocation carries (``carry_env``) and ``env``."""
+        merged = {**self.cluster.carry_env, **(env or {})}
+        return remote_line(command, cwd, merged, setup=self.cluster.setup_for(node))
 
     @abstractmethod
     def classify_failure(self, node: NodeSpec, returncode: int, stderr: str) -> Unreachable | None:
@@ -213,6 +260,14 @@ def for_cluster(cluster: ClusterSpec) -> Transport:
         from .local import LocalTransport
 
         return LocalTransport(cluster)
+    if cluster.transport == "slurm":
+        from .slurm import SlurmTransport
+
+        return SlurmTransport(cluster)
+    if cluster.transport == "pbs":
+        from .pbs import PbsTransport
+
+        return PbsTransport(cluster)
     from .ssh import SshTransport
 
     return SshTransport(cluster)

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 
 from ..errors import ConfigError
 from ..spec import ClusterSpec, NodeSpec
-from .base import Command, Transport, Unreachable, remote_line
+from .base import Command, Transport, Unreachable
 from .host_keys import HostKeyPolicy
 
 # ssh's words for each way a connection fails, checked in this order; first match wins.
@@ -192,7 +192,7 @@ class SshTransport(Transport):
         cwd: str | None = None,
         env: Mapping[str, str] | None = None,
     ) -> asyncio.subprocess.Process:
-        remote = remote_line(command, cwd, env)
+        remote = self.shell_line(node, command, cwd, env)
         argv = self.base_argv(node) + ["-T", node.host, "--", remote]
         return await asyncio.create_subprocess_exec(
             *argv,

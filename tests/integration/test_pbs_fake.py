@@ -1,0 +1,165 @@
+"""herd inside a FAKE PBS allocation (tests/fake_pbs: no PBS can run here, so this is a fake
+that reproduces a real allocation's behaviour) on the namespace testbed.
+
+The batch script runs on the first node only, with a nodefile listing every host twice
+(mpiprocs=2) under fully qualified names; `herd launch` there must start one agent per host (over
+ssh, attached to the job with pbs_attach), see failures on other nodes (pbsdsh's exit 0 is not
+trusted: herd does not use it), render PBS job scripts right, and chain a job at the walltime.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tests.fake_pbs.allocation import DOMAIN, FakePbsAllocation
+from tests.integration.test_launch import results
+from tests.testbed import Testbed
+
+SCRIPTS = Path(__file__).parent / "scripts"
+
+
+def allocation(testbed: Testbed, tmp_path: Path) -> tuple[FakePbsAllocation, Path]:
+    fake = FakePbsAllocation(testbed, tmp_path / "fake-pbs", mpiprocs=2)
+    settings = fake.settings(tmp_path / "herd.toml", env={"HERD_HOME": str(tmp_path / "home")})
+    return fake, settings
+
+
+def test_fake_pbs_launch_reaches_every_node_once(testbed: Testbed, tmp_path: Path) -> None:
+    fake, settings = allocation(testbed, tmp_path)
+    done = fake.herd(
+        ["launch", "-c", str(settings), "--nproc", "1", "allreduce.py"],
+        cwd=SCRIPTS,
+        HERD_HOME=str(tmp_path / "home"),
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"herd: PBS job {fake.job_id} (from PBS_JOBID, PBS_NODEFILE): 4 node(s)" in done.stderr
+    found = results(done.stdout)
+    assert sorted(found) == [0, 1, 2, 3], done.stdout  # one agent per host, not per line
+    assert {f["sum"] for f in found.values()} == {"10"}
+    assert {f["host"] for f in found.values()} == {n.name for n in testbed.nodes}
+    assert {f["prefix_host"] for f in found.values()} == {
+        f"{n.name}.{DOMAIN}" for n in testbed.nodes
+    }
+    # Every agent ran attached to the job, on its own node (probe + agent on each host).
+    attached = fake.calls("pbs_attach")
+    assert {c["host"] for c in attached} == {n.name for n in testbed.nodes}
+    assert all(c["argv"][:2] == ["-j", fake.job_id] for c in attached)
+    assert not fake.calls("pbsdsh")
+
+
+def test_fake_pbs_failure_on_another_node_is_seen(testbed: Testbed, tmp_path: Path) -> None:
+    fake, settings = allocation(testbed, tmp_path)
+    done = fake.herd(
+        ["launch", "-c", str(settings), "--nproc", "1", "allreduce.py", "--fail-rank", "3"],
+        cwd=SCRIPTS,
+        HERD_HOME=str(tmp_path / "home"),
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "rank 3 failing on purpose" in done.stdout
+    summary = done.stdout[done.stdout.rfind("failed") :]
+    assert "rank 3" in summary, done.stdout
+
+
+def test_fake_pbsdsh_behaves_like_the_real_one(testbed: Testbed, tmp_path: Path) -> None:
+    """Why herd does not use pbsdsh: one task per nodefile line, a stripped environment in
+    $HOME, and exit 0 although every task failed (checked on this FAKE's pbsdsh)."""
+    fake, _ = allocation(testbed, tmp_path)
+    done = fake.run(
+        ["pbsdsh", "--", "sh", "-c", 'echo "task $(hostname) $PWD ${VIRTUAL_ENV:-none}"; exit 3'],
+        cwd=SCRIPTS,
+        VIRTUAL_ENV="/venv",
+    )
+    assert done.returncode == 0
+    lines = sorted(line for line in done.stdout.splitlines() if line.startswith("task"))
+    assert len(lines) == 2 * len(testbed.nodes)
+    assert all(line.endswith(" /root none") for line in lines), lines
+
+
+def test_fake_pbs_submit_renders_and_chains(testbed: Testbed, tmp_path: Path) -> None:
+    fake, settings = allocation(testbed, tmp_path)
+    home = str(tmp_path / "home")
+    args = ["submit", "--scheduler", "pbs", "-N", "2", "-G", "4", "--cpus-per-node", "64"]
+    args += ["--time", "02:00:00", "-q", "gpu", "-A", "proj", "--gpu-resource", "gpus"]
+    done = fake.herd([*args, "train.py", "--epochs", "3"], cwd=tmp_path, HERD_HOME=home)
+    assert done.returncode == 0, done.stderr
+    (call,) = fake.calls("qsub")
+    script = call["script"]
+    for line in (
+        "#PBS -l select=2:ncpus=64:mpiprocs=1:gpus=4",
+        "#PBS -l place=scatter",
+        "#PBS -l walltime=02:00:00",
+        "#PBS -q gpu",
+        "#PBS -A proj",
+        "#PBS -r y",
+        f"cd {tmp_path}",
+        f"export HERD_JOB_SCRIPT={call['argv'][-1]}",
+    ):
+        assert line in script.splitlines(), script
+    assert script.rstrip().endswith("--max-requeues=3 --time-grace=120 train.py --epochs 3")
+    assert f"submitted pbs job {call['job_id']}" in done.stdout
+    listed = json.loads(fake.herd(["ps", "--json"], cwd=tmp_path, HERD_HOME=home).stdout)
+    assert [(r["id"], r["state"]) for r in listed if r.get("scheduler")] == [
+        (call["job_id"], "QUEUED")
+    ]
+
+
+def test_fake_pbs_walltime_saves_and_chains_the_job(testbed: Testbed, tmp_path: Path) -> None:
+    fake, settings = allocation(testbed, tmp_path)
+    # qstat says 3 minutes of walltime are left; with a grace of 160 s herd warns itself
+    # after 20 s, mid-training, as Slurm's --signal would.
+    fake.set_walltime("00:03:00", "00:00:00")
+    run_dir = tmp_path / "run"
+    script = tmp_path / "job.pbs"
+    script.write_text("#!/bin/bash\n")
+    done = fake.herd(
+        [
+            "launch",
+            "-c",
+            str(settings),
+            "--nproc",
+            "1",
+            "--max-requeues",
+            "2",
+            "--time-grace",
+            "160",
+            "slow_minimal.py",
+            "--max-steps",
+            "100000",
+            "--snapshot-every",
+            "20",
+            "--batch-size",
+            "16",
+            "--run-dir",
+            str(run_dir),
+        ],
+        cwd=SCRIPTS,
+        HERD_HOME=str(tmp_path / "home"),
+        HERD_JOB_SCRIPT=str(script),
+        HERD_REQUEUE_COUNT="1",
+    )
+    assert done.returncode == 5, done.stdout + done.stderr
+    assert "asking every worker to save a snapshot" in done.stdout
+    (call,) = fake.calls("qsub")
+    assert call["argv"] == [
+        "-W",
+        f"depend=afterany:{fake.job_id}",
+        "-v",
+        "HERD_REQUEUE_COUNT=2",
+        str(script),
+    ]
+    assert f"to run after PBS job {fake.job_id} (requeue 2 of 2)" in done.stderr
+    assert (run_dir / "snapshots" / "latest").exists()
+
+
+def test_fake_pbs_sync_reaches_every_host_once(testbed: Testbed, tmp_path: Path) -> None:
+    fake, settings = allocation(testbed, tmp_path)
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "train.py").write_text("print('hi')\n")
+    done = fake.herd(["sync", "-c", str(settings), str(project)], cwd=project)
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = [line.split()[0] for line in done.stdout.splitlines() if DOMAIN in line]
+    assert rows == [f"{n.name}.{DOMAIN}" for n in testbed.nodes]  # once each, not per line
+    # The testbed's nodes share this filesystem, as HPC nodes usually do: nothing to copy.
+    assert all("shared filesystem" in line for line in done.stdout.splitlines() if DOMAIN in line)

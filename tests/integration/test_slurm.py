@@ -1,0 +1,205 @@
+"""herd inside a real Slurm (Debian's slurmctld/slurmd/munge over the namespace testbed).
+
+The batch script runs on the first node only; `herd launch` there must find the allocation,
+start exactly one agent per node through srun and run the job on all of them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.integration.conftest import require_testbed
+from tests.integration.test_fault_tolerance import final_loss
+from tests.integration.test_launch import results
+from tests.slurm_testbed import SlurmCluster, slurm_available
+from tests.testbed import Testbed
+
+SCRIPTS = Path(__file__).parent / "scripts"
+
+
+@pytest.fixture(scope="module")
+def slurm() -> Iterator[SlurmCluster]:
+    require_testbed()
+    ok, reason = slurm_available()
+    if not ok:
+        if os.environ.get("CI"):
+            pytest.fail(f"Slurm unavailable under CI: {reason}", pytrace=False)
+        pytest.skip(reason)
+    with Testbed(3, hosts_loopback=True) as bed, SlurmCluster(bed) as cluster:
+        yield cluster
+
+
+def herd_env(slurm: SlurmCluster, home: Path) -> dict[str, str]:
+    return {"HERD_HOME": str(home), "PYTHONUNBUFFERED": "1"}
+
+
+def job_script(tmp_path: Path, body: str, *options: str) -> Path:
+    lines = ["#!/bin/bash", *(f"#SBATCH {o}" for o in options), f"cd {SCRIPTS}", body]
+    path = tmp_path / "job.sh"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def sbatch(slurm: SlurmCluster, script: Path, home: Path) -> str:
+    done = slurm.run(["sbatch", "--parsable", str(script)], env=herd_env(slurm, home))
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip().split(";")[0]
+
+
+def nothing_left(slurm: SlurmCluster, job_id: str) -> None:
+    deadline = time.monotonic() + 15
+    left = slurm.bed.processes_with_env("HERD_JOB_ID", job_id)
+    while left and time.monotonic() < deadline:
+        time.sleep(0.5)
+        left = slurm.bed.processes_with_env("HERD_JOB_ID", job_id)
+    assert not left, f"processes of herd job {job_id} still running: {left}"
+
+
+def herd_job_id(output: str) -> str:
+    match = re.search(r"herd \S+: job (\S+) on", output)
+    assert match, output
+    return match.group(1)
+
+
+def assert_three_ranks(output: str) -> None:
+    found = results(output)
+    assert sorted(found) == [0, 1, 2], output
+    assert {f["sum"] for f in found.values()} == {"6"}
+    assert {f["world"] for f in found.values()} == {"3"}
+    assert {f["host"] for f in found.values()} == {"node1", "node2", "node3"}
+    for fields in found.values():
+        assert fields["prefix_host"] == fields["host"]  # merged output names each node
+
+
+def test_sbatch_runs_herd_launch_on_every_node(slurm: SlurmCluster, tmp_path: Path) -> None:
+    output = tmp_path / "out.txt"
+    script = job_script(
+        tmp_path,
+        f"exec {sys.executable} -m torchherd launch --nproc 1 allreduce.py",
+        "--nodes=3",
+        "--ntasks-per-node=1",
+        f"--output={output}",
+    )
+    job = sbatch(slurm, script, tmp_path / "home")
+    state = slurm.wait_job(job, timeout=300)
+    text = output.read_text()
+    assert state == "COMPLETED", text
+    assert f"herd: Slurm job {job} (from SLURM_JOB_ID, SLURM_JOB_NODELIST)" in text
+    assert_three_ranks(text)
+    nothing_left(slurm, herd_job_id(text))
+
+
+def test_salloc_interactive_run(slurm: SlurmCluster, tmp_path: Path) -> None:
+    # salloc runs the command here, outside the nodes (a login node): srun reaches them.
+    done = slurm.run(
+        [
+            "salloc",
+            "--nodes=3",
+            "--ntasks-per-node=1",
+            sys.executable,
+            "-m",
+            "torchherd",
+            "launch",
+            "--nproc",
+            "1",
+            "allreduce.py",
+        ],
+        cwd=SCRIPTS,
+        env=herd_env(slurm, tmp_path / "home"),
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "herd: Slurm job" in done.stderr
+    assert_three_ranks(done.stdout)
+    nothing_left(slurm, herd_job_id(done.stdout))
+
+
+def herd_cli(
+    slurm: SlurmCluster, args: list[str], home: Path, cwd: Path = SCRIPTS
+) -> subprocess.CompletedProcess[str]:
+    return slurm.run([sys.executable, "-m", "torchherd", *args], cwd=cwd, env=herd_env(slurm, home))
+
+
+def submitted_id(stdout: str) -> str:
+    match = re.search(r"submitted slurm job (\d+)", stdout)
+    assert match, stdout
+    return match.group(1)
+
+
+def test_herd_submit_slurm(slurm: SlurmCluster, tmp_path: Path) -> None:
+    home, output = tmp_path / "home", tmp_path / "submit.out"
+    args = ["submit", "--scheduler", "slurm", "-N", "3", "--time", "00:10:00", "--grace", "60"]
+    done = herd_cli(slurm, [*args, "-o", str(output), "allreduce.py"], home)
+    assert done.returncode == 0, done.stderr
+    job = submitted_id(done.stdout)
+    assert f"squeue -j {job}" in done.stdout  # how to follow it
+    script = Path(done.stdout.split("script: ")[1].split()[0]).read_text()
+    assert "#SBATCH --signal=B:USR1@60" in script and "#SBATCH --requeue" in script
+    assert "\nexec " in script  # herd is the batch shell process, so USR1 reaches it
+    assert slurm.wait_job(job, timeout=300) == "COMPLETED", output.read_text()
+    assert_three_ranks(output.read_text())
+    listed = json.loads(herd_cli(slurm, ["ps", "--json"], home).stdout)
+    mine = [row for row in listed if row.get("scheduler") == "slurm"]
+    assert [(row["id"], row["state"]) for row in mine] == [(job, "COMPLETED")]
+
+
+TRAIN_ARGS = ["--max-steps", "200", "--snapshot-every", "20", "--batch-size", "16"]
+
+
+def submit_training(slurm: SlurmCluster, tmp_path: Path, name: str) -> tuple[str, Path, Path]:
+    run_dir, output = tmp_path / name / "run", tmp_path / name / "out.txt"
+    args = ["submit", "--scheduler", "slurm", "-N", "2", "--time", "00:10:00", "--grace", "60"]
+    args += ["--max-requeues", "1", "-o", str(output), "slow_minimal.py", *TRAIN_ARGS]
+    done = herd_cli(slurm, [*args, "--run-dir", str(run_dir)], tmp_path / name / "home")
+    assert done.returncode == 0, done.stderr
+    return submitted_id(done.stdout), run_dir, output
+
+
+def test_time_limit_warning_saves_requeues_and_resumes(slurm: SlurmCluster, tmp_path: Path) -> None:
+    straight, straight_dir, straight_out = submit_training(slurm, tmp_path, "straight")
+    assert slurm.wait_job(straight, timeout=300) == "COMPLETED", straight_out.read_text()
+
+    job, run_dir, output = submit_training(slurm, tmp_path, "warned")
+    deadline = time.monotonic() + 180
+    while not (run_dir / "snapshots" / "step-40").exists():
+        assert time.monotonic() < deadline, "no snapshot in time: " + (
+            output.read_text() if output.exists() else "(no output)"
+        )
+        time.sleep(0.1)
+    # What Slurm does at --signal=B:USR1@60 before the time limit, now.
+    warned = slurm.run(["scancel", "--signal=USR1", "--batch", job])
+    assert warned.returncode == 0, warned.stderr
+    assert slurm.wait_job(job, timeout=400) == "COMPLETED", output.read_text()
+    text = output.read_text()
+    assert "asking every worker to save a snapshot" in text, text
+    assert f"requeued Slurm job {job} (requeue 1 of 1)" in text, text
+    assert slurm.job_field(job, "Restarts") == "1"
+    assert final_loss(run_dir) == final_loss(straight_dir)
+
+
+def test_exec_and_doctor_inside_an_allocation(slurm: SlurmCluster, tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    for args in (["exec", "--", "hostname"], ["doctor"]):
+        done = slurm.run(
+            ["salloc", "--nodes=3", sys.executable, "-m", "torchherd", *args],
+            cwd=SCRIPTS,
+            env=herd_env(slurm, home),
+            timeout=300,
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert "herd: Slurm job" in done.stderr
+        if args[0] == "exec":
+            answers = sorted(line for line in done.stdout.splitlines() if " | " in line)
+            assert answers == ["node1 | node1", "node2 | node2", "node3 | node3"], done.stdout
+        else:
+            assert "All 3 node(s) ready" in done.stdout, done.stdout
+            assert "link(s) measured" in done.stdout  # the network tests ran through srun

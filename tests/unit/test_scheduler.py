@@ -1,0 +1,236 @@
+"""Slurm/PBS pieces that need no scheduler: hostlists, nodefiles, job ids, detection, the
+environment that travels, srun's command line and the setup prelude."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from torchherd.errors import ConfigError, HerdError
+from torchherd.scheduler.detect import (
+    Allocation,
+    cluster_for_allocation,
+    detect_allocation,
+    parse_node_addresses,
+)
+from torchherd.scheduler.environment import carried_environment
+from torchherd.scheduler.hostlist import expand_hostlist, parse_nodefile
+from torchherd.scheduler.jobid import (
+    parse_pbs_jobid,
+    parse_qsub_output,
+    parse_sbatch_output,
+    parse_slurm_jobid,
+)
+from torchherd.spec import ClusterSpec, NodeSpec, expand_nodelist, parse_cluster_toml
+from torchherd.transport.base import SETUP_FAILED_EXIT, remote_line, setup_failure
+from torchherd.transport.slurm import classify_srun_failure, cpus_per_node, srun_argv
+
+
+@pytest.mark.parametrize(
+    ("text", "hosts"),
+    [
+        ("node1", ["node1"]),
+        ("gpu[01-03,07],cpu1", ["gpu01", "gpu02", "gpu03", "gpu07", "cpu1"]),
+        ("n[8-11]", ["n8", "n9", "n10", "n11"]),
+        ("n[098-101]", ["n098", "n099", "n100", "n101"]),
+        ("a[1-2]-b[3-4]", ["a1-b3", "a1-b4", "a2-b3", "a2-b4"]),
+        ("rack[1-2]n[1,3].ib", ["rack1n1.ib", "rack1n3.ib", "rack2n1.ib", "rack2n3.ib"]),
+        ("x[1],y,z[2-3]", ["x1", "y", "z2", "z3"]),
+    ],
+)
+def test_hostlist_expands_like_slurm(text: str, hosts: list[str]) -> None:
+    assert expand_hostlist(text) == hosts
+    assert expand_nodelist(text) == hosts  # the spec's loader uses the same expander
+
+
+@pytest.mark.parametrize("text", ["gpu[01-", "gpu]1[", "gpu[a-b]", "gpu[5-2]", "g[1[2]]"])
+def test_hostlist_errors_name_the_list(text: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        expand_hostlist(text)
+    assert repr(text) in info.value.message
+    assert "gpu[01-04,07]" in info.value.remedy
+
+
+def test_nodefile_dedupes_in_first_seen_order_keeping_fqdns() -> None:
+    text = "n2.cluster.org\nn2.cluster.org\nn1.cluster.org\nn1.cluster.org\n\nn3\n"
+    assert parse_nodefile(text) == ["n2.cluster.org", "n1.cluster.org", "n3"]
+
+
+def test_job_ids() -> None:
+    assert parse_sbatch_output("Submitted batch job 4211\n").number == 4211
+    assert parse_sbatch_output("4212;cluster\n").text == "4212"
+    slurm = parse_slurm_jobid("77_3")
+    assert (slurm.number, slurm.index) == (77, 3)
+    pbs = parse_pbs_jobid("123.pbs01")
+    assert (pbs.number, pbs.index, pbs.server, pbs.array) == (123, None, "pbs01", False)
+    sub = parse_pbs_jobid("123[4].pbs01.example.org")
+    assert (sub.number, sub.index, sub.server) == (123, 4, "pbs01.example.org")
+    assert parse_pbs_jobid("9[].s").array
+    assert parse_qsub_output("\n456.server\n").text == "456.server"
+    for bad in ("abc", "12x"):
+        with pytest.raises(HerdError):
+            parse_slurm_jobid(bad)
+        with pytest.raises(HerdError):
+            parse_pbs_jobid(bad)
+    with pytest.raises(HerdError):
+        parse_sbatch_output("sbatch: error: invalid partition")
+
+
+def _nodefile(tmp_path: Path) -> str:
+    path = tmp_path / "nodefile"
+    path.write_text("b.x.org\nb.x.org\na.x.org\na.x.org\n")
+    return str(path)
+
+
+def test_detection_order(tmp_path: Path) -> None:
+    nodefile = _nodefile(tmp_path)
+    both = {
+        "SLURM_JOB_ID": "5",
+        "SLURM_JOB_NODELIST": "n[1-2]",
+        "PBS_JOBID": "7.srv",
+        "PBS_NODEFILE": nodefile,
+        "PATH": "",
+    }
+    found = detect_allocation(both)
+    assert found is not None and found.scheduler == "slurm"  # Slurm first, always
+    assert found.hosts == ("n1", "n2")
+    assert found.variables == ("SLURM_JOB_ID", "SLURM_JOB_NODELIST")
+    pbs = detect_allocation({"PBS_JOBID": "7.srv", "PBS_NODEFILE": nodefile})
+    assert pbs is not None and pbs.scheduler == "pbs" and pbs.hosts == ("b.x.org", "a.x.org")
+    assert "PBS job 7.srv" in pbs.describe() and "PBS_NODEFILE" in pbs.describe()
+    # PBS_JOBID without a readable nodefile (Slurm's torque wrappers set it): not PBS.
+    assert detect_allocation({"PBS_JOBID": "7.srv", "PBS_NODEFILE": str(tmp_path / "no")}) is None
+    assert detect_allocation({}) is None
+    with pytest.raises(ConfigError, match="SLURM_JOB_NODELIST"):
+        detect_allocation({"SLURM_JOB_ID": "5"})
+    # `srun -N2 herd launch`: two launchers would each start the job on every node.
+    step = {"SLURM_JOB_ID": "5", "SLURM_JOB_NODELIST": "n1", "SLURM_STEP_ID": "0", "PATH": ""}
+    with pytest.raises(ConfigError, match="job step of 2 tasks"):
+        detect_allocation({**step, "SLURM_STEP_NUM_TASKS": "2"})
+    single = detect_allocation({**step, "SLURM_STEP_NUM_TASKS": "1"})  # srun --pty bash
+    assert single is not None and single.hosts == ("n1",)
+
+
+def test_gpus_per_node_from_the_scheduler(tmp_path: Path) -> None:
+    slurm = detect_allocation(
+        {"SLURM_JOB_ID": "5", "SLURM_JOB_NODELIST": "n1", "SLURM_GPUS_ON_NODE": "4", "PATH": ""}
+    )
+    assert slurm is not None and slurm.gpus_per_node == 4
+    pbs = detect_allocation(
+        {"PBS_JOBID": "7", "PBS_NODEFILE": _nodefile(tmp_path), "CUDA_VISIBLE_DEVICES": "0,1"}
+    )
+    assert pbs is not None and pbs.gpus_per_node == 2
+
+
+def test_cluster_of_an_allocation_keeps_file_settings() -> None:
+    settings = parse_cluster_toml(
+        '[cluster]\nsetup = "module load cuda"\nenv = { A = "1" }\n\n'
+        '[[node]]\nhost = "n2"\nnproc = 3\nsetup = "echo n2"\n',
+        "herd.toml",
+    )
+    allocation = Allocation("slurm", "5", ("n1", "n2"), ("SLURM_JOB_ID",), 2, {"n1": "10.0.0.1"})
+    environ = {"PATH": "/venv/bin:/usr/bin", "NCCL_DEBUG": "INFO", "HF_TOKEN": "x"}
+    cluster = cluster_for_allocation(allocation, settings, environ)
+    assert cluster.transport == "slurm" and cluster.scheduler_job_id == "5"
+    assert [n.host for n in cluster.nodes] == ["n1", "n2"]
+    assert [n.nproc for n in cluster.nodes] == [2, 3]
+    assert cluster.nodes[0].addr == "10.0.0.1"
+    assert cluster.python == sys.executable  # the launcher's interpreter, none configured
+    assert cluster.env == {"A": "1"}
+    assert cluster.carry_env == {"PATH": "/venv/bin:/usr/bin", "NCCL_DEBUG": "INFO"}
+    assert cluster.setup_for(cluster.nodes[0]) == "module load cuda"
+    assert cluster.setup_for(cluster.nodes[1]) == "{ module load cuda\n} && { echo n2\n}"
+    assert "Slurm job 5" in cluster.source
+    configured = parse_cluster_toml('[cluster]\npython = "/opt/py"\n\n[[node]]\nhost = "x"\n', "f")
+    assert cluster_for_allocation(allocation, configured, {}).python == "/opt/py"
+
+
+def test_carried_environment_is_an_allow_list() -> None:
+    environ = {
+        "PATH": "/p",
+        "LD_LIBRARY_PATH": "/l",
+        "VIRTUAL_ENV": "/v",
+        "NCCL_IB_HCA": "mlx5",
+        "CUDA_HOME": "/cuda",
+        "CUDA_VISIBLE_DEVICES": "0",  # each node has its own
+        "NCCL_SECRET_KEY": "s",  # looks like a secret: env_file's job
+        "HOME": "/root",
+        "SSH_CONNECTION": "1 2 3 4",
+        "SLURM_JOB_ID": "5",
+    }
+    assert carried_environment(environ) == {
+        "PATH": "/p",
+        "LD_LIBRARY_PATH": "/l",
+        "VIRTUAL_ENV": "/v",
+        "NCCL_IB_HCA": "mlx5",
+        "CUDA_HOME": "/cuda",
+    }
+
+
+def test_scontrol_node_addresses() -> None:
+    text = (
+        "NodeName=node1 Arch=x86_64 NodeAddr=10.1.1.11 NodeHostName=node1\n"
+        "NodeName=node2 NodeAddr=node2 State=IDLE\n"
+    )
+    assert parse_node_addresses(text) == {"node1": "10.1.1.11", "node2": "node2"}
+
+
+def test_srun_one_task_per_node_with_explicit_cpus() -> None:
+    hosts = ("a1", "a2", "a3")
+    assert cpus_per_node(hosts, {"SLURM_JOB_CPUS_PER_NODE": "8,4(x2)"}) == {
+        "a1": 8,
+        "a2": 4,
+        "a3": 4,
+    }
+    assert cpus_per_node(hosts, {"SLURM_CPUS_ON_NODE": "6"})["a3"] == 6
+    argv = srun_argv("srun", "55", "a2", 4)
+    for option in (
+        "--jobid=55",
+        "--nodes=1",
+        "--ntasks=1",
+        "--ntasks-per-node=1",
+        "--nodelist=a2",
+        "--kill-on-bad-exit=1",
+        "--cpus-per-task=4",
+        "--overlap",
+    ):
+        assert option in argv
+
+
+def test_srun_failures_are_told_from_task_failures() -> None:
+    step = "srun: error: Unable to create step for job 5: Invalid node name specified\n"
+    found = classify_srun_failure("a2", 1, step)
+    assert found is not None and found.reason == "srun-error" and "a2" in found.remedy
+    task = "srun: error: a2: task 0: Exited with exit code 1\n"
+    assert classify_srun_failure("a2", 1, task) is None
+
+
+def test_setup_prelude_runs_in_the_shell_of_the_command(tmp_path: Path) -> None:
+    activate = tmp_path / "activate"
+    activate.write_text("export FROM_SETUP=yes\necho loading\n")
+    line = remote_line(
+        ["sh", "-c", "echo $FROM_SETUP $X"], str(tmp_path), {"X": "1"}, setup=f". {activate}"
+    )
+    done = subprocess.run(["sh", "-c", line], capture_output=True, text=True)
+    assert done.returncode == 0
+    assert done.stdout == "yes 1\n"  # the prelude's own output goes to stderr, not the channel
+    assert "loading" in done.stderr
+    failing = remote_line(["true"], None, None, setup="echo cuda/12.6 not found >&2; false")
+    done = subprocess.run(["sh", "-c", failing], capture_output=True, text=True)
+    assert done.returncode == SETUP_FAILED_EXIT
+    shown = setup_failure(done.returncode, done.stderr)
+    assert shown is not None and "cuda/12.6 not found" in shown
+    assert setup_failure(1, done.stderr) is None
+
+
+def test_cluster_file_accepts_setup() -> None:
+    cluster = parse_cluster_toml(
+        '[cluster]\nsetup = "source ~/venv/bin/activate"\n\n[[node]]\nhost = "a"\n', "f"
+    )
+    assert cluster.setup_for(cluster.nodes[0]) == "source ~/venv/bin/activate"
+    assert ClusterSpec(nodes=(NodeSpec(host="a"),)).setup_for(NodeSpec(host="a")) is None
+    with pytest.raises(ConfigError, match="carry_env"):
+        parse_cluster_toml('[cluster]\ncarry_env = {}\n\n[[node]]\nhost = "a"\n', "f")
