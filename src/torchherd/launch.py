@@ -396,9 +396,22 @@ async def _launch(
             )
         )
         _on_signals(loop, preparing.cancel)
+        time_limit = False
+
+        def time_limit_before_start() -> None:
+            # A scheduler's time-limit warning (SIGUSR1) before the job even started: start
+            # nothing, and say "saved" so that the job is requeued (its last snapshot stands).
+            nonlocal time_limit
+            time_limit = True
+            preparing.cancel()
+
+        _on_save_signal(loop, time_limit_before_start)
         try:
             prepared = await preparing
         except asyncio.CancelledError:
+            if time_limit:
+                stream.write("herd: the time limit is near; the job was not started\n")
+                return RunResult(job.job_id, EXIT_SAVED, reason="the time limit came first")
             raise Interrupted("interrupted before the job started; nothing was started") from None
         finally:
             progress.clear()

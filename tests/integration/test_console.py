@@ -184,3 +184,49 @@ def test_a_full_log_disk_does_not_stop_the_job(testbed: Testbed, tmp_path: Path)
     assert "cannot write the job's logs" in done.stdout, done.stdout[-2000:]
     assert done.stdout.count("DONE rank=") == 2
     assert record(home)["state"] == "succeeded"
+
+
+def ssh_children(parent: int) -> list[str]:
+    """Command lines of the ssh clients ``parent`` started (its direct children)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) == parent and cmdline.startswith("ssh"):
+            found.append(cmdline)
+    return found
+
+
+def test_a_time_limit_before_the_start_starts_nothing(
+    clean_faults: Testbed, tmp_path: Path
+) -> None:
+    testbed = clean_faults
+    path, home = cluster(testbed, tmp_path, ["node1", "node2"])
+    testbed.partition("node2")  # connecting to node2 waits for its timeout
+    process = subprocess.Popen(
+        herd_argv("-c", str(path), "allreduce.py"),
+        cwd=SCRIPTS,
+        env=dict(os.environ, HERD_HOME=str(home)),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not any("node2" in c for c in ssh_children(process.pid)):
+            assert time.monotonic() < deadline and process.poll() is None, "never connected"
+            time.sleep(0.05)
+        process.send_signal(signal.SIGUSR1)
+        out = process.communicate(timeout=60)[0]
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 5, out
+    assert "the job was not started" in out and "Traceback" not in out, out
+    assert not (home / "jobs").exists() or not list((home / "jobs").iterdir())
