@@ -7,7 +7,7 @@ are the caller's, made from the same values.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -66,6 +66,32 @@ class Link:
         return f"{self.src} -> {self.dst}"
 
 
+SLOW_FACTOR = 0.5
+"""A link below this fraction of the fastest measured link counts as clearly slow."""
+
+
+def slow_links(links: Sequence[Link], factor: float = SLOW_FACTOR) -> list[Link]:
+    """Measured links below ``factor`` x the fastest one, slowest first."""
+    measured = [x for x in links if x.gbits is not None and x.src != x.dst]
+    if not measured:
+        return []
+    fastest = max(x.gbits or 0.0 for x in measured)
+    return sorted(
+        (x for x in measured if (x.gbits or 0.0) < factor * fastest), key=lambda x: x.gbits or 0.0
+    )
+
+
+def shared_slow_node(links: Sequence[Link], factor: float = SLOW_FACTOR) -> str | None:
+    """The one node that every clearly slow link touches: its NIC, cable or port is the likely
+    cause. None when nothing is slow, or when the slow links do not point at one node (a single
+    slow pair cannot say which of its two ends is to blame)."""
+    slow = slow_links(links, factor)
+    if not slow:
+        return None
+    common = set.intersection(*({x.src, x.dst} for x in slow))
+    return common.pop() if len(common) == 1 else None
+
+
 @dataclass(frozen=True)
 class BusBandwidth:
     """One message size of the all-reduce test (nccl-tests' definitions)."""
@@ -116,6 +142,10 @@ class PreflightReport:
         measured = [link for link in self.links if link.gbits is not None]
         return min(measured, key=lambda link: link.gbits or 0.0) if measured else None
 
+    def slow_node(self) -> str | None:
+        """The node every clearly slow link shares (see `shared_slow_node`), if any."""
+        return shared_slow_node(self.links)
+
     def to_dict(self) -> dict[str, Any]:
         """The machine-readable form `herd doctor --json` prints."""
         slowest = self.slowest_link()
@@ -129,6 +159,7 @@ class PreflightReport:
             "versions": {name: dict(values) for name, values in self.versions.items()},
             "links": [asdict(link) for link in self.links],
             "slowest_link": asdict(slowest) if slowest else None,
+            "slow_node": self.slow_node(),
             "collective": [asdict(row) for row in self.collective],
             "facts": {host: dict(values) for host, values in self.facts.items()},
             "seconds": self.seconds,
