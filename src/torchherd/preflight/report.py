@@ -101,6 +101,27 @@ class BusBandwidth:
     algbw_gbytes: float
     busbw_gbytes: float
     """algbw x 2(n-1)/n: comparable with link speed whatever the world size."""
+    correct: bool = True
+    """Every rank got the exact sum at this size."""
+
+    @classmethod
+    def from_dict(cls, row: Mapping[str, Any]) -> BusBandwidth:
+        """A row as the all-reduce job prints it (unknown keys ignored, for older nodes)."""
+        return cls(
+            size_bytes=int(row["size_bytes"]),
+            seconds=float(row["seconds"]),
+            algbw_gbytes=float(row["algbw_gbytes"]),
+            busbw_gbytes=float(row["busbw_gbytes"]),
+            correct=bool(row.get("correct", True)),
+        )
+
+
+def bus_bandwidth(algbw: float, world_size: int) -> float:
+    """nccl-tests' bus bandwidth of an all-reduce: algbw x 2(n-1)/n. A ring all-reduce moves
+    2(n-1)/n of the buffer over each rank's link, so busbw compares with the link speed."""
+    if world_size < 1:
+        raise ValueError(f"world size must be at least 1, not {world_size}")
+    return algbw * 2 * (world_size - 1) / world_size
 
 
 @dataclass(frozen=True)
