@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ..errors import NodeNotReady
+from ..errors import ConfigError, NodeNotReady
 from ..preflight.network import NetOptions
 from ..preflight.report import Link, shared_slow_node, slow_links
 from ..preflight.rounds import both_ways, pair_rounds
@@ -113,7 +113,7 @@ def bench_net(
     options = options or NetBenchOptions()
     say = say or (lambda _: None)
     if cluster.transport != "ssh" or len(cluster.nodes) < 2:
-        raise NodeNotReady(
+        raise ConfigError(
             "herd bench net needs a cluster of at least 2 nodes reached over ssh",
             "describe the nodes in herd.toml (`herd init HOST...`) or pass -c FILE / -H HOSTS",
         )

@@ -59,7 +59,8 @@ def main(argv: list[str] | None = None) -> None:
     rows = []
     for size in sizes:
         tensor = torch.zeros(max(1, size // 4), dtype=torch.float32, device=device)
-        iterations = args.iters or _iterations(tensor, args.seconds, gpu)
+        iterations = _iterations(tensor, args.seconds, gpu)  # warms up too
+        iterations = args.iters or iterations
         _sync(gpu)
         dist.barrier()
         started = time.perf_counter()

@@ -275,8 +275,8 @@ async def measure_rounds(
             on_round(number, len(rounds))
     merged = []
     for link in links:
-        found = measured.pop((link.src, link.dst), None)
-        if found is not None and link.purpose == "ephemeral":
+        found = measured.pop((link.src, link.dst), None) if link.purpose == "ephemeral" else None
+        if found is not None:
             link = replace(link, gbits=found.gbits, throughput_error=found.throughput_error)
         merged.append(link)
     return merged + list(measured.values())
