@@ -16,12 +16,12 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.launch import start_by_hand  # noqa: E402
 from tests.testbed import Testbed  # noqa: E402
 from torchherd.bench.allreduce import AllreduceOptions, bench_allreduce  # noqa: E402
 from torchherd.spec import load_cluster_file  # noqa: E402
@@ -56,24 +56,8 @@ dist.destroy_process_group()
 def run_baseline(
     bed: Testbed, nodes: int, workdir: Path, sizes: list[int], iters: int, port: int
 ) -> dict[int, float]:
-    first = bed.nodes[0]
-    processes = []
-    for index, node in enumerate(bed.nodes[:nodes]):
-        command = (
-            f"cd {workdir} && GLOO_SOCKET_IFNAME={node.iface} "
-            f"{sys.executable} -m torch.distributed.run --nnodes={nodes} --nproc-per-node=1 "
-            f"--rdzv-backend=c10d --rdzv-endpoint={first.addr}:{port} --rdzv-id=bare{port} "
-            f"--rdzv-conf=is_host={1 if index == 0 else 0} --local-addr={node.addr} "
-            f"bare.py {','.join(map(str, sizes))} {iters}"
-        )
-        processes.append(
-            subprocess.Popen(
-                ["ssh", "-F", str(bed.ssh_config), "-o", "BatchMode=yes", node.name, command],
-                stdout=subprocess.PIPE,
-                stderr=subprocess.DEVNULL,
-                text=True,
-            )
-        )
+    script = f"bare.py {','.join(map(str, sizes))} {iters}"
+    processes = start_by_hand(bed, nodes, 1, workdir, port, f"bare{port}", script)
     outputs = [p.communicate(timeout=300)[0] for p in processes]
     if any(p.returncode for p in processes):
         raise RuntimeError("the bare torchrun loop failed")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import re
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -67,6 +67,17 @@ def _write_png(path: str | None, draw: Any) -> None:
     print(f"plot: {path}", file=sys.stderr)
 
 
+def _show(
+    result: Any, as_json: bool, render: Callable[[Console], None], png: str | None, draw: Any
+) -> None:
+    """--json or the table, then the plot when --png asks for one."""
+    if as_json:
+        _print_json(result.to_dict())
+    else:
+        render(Console(highlight=False))
+    _write_png(png, draw)
+
+
 def _print_json(value: dict[str, Any]) -> None:
     sys.stdout.write(json.dumps(value, indent=2) + "\n")
 
@@ -96,11 +107,7 @@ def net_command(
     err = Console(stderr=True, highlight=False)
     with _progress(err, f"measuring {len(cluster.nodes)} node(s)") as say:
         matrix = bench_net(cluster, NetBenchOptions(seconds=seconds, pings=pings), say=say)
-    if as_json:
-        _print_json(matrix.to_dict())
-    else:
-        render_net(matrix, Console(highlight=False))
-    _write_png(png, lambda: net_heatmap(matrix))
+    _show(matrix, as_json, lambda out: render_net(matrix, out), png, lambda: net_heatmap(matrix))
     return 0
 
 
@@ -148,11 +155,13 @@ def allreduce_command(
     err = Console(stderr=True, highlight=False)
     with _progress(err, f"all-reduce on {len(cluster.nodes)} node(s)"):
         result = bench_allreduce(cluster, options)
-    if as_json:
-        _print_json(result.to_dict())
-    else:
-        render_allreduce(result, Console(highlight=False), link_gbits)
-    _write_png(png, lambda: allreduce_plot(result, link_gbits))
+    _show(
+        result,
+        as_json,
+        lambda out: render_allreduce(result, out, link_gbits),
+        png,
+        lambda: allreduce_plot(result, link_gbits),
+    )
     return 0 if result.correct else EXIT_JOB_FAILED
 
 
@@ -205,11 +214,9 @@ def scaling_command(
     err = Console(stderr=True, highlight=False)
     with _progress(err, "scaling") as say:
         result = bench_scaling(cluster, options, say=say)
-    if as_json:
-        _print_json(result.to_dict())
-    else:
-        render_scaling(result, Console(highlight=False))
-    _write_png(png, lambda: scaling_plot(result))
+    _show(
+        result, as_json, lambda out: render_scaling(result, out), png, lambda: scaling_plot(result)
+    )
     return 0
 
 
