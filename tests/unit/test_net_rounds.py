@@ -83,6 +83,19 @@ def test_the_node_every_slow_link_touches_is_named() -> None:
     assert shared_slow_node(links) == "c"
 
 
+def test_slow_links_split_at_the_widest_gap_however_many_they_are() -> None:
+    # A slow node in a 3-node cluster: 4 of the 6 directed links are slow.
+    three = [link(a, b, 0.1 if "c" in (a, b) else 5.0) for a in "abc" for b in "abc" if a != b]
+    assert len(slow_links(three)) == 4 and shared_slow_node(three) == "c"
+    # Noisy healthy links (3.9 to 8.5, as on a busy machine) stay together, the slow ones apart.
+    speeds = {("a", "b"): 3.9, ("b", "a"): 5.8, ("a", "d"): 8.0, ("d", "a"): 8.3}
+    speeds |= {("b", "d"): 8.2, ("d", "b"): 8.5, ("a", "c"): 1.3, ("c", "a"): 1.4}
+    speeds |= {("b", "c"): 1.5, ("c", "b"): 1.6, ("d", "c"): 1.1, ("c", "d"): 1.3}
+    noisy = [link(a, b, g) for (a, b), g in speeds.items()]
+    assert len(slow_links(noisy)) == 6 and shared_slow_node(noisy) == "c"
+    assert slow_links([link("a", "b", 0.0), link("b", "a", 2.0)])[0].gbits == 0.0
+
+
 def test_no_node_named_when_nothing_is_slow_or_the_blame_is_ambiguous() -> None:
     assert shared_slow_node([link("a", "b", 20.0), link("b", "c", 15.0)]) is None
     assert shared_slow_node([]) is None

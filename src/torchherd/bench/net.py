@@ -58,7 +58,7 @@ class NetMatrix:
         return sorted(self.measured(), key=lambda x: x.gbits or 0.0)[:count]
 
     def slow_links(self) -> list[Link]:
-        """Links clearly slower than the fastest (see `preflight.report.slow_links`)."""
+        """Links clearly slower than the rest (see `preflight.report.slow_links`)."""
         return slow_links(self.links)
 
     def slow_node(self) -> str | None:

@@ -66,26 +66,35 @@ class Link:
         return f"{self.src} -> {self.dst}"
 
 
-SLOW_FACTOR = 0.5
-"""A link below this fraction of the fastest measured link counts as clearly slow."""
+SLOW_GAP = 2.0
+"""Slow links are those below the widest gap in the sorted speeds, if it is at least this ratio."""
 
 
-def slow_links(links: Sequence[Link], factor: float = SLOW_FACTOR) -> list[Link]:
-    """Measured links below ``factor`` x the fastest one, slowest first."""
-    measured = [x for x in links if x.gbits is not None and x.src != x.dst]
-    if not measured:
-        return []
-    fastest = max(x.gbits or 0.0 for x in measured)
-    return sorted(
-        (x for x in measured if (x.gbits or 0.0) < factor * fastest), key=lambda x: x.gbits or 0.0
+def slow_links(links: Sequence[Link], gap: float = SLOW_GAP) -> list[Link]:
+    """Measured links clearly slower than the rest, slowest first.
+
+    The speeds are sorted and split at the widest ratio between neighbours; when that ratio
+    is at least ``gap`` the links below it are slow. Unlike a fixed fraction of the fastest or
+    the median, this holds whether the slow links are a few or most of them (a slow node in a
+    3-node cluster is on 4 of the 6 directed links), and noise among healthy links does not
+    split them (their speeds sit close together)."""
+    measured = sorted(
+        (x for x in links if x.gbits is not None and x.src != x.dst), key=lambda x: x.gbits or 0.0
     )
+    best, cut = 0.0, 0
+    for index in range(len(measured) - 1):
+        low, high = measured[index].gbits or 0.0, measured[index + 1].gbits or 0.0
+        ratio = high / low if low > 0 else float("inf") if high > 0 else 1.0
+        if ratio > best:
+            best, cut = ratio, index + 1
+    return measured[:cut] if best >= gap else []
 
 
-def shared_slow_node(links: Sequence[Link], factor: float = SLOW_FACTOR) -> str | None:
+def shared_slow_node(links: Sequence[Link], gap: float = SLOW_GAP) -> str | None:
     """The one node that every clearly slow link touches: its NIC, cable or port is the likely
     cause. None when nothing is slow, or when the slow links do not point at one node (a single
     slow pair cannot say which of its two ends is to blame)."""
-    slow = slow_links(links, factor)
+    slow = slow_links(links, gap)
     if not slow:
         return None
     common = set.intersection(*({x.src, x.dst} for x in slow))
