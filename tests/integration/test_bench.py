@@ -121,6 +121,24 @@ def test_scaling_runs_one_to_three_nodes(three: Path, tmp_path: Path) -> None:
     check_png(png.read_bytes())
 
 
+def test_scaling_runs_your_script_with_its_arguments(three: Path, tmp_path: Path) -> None:
+    # The script fails unless it gets the arguments given after `--`.
+    (tmp_path / "work.py").write_text(
+        "import sys, time\nsys.exit(0 if sys.argv[1:] == ['--flag', 'x'] else 3)\n"
+    )
+    args = ["bench", "scaling", "-c", str(three), "--max-nodes", "2", "--script", "work.py"]
+    done = herd([*args, "--json", "--", "--flag", "x"], tmp_path / "home", tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    result = json.loads(done.stdout)
+    assert result["unit"] == "node-runs/h" and result["workload"] == "script work.py"
+    points = result["points"]
+    assert [p["nodes"] for p in points] == [1, 2]
+    assert all(p["comm_share"] is None and p["seconds"] > 0 for p in points)
+    assert points[1]["throughput"] == pytest.approx(2 * 3600 / points[1]["seconds"])
+    failing = herd([*args, "--", "--other"], tmp_path / "home", tmp_path)
+    assert failing.returncode == 1 and "the script failed on 1 node(s)" in failing.stderr
+
+
 class _Page(HTMLParser):
     def __init__(self) -> None:
         super().__init__()
