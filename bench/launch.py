@@ -79,18 +79,19 @@ def run_herd(bed: Testbed, cluster_file: Path, workdir: Path, world: int, home: 
     return elapsed
 
 
-def run_baseline(
-    bed: Testbed, nodes: int, nproc: int, workdir: Path, port: int, run_id: str
-) -> float:
+def start_by_hand(
+    bed: Testbed, nodes: int, nproc: int, workdir: Path, port: int, run_id: str, script: str
+) -> list[subprocess.Popen[str]]:
+    """The hand-made recipe: torchrun on every node at once over plain ssh, with the address
+    and interface fixes typed by hand. ``script`` is the script and its arguments."""
     first = bed.nodes[0]
     processes = []
-    started = time.monotonic()
     for index, node in enumerate(bed.nodes[:nodes]):
         command = (
             f"cd {workdir} && NCCL_SOCKET_IFNAME={node.iface} GLOO_SOCKET_IFNAME={node.iface} "
             f"{sys.executable} -m torch.distributed.run --nnodes={nodes} --nproc-per-node={nproc} "
             f"--rdzv-backend=c10d --rdzv-endpoint={first.addr}:{port} --rdzv-id={run_id} "
-            f"--rdzv-conf=is_host={1 if index == 0 else 0} --local-addr={node.addr} first_line.py"
+            f"--rdzv-conf=is_host={1 if index == 0 else 0} --local-addr={node.addr} {script}"
         )
         processes.append(
             subprocess.Popen(
@@ -100,6 +101,14 @@ def run_baseline(
                 text=True,
             )
         )
+    return processes
+
+
+def run_baseline(
+    bed: Testbed, nodes: int, nproc: int, workdir: Path, port: int, run_id: str
+) -> float:
+    started = time.monotonic()
+    processes = start_by_hand(bed, nodes, nproc, workdir, port, run_id, "first_line.py")
     elapsed = wait_for_ranks([p.stdout for p in processes], nodes * nproc, started)
     for process in processes:
         if process.wait(120) != 0:

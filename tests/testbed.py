@@ -352,6 +352,7 @@ class Testbed:
         self._partitioned: set[str] = set()
         self._blocked: set[tuple[str, int]] = set()
         self._delayed: dict[str, subprocess.Popen[str] | None] = {}  # None: netem
+        self._limited: set[str] = set()
         self._nics: dict[str, set[str]] = {}
         self._nic_count = 0
 
@@ -895,6 +896,26 @@ class Testbed:
         self._ns_check(n, [self._iptables_bin(), "-w", "5", "-D", *self._delay_rule(n)])
         self._stop_delayer(delayer)
 
+    def rate_limit(self, node: str | int | TestNode, mbit: int) -> None:
+        """Cap the node's link at `mbit` Mbit/s both ways (a slow NIC or a bad cable): a tc
+        token bucket on the node's NIC (what it sends) and on the bridge side of its veth
+        (what it receives). Undone by `unlimit` and by reset_faults."""
+        n = self.node(node)
+        if mbit <= 0:
+            raise ValueError(f"rate must be positive, not {mbit} Mbit/s")
+        tbf = ["tbf", "rate", f"{mbit}mbit", "burst", "64kb", "latency", "100ms"]
+        self._ns_check(n, ["tc", "qdisc", "replace", "dev", n.iface, "root", *tbf])
+        self._limited.add(n.name)
+        _run(["tc", "qdisc", "replace", "dev", self._veth(n), "root", *tbf])
+
+    def unlimit(self, node: str | int | TestNode) -> None:
+        n = self.node(node)
+        if n.name not in self._limited:
+            return
+        self._ns_check(n, ["tc", "qdisc", "del", "dev", n.iface, "root"])
+        _run(["tc", "qdisc", "del", "dev", self._veth(n), "root"], check=False)
+        self._limited.discard(n.name)
+
     def add_nic(
         self, node: str | int | TestNode, name: str = "docker0", addr: str = "172.31.0.1/16"
     ) -> None:
@@ -945,7 +966,7 @@ class Testbed:
             self._nics[n.name].discard(name)
 
     def reset_faults(self) -> None:
-        """Heal, unblock, undelay and remove added NICs on every node."""
+        """Heal, unblock, undelay, unlimit and remove added NICs on every node."""
         self._revert_faults(strict=True)
 
     def _revert_faults(self, *, strict: bool) -> None:
@@ -955,6 +976,7 @@ class Testbed:
         ]
         actions += [(self.unblock_port, key) for key in sorted(self._blocked)]
         actions += [(self.undelay, (name,)) for name in sorted(self._delayed)]
+        actions += [(self.unlimit, (name,)) for name in sorted(self._limited)]
         actions += [
             (self.remove_nic, (name, nic))
             for name, nics in sorted(self._nics.items())

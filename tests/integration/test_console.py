@@ -197,7 +197,8 @@ def ssh_children(parent: int) -> list[str]:
             cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode()
         except OSError:
             continue
-        if int(stat.rsplit(")", 1)[1].split()[1]) == parent and cmdline.startswith("ssh"):
+        program = os.path.basename(cmdline.split(" ", 1)[0])
+        if int(stat.rsplit(")", 1)[1].split()[1]) == parent and program == "ssh":
             found.append(cmdline)
     return found
 

@@ -63,10 +63,11 @@ def test_healthy_testbed_passes(
         assert name["status"] == "warn"  # the testbed's stock-Debian 127.0.1.1 line
         assert "127.0.1.1" in name["summary"] and f"--local-addr={node.addr}" in name["summary"]
         assert "MASTER_ADDR" in name["summary"]
-    # Every other node's link from the rendezvous node was measured.
-    measured = {link["dst"] for link in report["links"] if link["gbits"]}
-    assert measured == set(hosts[1:])
-    assert report["slowest_link"]["src"] == "node1"
+    # Throughput in rounds of disjoint pairs: every node measured with two partners.
+    measured = [(x["src"], x["dst"]) for x in report["links"] if x["gbits"]]
+    for host in hosts:
+        assert len({b if a == host else a for a, b in measured if host in (a, b)}) == 2
+    assert report["slowest_link"]["gbits"] > 0
 
     # The same run for people: the table, then the remedies, exit 0.
     capsys.readouterr()

@@ -398,7 +398,8 @@ def test_slow_link_warns_and_names_the_link() -> None:
     net = by(run_checks(f), "network")
     assert net["node4"].status is Status.WARN
     assert net["node4"].summary.startswith("node1 -> node4 0.9 Gbit/s")
-    assert net["node1"].status is Status.SKIP and net["node2"].status is Status.PASS
+    # Both ends of the slow link warn (either may be the cause); the others pass.
+    assert net["node1"].status is Status.WARN and net["node2"].status is Status.PASS
     slowest = make_report(f).slowest_link()
     assert slowest is not None and slowest.dst == "node4"
 

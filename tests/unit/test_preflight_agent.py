@@ -8,7 +8,6 @@ import json
 import os
 import socket
 import threading
-from itertools import combinations
 from pathlib import Path
 
 import pytest
@@ -16,7 +15,6 @@ import pytest
 from torchherd.agent import netcheck, probe_full
 from torchherd.logs import RunResult
 from torchherd.preflight.collective import parse_output
-from torchherd.preflight.network import round_robin
 from torchherd.preflight.report import Status
 
 
@@ -149,19 +147,6 @@ def test_gpu_lines_from_nvidia_smi_are_parsed() -> None:
     ]
     apps = probe_full._gpu_apps((0, "GPU-aa, 4242, python, [N/A]\n", ""))
     assert apps == [{"gpu_uuid": "GPU-aa", "pid": 4242, "name": "python", "used_mib": None}]
-
-
-@pytest.mark.parametrize("count", [2, 3, 4, 7, 8])
-def test_round_robin_pairs_every_node_once_without_sharing(count: int) -> None:
-    hosts = [f"n{k}" for k in range(count)]
-    rounds = round_robin(hosts)
-    seen = [frozenset(pair) for pairs in rounds for pair in pairs]
-    assert sorted(seen, key=sorted) == sorted(
-        (frozenset(p) for p in combinations(hosts, 2)), key=sorted
-    )
-    for pairs in rounds:
-        used = [h for pair in pairs for h in pair]
-        assert len(used) == len(set(used))
 
 
 def test_collective_output_is_read_back() -> None:

@@ -22,6 +22,7 @@ from . import ops as _ops  # noqa: F401
 from . import jobs as _jobs  # noqa: F401
 from . import submit as _submit  # noqa: F401
 from . import top as _top  # noqa: F401
+from . import bench as _bench  # noqa: F401
 from . import demo as _demo  # noqa: F401
 # isort: on
 

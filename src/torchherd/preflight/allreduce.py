@@ -1,9 +1,11 @@
-"""The all-reduce job of `herd doctor --collective` (runs on the nodes, under torchrun).
+"""The all-reduce job of `herd doctor --collective` and `herd bench allreduce` (runs on the
+nodes, under torchrun).
 
 Like nccl-tests' all_reduce_perf: for each message size, a few warm-up rounds, then timed rounds;
 the slowest rank's time counts. algbw = bytes / time; busbw = algbw x 2(n-1)/n, which compares
-directly with link speed whatever the world size. NCCL on GPUs, Gloo on CPUs. Rank 0 prints one
-line ``HERD_ALLREDUCE {json}`` that the doctor reads back from the job's output.
+directly with link speed whatever the world size. After the timed rounds each size is checked:
+every rank fills the buffer with its rank + 1 and must get the exact sum back. NCCL on GPUs, Gloo
+on CPUs. Rank 0 prints one line ``HERD_ALLREDUCE {json}`` that the launcher reads back.
 """
 
 from __future__ import annotations
@@ -16,8 +18,22 @@ import time
 import torch
 import torch.distributed as dist
 
+from .report import bus_bandwidth
+
 MARKER = "HERD_ALLREDUCE "
 DEFAULT_SIZES = (4 << 10, 256 << 10, 4 << 20, 32 << 20)
+
+
+def sizes_between(smallest: int, largest: int, factor: int) -> list[int]:
+    """smallest, x factor, ... up to largest (always included): nccl-tests -b/-e/-f."""
+    if smallest < 4 or largest < smallest or factor < 2:
+        raise ValueError(f"bad size range {smallest}..{largest} x{factor}")
+    sizes = []
+    size = smallest
+    while size < largest:
+        sizes.append(size)
+        size *= factor
+    return [*sizes, largest]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -28,6 +44,7 @@ def main(argv: list[str] | None = None) -> None:
         help="message sizes in bytes, comma-separated",
     )
     parser.add_argument("--seconds", type=float, default=1.0, help="rough time budget per size")
+    parser.add_argument("--iters", type=int, default=0, help="timed rounds per size (0: budget)")
     args = parser.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",") if s]
 
@@ -39,14 +56,11 @@ def main(argv: list[str] | None = None) -> None:
     device = torch.device("cuda") if gpu else torch.device("cpu")
     rank, world = dist.get_rank(), dist.get_world_size()
 
-    check = torch.ones(1024, device=device)
-    dist.all_reduce(check)
-    correct = bool(torch.all(check == world).item())
-
     rows = []
     for size in sizes:
         tensor = torch.zeros(max(1, size // 4), dtype=torch.float32, device=device)
-        iterations = _iterations(tensor, args.seconds, gpu)
+        iterations = _iterations(tensor, args.seconds, gpu)  # warms up too
+        iterations = args.iters or iterations
         _sync(gpu)
         dist.barrier()
         started = time.perf_counter()
@@ -62,18 +76,31 @@ def main(argv: list[str] | None = None) -> None:
                 "size_bytes": tensor.numel() * 4,
                 "seconds": seconds,
                 "algbw_gbytes": algbw,
-                "busbw_gbytes": algbw * 2 * (world - 1) / world,
+                "busbw_gbytes": bus_bandwidth(algbw, world),
+                "iterations": iterations,
+                "correct": _correct(tensor, rank, world),
             }
         )
     if rank == 0:
-        print(
-            MARKER
-            + json.dumps(
-                {"backend": backend, "world_size": world, "correct": correct, "rows": rows}
-            ),
-            flush=True,
-        )
+        answer = {
+            "backend": backend,
+            "world_size": world,
+            "correct": all(row["correct"] for row in rows),
+            "rows": rows,
+        }
+        print(MARKER + json.dumps(answer), flush=True)
     dist.destroy_process_group()
+
+
+def _correct(tensor: torch.Tensor, rank: int, world: int) -> bool:
+    """Every rank sends rank + 1 everywhere; every element must come back as the exact sum
+    (small integers are exact in float32), and every rank must agree that it did."""
+    tensor.fill_(rank + 1)
+    dist.all_reduce(tensor)
+    mine = 1.0 if bool(torch.all(tensor == world * (world + 1) / 2)) else 0.0
+    ok = torch.tensor([mine], device=tensor.device)
+    dist.all_reduce(ok, op=dist.ReduceOp.MIN)
+    return bool(ok.item() == 1.0)
 
 
 def _iterations(tensor: torch.Tensor, budget: float, gpu: bool) -> int:

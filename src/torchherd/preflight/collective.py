@@ -2,80 +2,52 @@
 `herd launch` (plan, agents, torchrun, c10d), so it fails exactly where a training job would.
 
 The launcher never imports torch: the job is the module ``torchherd.preflight.allreduce``,
-imported by the nodes' own torchherd; its result comes back as one line of the job's output.
+imported by the nodes' own torchherd; its result comes back as one line of the job's output
+(`bench.job`, which `herd bench allreduce` uses too).
 """
 
 from __future__ import annotations
 
-import io
-import json
-import tempfile
-from pathlib import Path
-
+from ..bench.job import JobAnswer, read_answer, run_measuring_job
 from ..errors import HerdError
 from ..logs import RunResult
-from ..plan import JobSpec
 from ..spec import ClusterSpec
 from .report import BusBandwidth, CheckResult, Status
 
 MARKER = "HERD_ALLREDUCE "
+MODULE = "torchherd.preflight.allreduce"
 
 
 def run_collective(
     cluster: ClusterSpec, nproc: int | None, seconds: float = 1.0
 ) -> tuple[CheckResult, tuple[BusBandwidth, ...]]:
     """Launch the all-reduce job and read its bus bandwidth per message size."""
-    from ..launch import LaunchOptions, launch
-
-    job = JobSpec(
-        entry=("torchherd.preflight.allreduce", "--seconds", str(seconds)),
-        module=True,
-        nproc=nproc,
-        grace=5.0,
-    )
-    output = io.StringIO()
-    with tempfile.TemporaryDirectory(prefix="herd-doctor-") as logs:
-        try:
-            result = launch(
-                cluster,
-                job,
-                LaunchOptions(log_dir=Path(logs), color=False),
-                stream=output,
-                err=io.StringIO(),
-            )
-        except HerdError as exc:
-            return CheckResult(
-                "collective",
-                None,
-                Status.FAIL,
-                f"the all-reduce job could not start: {exc.message}",
-                exc.remedy,
-            ), ()
-    assert isinstance(result, RunResult)
-    return parse_output(output.getvalue(), result)
+    try:
+        done = run_measuring_job(cluster, (MODULE, "--seconds", str(seconds)), MARKER, nproc=nproc)
+    except HerdError as exc:
+        return CheckResult(
+            "collective",
+            None,
+            Status.FAIL,
+            f"the all-reduce job could not start: {exc.message}",
+            exc.remedy,
+        ), ()
+    return judge(done)
 
 
 def parse_output(text: str, result: RunResult) -> tuple[CheckResult, tuple[BusBandwidth, ...]]:
     """The check result and rows from the job's merged output."""
-    answer = None
-    for line in text.splitlines():
-        if MARKER in line:
-            try:
-                answer = json.loads(line.split(MARKER, 1)[1])
-            except ValueError:
-                continue
-    if result.exit_code != 0 or answer is None:
-        failure = result.first_failure
-        why = failure.headline() if failure else f"exit code {result.exit_code}"
-        remedy = (
-            failure.remedy
-            if failure and failure.remedy
-            else f"see the job's logs ({result.log_dir or 'herd logs ' + result.job_id})"
-        )
+    return judge(JobAnswer(result, read_answer(text, MARKER), text))
+
+
+def judge(done: JobAnswer) -> tuple[CheckResult, tuple[BusBandwidth, ...]]:
+    answer = done.answer
+    if not done.ok or answer is None:
+        why, remedy = done.why_not()
         return CheckResult(
             "collective", None, Status.FAIL, f"the all-reduce job failed: {why}", remedy
         ), ()
-    rows = tuple(BusBandwidth(**row) for row in answer["rows"])
+    rows = tuple(BusBandwidth.from_dict(row) for row in answer["rows"])
     if not answer.get("correct"):
         return CheckResult(
             "collective",

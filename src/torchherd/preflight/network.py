@@ -8,10 +8,12 @@ per node keeps the run fast on a few nodes and gentle on sshd at hundreds.
 Tests, all nodes at once with short timeouts, so a firewall that drops packets costs one
 timeout, not one per node:
   star (default)  every node -> the store port and the rendezvous node's ephemeral port;
-                  the rendezvous node -> every node's ephemeral port, with latency and, one
-                  link at a time, throughput;
+                  the rendezvous node -> every node's ephemeral port, with latency; then
+                  throughput in the few rounds of disjoint pairs that give every node two
+                  partners (`rounds.covering_rounds`): the time stays flat as nodes are added;
   full            every node -> every node (latency), then throughput for all pairs in rounds
-                  of disjoint pairs, so no two measurements share a NIC.
+                  of disjoint pairs (`rounds.pair_rounds`), so no two measurements share a NIC.
+`measure_rounds` is the one way throughput is measured, here and in `herd bench net`.
 Addresses are the plan's (``--local-addr`` of each node): what torchrun, NCCL and Gloo will use.
 """
 
@@ -28,6 +30,7 @@ from ..spec import ClusterSpec, NodeSpec
 from ..transport import Transport
 from .findings import NetworkFindings
 from .report import Link
+from .rounds import Round, both_ways, covering_rounds, pair_rounds
 
 Say = Callable[[str], None]
 
@@ -44,6 +47,8 @@ class NetOptions:
     """Longest throughput test per link."""
     full: bool = False
     """Test every pair of nodes, not only the star around the rendezvous node."""
+    both_ways: bool = False
+    """Measure throughput in both directions of every measured pair (a matrix, not a sample)."""
 
 
 @dataclass
@@ -157,22 +162,24 @@ async def network_tests(
             port = sessions[peer.host].ports.get("ephemeral")
             if peer is node or port is None:
                 continue
-            measure = node is rdzv and not options.full
             requests[node.host].append(
                 _target(
                     peer,
                     peer.local_addr or "",
                     port,
                     "ephemeral",
-                    pings=options.pings if (measure or options.full) else 0,
-                    bytes=options.bytes if measure else 0,
-                    seconds=options.seconds,
+                    pings=options.pings if (node is rdzv or options.full) else 0,
                 )
             )
     links = await _run_checks(sessions, requests, options)
-    if options.full:
-        say("measuring throughput between every pair")
-        links = await _pairwise_throughput(nodes, sessions, links, options)
+    hosts = [n.host for n in nodes]
+    rounds = pair_rounds(hosts) if options.full else covering_rounds(hosts)
+    if options.both_ways:
+        rounds = both_ways(rounds)
+    say(f"measuring throughput in {len(rounds)} round(s) of disjoint pairs")
+    links = await measure_rounds(
+        nodes, sessions, links, rounds, options, lambda k, n: say(f"throughput round {k}/{n}")
+    )
     return NetworkFindings(
         rdzv_host=rdzv.host,
         rdzv_addr=rdzv_addr,
@@ -230,45 +237,46 @@ def _link(src: str, target: dict[str, Any], answer: dict[str, Any]) -> Link:
     )
 
 
-def round_robin(hosts: list[str]) -> list[list[tuple[str, str]]]:
-    """Rounds of disjoint pairs covering every pair once (the circle method)."""
-    ring: list[str | None] = list(hosts) + ([None] if len(hosts) % 2 else [])
-    rounds = []
-    for _ in range(len(ring) - 1):
-        half = len(ring) // 2
-        pairs = [(ring[i], ring[-1 - i]) for i in range(half)]
-        rounds.append([(a, b) for a, b in pairs if a is not None and b is not None])
-        ring = [ring[0], ring[-1], *ring[1:-1]]
-    return rounds
-
-
-async def _pairwise_throughput(
-    nodes: list[NodePlan], sessions: Mapping[str, Session], links: list[Link], options: NetOptions
+async def measure_rounds(
+    nodes: list[NodePlan],
+    sessions: Mapping[str, Session],
+    links: list[Link],
+    rounds: list[Round],
+    options: NetOptions,
+    on_round: Callable[[int, int], None] | None = None,
 ) -> list[Link]:
-    reachable = {(x.src, x.dst) for x in links if x.ok and x.purpose == "ephemeral"}
+    """Throughput for each (sender, receiver) of ``rounds``, one round at a time, the pairs of
+    a round at once. A pair already tested and found unreachable is skipped; a measured pair
+    updates its link in ``links`` or, where none was tested yet, is added (with latency)."""
+    tested = {(x.src, x.dst): x for x in links if x.purpose == "ephemeral"}
     by_host = {n.host: n for n in nodes}
     measured: dict[tuple[str, str], Link] = {}
-    for pairs in round_robin([n.host for n in nodes]):
+    for number, pairs in enumerate(rounds, start=1):
         requests: dict[str, list[dict[str, Any]]] = {}
         for a, b in pairs:
             port = sessions[b].ports.get("ephemeral")
-            if (a, b) in reachable and port is not None:
-                requests[a] = [
-                    _target(
-                        by_host[b],
-                        by_host[b].local_addr or "",
-                        port,
-                        "ephemeral",
-                        bytes=options.bytes,
-                        seconds=options.seconds,
-                    )
-                ]
+            known = tested.get((a, b))
+            if port is None or (known is not None and not known.ok):
+                continue
+            requests.setdefault(a, []).append(
+                _target(
+                    by_host[b],
+                    by_host[b].local_addr or "",
+                    port,
+                    "ephemeral",
+                    pings=options.pings if known is None or known.rtt_ms is None else 0,
+                    bytes=options.bytes,
+                    seconds=options.seconds,
+                )
+            )
         for link in await _run_checks(sessions, requests, options):
             measured[(link.src, link.dst)] = link
+        if on_round is not None:
+            on_round(number, len(rounds))
     merged = []
     for link in links:
-        found = measured.get((link.src, link.dst))
-        if found is not None and link.purpose == "ephemeral":
+        found = measured.pop((link.src, link.dst), None) if link.purpose == "ephemeral" else None
+        if found is not None:
             link = replace(link, gbits=found.gbits, throughput_error=found.throughput_error)
         merged.append(link)
-    return merged
+    return merged + list(measured.values())

@@ -247,8 +247,6 @@ def link_speed(node: NodeSpec, findings: Findings) -> CheckResult:
         return CheckResult("network", host, Status.SKIP, "not probed")
     if network is None:
         return CheckResult("network", host, Status.SKIP, findings.network_skipped or "not tested")
-    if host == network.rdzv_host and not network.full:
-        return CheckResult("network", host, Status.SKIP, "measured from here")
     mine = [x for x in network.links if host in (x.src, x.dst) and x.src != x.dst]
     errors = [x for x in mine if x.throughput_error]
     if errors:

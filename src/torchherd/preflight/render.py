@@ -101,9 +101,11 @@ def _network(report: PreflightReport, console: Console) -> None:
         return
     rtts = [link.rtt_ms for link in report.links if link.rtt_ms is not None]
     latency = f"; latency {min(rtts):.2f}-{max(rtts):.2f} ms" if rtts else ""
+    node = report.slow_node()
+    shared = f"; the slow links all touch [bold]{escape(node)}[/]" if node else ""
     console.print(
         f"\nnetwork: {len(measured)} link(s) measured, slowest "
-        f"{escape(slowest.describe())} at {slowest.gbits:.1f} Gbit/s{latency}"
+        f"{escape(slowest.describe())} at {slowest.gbits:.1f} Gbit/s{latency}{shared}"
     )
 
 

@@ -7,7 +7,7 @@ are the caller's, made from the same values.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -66,6 +66,41 @@ class Link:
         return f"{self.src} -> {self.dst}"
 
 
+SLOW_GAP = 2.0
+"""Slow links are those below the widest gap in the sorted speeds, if it is at least this ratio."""
+
+
+def slow_links(links: Sequence[Link], gap: float = SLOW_GAP) -> list[Link]:
+    """Measured links clearly slower than the rest, slowest first.
+
+    The speeds are sorted and split at the widest ratio between neighbours; when that ratio
+    is at least ``gap`` the links below it are slow. Unlike a fixed fraction of the fastest or
+    the median, this holds whether the slow links are a few or most of them (a slow node in a
+    3-node cluster is on 4 of the 6 directed links), and noise among healthy links does not
+    split them (their speeds sit close together)."""
+    measured = sorted(
+        (x for x in links if x.gbits is not None and x.src != x.dst), key=lambda x: x.gbits or 0.0
+    )
+    best, cut = 0.0, 0
+    for index in range(len(measured) - 1):
+        low, high = measured[index].gbits or 0.0, measured[index + 1].gbits or 0.0
+        ratio = high / low if low > 0 else float("inf") if high > 0 else 1.0
+        if ratio > best:
+            best, cut = ratio, index + 1
+    return measured[:cut] if best >= gap else []
+
+
+def shared_slow_node(links: Sequence[Link], gap: float = SLOW_GAP) -> str | None:
+    """The one node that every clearly slow link touches: its NIC, cable or port is the likely
+    cause. None when nothing is slow, or when the slow links do not point at one node (a single
+    slow pair cannot say which of its two ends is to blame)."""
+    slow = slow_links(links, gap)
+    if not slow:
+        return None
+    common = set.intersection(*({x.src, x.dst} for x in slow))
+    return common.pop() if len(common) == 1 else None
+
+
 @dataclass(frozen=True)
 class BusBandwidth:
     """One message size of the all-reduce test (nccl-tests' definitions)."""
@@ -75,6 +110,27 @@ class BusBandwidth:
     algbw_gbytes: float
     busbw_gbytes: float
     """algbw x 2(n-1)/n: comparable with link speed whatever the world size."""
+    correct: bool = True
+    """Every rank got the exact sum at this size."""
+
+    @classmethod
+    def from_dict(cls, row: Mapping[str, Any]) -> BusBandwidth:
+        """A row as the all-reduce job prints it (unknown keys ignored, for older nodes)."""
+        return cls(
+            size_bytes=int(row["size_bytes"]),
+            seconds=float(row["seconds"]),
+            algbw_gbytes=float(row["algbw_gbytes"]),
+            busbw_gbytes=float(row["busbw_gbytes"]),
+            correct=bool(row.get("correct", True)),
+        )
+
+
+def bus_bandwidth(algbw: float, world_size: int) -> float:
+    """nccl-tests' bus bandwidth of an all-reduce: algbw x 2(n-1)/n. A ring all-reduce moves
+    2(n-1)/n of the buffer over each rank's link, so busbw compares with the link speed."""
+    if world_size < 1:
+        raise ValueError(f"world size must be at least 1, not {world_size}")
+    return algbw * 2 * (world_size - 1) / world_size
 
 
 @dataclass(frozen=True)
@@ -116,6 +172,10 @@ class PreflightReport:
         measured = [link for link in self.links if link.gbits is not None]
         return min(measured, key=lambda link: link.gbits or 0.0) if measured else None
 
+    def slow_node(self) -> str | None:
+        """The node every clearly slow link shares (see `shared_slow_node`), if any."""
+        return shared_slow_node(self.links)
+
     def to_dict(self) -> dict[str, Any]:
         """The machine-readable form `herd doctor --json` prints."""
         slowest = self.slowest_link()
@@ -129,6 +189,7 @@ class PreflightReport:
             "versions": {name: dict(values) for name, values in self.versions.items()},
             "links": [asdict(link) for link in self.links],
             "slowest_link": asdict(slowest) if slowest else None,
+            "slow_node": self.slow_node(),
             "collective": [asdict(row) for row in self.collective],
             "facts": {host: dict(values) for host, values in self.facts.items()},
             "seconds": self.seconds,
