@@ -80,25 +80,38 @@ def run_herd(bed: Testbed, cluster_file: Path, workdir: Path, world: int, home: 
 
 
 def start_by_hand(
-    bed: Testbed, nodes: int, nproc: int, workdir: Path, port: int, run_id: str, script: str
+    bed: Testbed,
+    nodes: int,
+    nproc: int,
+    workdir: Path,
+    port: int,
+    run_id: str,
+    script: str,
+    *,
+    torchrun_args: str = "",
+    with_stderr: bool = False,
 ) -> list[subprocess.Popen[str]]:
     """The hand-made recipe: torchrun on every node at once over plain ssh, with the address
-    and interface fixes typed by hand. ``script`` is the script and its arguments."""
+    and interface fixes typed by hand. ``script`` is the script and its arguments;
+    ``torchrun_args`` more of torchrun's own; ``with_stderr`` merges stderr into the output."""
     first = bed.nodes[0]
     processes = []
     for index, node in enumerate(bed.nodes[:nodes]):
         command = (
             f"cd {workdir} && NCCL_SOCKET_IFNAME={node.iface} GLOO_SOCKET_IFNAME={node.iface} "
-            f"{sys.executable} -m torch.distributed.run --nnodes={nodes} --nproc-per-node={nproc} "
+            f"PYTHONUNBUFFERED=1 {sys.executable} -m torch.distributed.run --nnodes={nodes} "
+            f"--nproc-per-node={nproc} {torchrun_args} "
             f"--rdzv-backend=c10d --rdzv-endpoint={first.addr}:{port} --rdzv-id={run_id} "
             f"--rdzv-conf=is_host={1 if index == 0 else 0} --local-addr={node.addr} {script}"
         )
         processes.append(
             subprocess.Popen(
                 ["ssh", "-F", str(bed.ssh_config), "-o", "BatchMode=yes", node.name, command],
+                stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
-                stderr=subprocess.DEVNULL,
+                stderr=subprocess.STDOUT if with_stderr else subprocess.DEVNULL,
                 text=True,
+                start_new_session=True,  # the bench, not the terminal, ends them
             )
         )
     return processes

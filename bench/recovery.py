@@ -35,6 +35,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from bench.launch import start_by_hand  # noqa: E402
 from tests.testbed import Testbed  # noqa: E402
 
 SCRIPTS = ROOT / "tests" / "integration" / "scripts"
@@ -117,27 +118,18 @@ def start_herd(bed: Testbed, work: Path, home: Path, run_dir: Path, extra: list[
 
 
 def start_torchrun(bed: Testbed, run_dir: Path, run_id: str, port: int) -> Lines:
-    first = bed.nodes[0]
-    processes = []
-    for index, node in enumerate(bed.nodes):
-        command = (
-            f"cd {SCRIPTS} && GLOO_SOCKET_IFNAME={node.iface} PYTHONUNBUFFERED=1 "
-            f"{sys.executable} -m torch.distributed.run --nnodes={len(bed.nodes)} "
-            f"--nproc-per-node=1 --max-restarts=1 --rdzv-backend=c10d "
-            f"--rdzv-endpoint={first.addr}:{port} --rdzv-id={run_id} "
-            f"--rdzv-conf=is_host={1 if index == 0 else 0} --local-addr={node.addr} "
-            f"slow_minimal.py {' '.join(ARGS)} --run-dir {run_dir}"
-        )
-        processes.append(
-            subprocess.Popen(
-                ["ssh", "-F", str(bed.ssh_config), "-o", "BatchMode=yes", node.name, command],
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-                start_new_session=True,
-            )
-        )
+    script = f"slow_minimal.py {' '.join(ARGS)} --run-dir {run_dir}"
+    processes = start_by_hand(
+        bed,
+        len(bed.nodes),
+        1,
+        SCRIPTS,
+        port,
+        run_id,
+        script,
+        torchrun_args="--max-restarts=1",
+        with_stderr=True,
+    )
     return Lines(processes)
 
 
