@@ -29,7 +29,7 @@ class TrainerConfig:
     """How a ``Trainer`` runs: length, batching, precision, snapshots and logging."""
 
     run_dir: str = "runs/default"
-    """Folder for metrics.jsonl, TensorBoard events and (by default) snapshots."""
+    """Folder or URL (s3://bucket/prefix) for metrics.jsonl, TensorBoard events, snapshots."""
     max_steps: int | None = None
     """Stop after this many optimizer steps (counting those before a resume)."""
     max_epochs: int | None = None
@@ -51,11 +51,13 @@ class TrainerConfig:
     snapshot_every_seconds: float = 0.0
     """Also save when this many seconds passed since the last one (checked at log steps)."""
     snapshot_dir: str | None = None
-    """Where snapshots go; default <run_dir>/snapshots (use a local disk with scope node)."""
+    """Folder or URL for snapshots; default <run_dir>/snapshots (local disk for scope node)."""
     snapshot_keep: int = 3
     """How many snapshots to keep; older ones are deleted after each save."""
     snapshot_scope: Literal["shared", "node"] = "shared"
     """shared: one copy by rank 0 on a shared filesystem; node: one copy per node."""
+    snapshot_async: bool = True
+    """Write snapshots in the background (training waits only for a copy to host memory)."""
     resume: bool = True
     """Continue from the latest snapshot when one exists."""
     log_every: int = 10

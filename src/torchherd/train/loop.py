@@ -19,6 +19,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -355,6 +356,7 @@ class Trainer:
             self.evaluate()
         if self.config.snapshots_enabled and self._snapshot_step != self.step and self.step > 0:
             self.save_snapshot()
+        self.snapshotter.wait()  # a background save must be committed before fit() returns
         loss = f"{self._last_loss:.4f}" if self._last_loss is not None else "n/a"
         self.metrics.message(f"done: step {self.step}, epoch {self.epoch}, last loss {loss}")
 
@@ -450,14 +452,22 @@ class Trainer:
         seed_everything(self.config.seed + 1_000_003 * self.step + self.ctx.rank)
 
     def save_snapshot(self) -> None:
-        """Save a snapshot of the current step now (a collective)."""
+        """Save a snapshot of the current step now (a collective). With ``snapshot_async``
+        this returns once the state is copied to host memory; the write goes on behind."""
         state = self.state_dict()
-        path = self.snapshotter.save(self.step, state, meta={"epoch": self.epoch})
+        meta = {"epoch": self.epoch}
+        if self.config.snapshot_async:
+            self.snapshotter.save_async(self.step, state, meta, on_saved=self._saved)
+        else:
+            path = self.snapshotter.save(self.step, state, meta=meta)
+            if path is not None:
+                self._saved(path)
         self._snapshot_step = self.step
         self._snapshot_time = time.monotonic()
-        if path is not None:
-            self.metrics.message(f"snapshot {path}")
         self.metrics.restart_window()
+
+    def _saved(self, where: Path | str) -> None:
+        self.metrics.message(f"snapshot {where}")
 
     def resume(self) -> int | None:
         """Load the latest usable snapshot, if any; returns its step."""
@@ -478,10 +488,12 @@ class Trainer:
     # ------------------------------------------------------------------ lifecycle
 
     def close(self) -> None:
-        """Flush metrics, finish deleting pruned snapshots. The process group stays
-        (``teardown()`` ends it)."""
-        self.metrics.close()
-        self.snapshotter.close()
+        """Finish a background save, flush metrics, finish deleting pruned snapshots.
+        The process group stays (``teardown()`` ends it)."""
+        try:
+            self.snapshotter.close()
+        finally:
+            self.metrics.close()
 
     def __enter__(self) -> Trainer:
         return self
