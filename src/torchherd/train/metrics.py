@@ -16,6 +16,9 @@ from typing import IO, Any
 
 import torch
 
+from torchherd.train._mirror import RunDirMirror
+from torchherd.train._store import is_url
+
 __all__ = ["MetricsLogger", "PEAK_BF16_FLOPS", "peak_flops", "peak_flops_for"]
 
 # Dense bf16 tensor-core peak per GPU, FLOP/s, from NVIDIA's data sheets. Matched against
@@ -73,6 +76,13 @@ class MetricsLogger:
         tensorboard: bool = True,
         stream: IO[str] | None = None,
     ) -> None:
+        self.mirror: RunDirMirror | None = None
+        if enabled and is_url(str(run_dir)) and not str(run_dir).startswith("file://"):
+            self.mirror = RunDirMirror(str(run_dir))
+            self.mirror.fetch("metrics.jsonl")  # a restarted job continues the same file
+            run_dir = self.mirror.local
+        elif str(run_dir).startswith("file://"):
+            run_dir = str(run_dir)[len("file://") :]
         self.path = Path(run_dir) / "metrics.jsonl"
         self.enabled = enabled
         self.world_size = world_size
@@ -146,6 +156,8 @@ class MetricsLogger:
             out.write(json.dumps(record) + "\n")
             self._scalars(record)
         out.flush()
+        if self.mirror is not None:
+            self.mirror.upload()
         if show:
             self._print(self._progress_line(last))
 
@@ -203,3 +215,5 @@ class MetricsLogger:
         if self._tb is not None:
             self._tb.close()
             self._tb = None
+        if self.mirror is not None:
+            self.mirror.upload(force=True)
