@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from torchherd.train.errors import ConfigInvalid
+from torchherd.train.trackers import parse_trackers
 
 __all__ = ["TrainerConfig", "parse_config", "field_docs"]
 
@@ -72,6 +73,10 @@ class TrainerConfig:
     """DataLoader worker processes per rank."""
     tensorboard: bool = True
     """Write TensorBoard events when the tensorboard package is installed."""
+    trackers: str = ""
+    """Experiment trackers, comma-separated: wandb, mlflow (rank 0; keys from the environment)."""
+    tracker_project: str = "torchherd"
+    """W&B project / MLflow experiment that the job's run goes to."""
 
     def __post_init__(self) -> None:
         problems = []
@@ -96,6 +101,10 @@ class TrainerConfig:
         ):
             if getattr(self, name) not in allowed:
                 problems.append(f"{name} must be one of {', '.join(allowed)}")
+        try:
+            parse_trackers(self.trackers)
+        except ConfigInvalid as exc:
+            problems.append(f"trackers: {exc.message}")
         if problems:
             raise ConfigInvalid("invalid TrainerConfig: " + "; ".join(problems))
 

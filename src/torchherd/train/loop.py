@@ -33,6 +33,7 @@ from torch.utils.data import DataLoader, Dataset
 from torchherd import progress
 from torchherd.train import _state
 from torchherd.train._batches import batch_len, to_device
+from torchherd.train._store import is_url
 from torchherd.train.config import TrainerConfig
 from torchherd.train.data import ResumableSampler
 from torchherd.train.dist import Context, setup
@@ -40,6 +41,7 @@ from torchherd.train.errors import ConfigInvalid, SnapshotMismatch, TrainError
 from torchherd.train.metrics import MetricsLogger
 from torchherd.train.rng import get_rng_state, seed_everything, set_rng_state
 from torchherd.train.snapshot import Snapshotter
+from torchherd.train.trackers import Tracker, open_trackers, parse_trackers
 
 __all__ = ["Trainer", "FitResult", "LossFn"]
 
@@ -120,6 +122,7 @@ class Trainer:
             tokens_per_sample=tokens_per_sample or _reported(raw, "tokens_per_sample"),
             flops_per_sample=flops_per_sample or _reported(raw, "flops_per_sample"),
             tensorboard=config.tensorboard,
+            trackers=self._open_trackers() if self.ctx.is_main else (),
         )
         self.step = 0
         self.epoch = 0
@@ -132,6 +135,7 @@ class Trainer:
         self._pending: list[dict[str, Any]] = []
         self.stopped_for_save = False
         """True when fit() ended early because herd asked for a snapshot (a time limit)."""
+        self._completed = False
 
     @property
     def module(self) -> nn.Module:
@@ -161,6 +165,16 @@ class Trainer:
                 fully_shard(unit)
             fully_shard(model)
         return model
+
+    def _open_trackers(self) -> list[Tracker]:
+        names = parse_trackers(self.config.trackers)
+        if not names:
+            return []
+        run_dir = self.config.run_dir
+        local = None if is_url(run_dir) and not run_dir.startswith("file://") else run_dir
+        settings = {k: v for k, v in asdict(self.config).items() if v is not None}
+        settings["world_size"] = self.ctx.world_size
+        return open_trackers(names, self.config.tracker_project, settings, local)
 
     def _build_optimizer(self, optimizer: Optimizer | OptimizerFactory) -> Optimizer:
         if isinstance(optimizer, Optimizer):
@@ -357,6 +371,11 @@ class Trainer:
         if self.config.snapshots_enabled and self._snapshot_step != self.step and self.step > 0:
             self.save_snapshot()
         self.snapshotter.wait()  # a background save must be committed before fit() returns
+        self._completed = not self.stopped_for_save
+        summary = {"step": self.step, "epoch": self.epoch, "loss": self._last_loss}
+        if self._last_eval is not None:
+            summary["eval_loss"] = self._last_eval
+        self.metrics.summary(summary)
         loss = f"{self._last_loss:.4f}" if self._last_loss is not None else "n/a"
         self.metrics.message(f"done: step {self.step}, epoch {self.epoch}, last loss {loss}")
 
@@ -493,7 +512,7 @@ class Trainer:
         try:
             self.snapshotter.close()
         finally:
-            self.metrics.close()
+            self.metrics.close(finished=self._completed)
 
     def __enter__(self) -> Trainer:
         return self
