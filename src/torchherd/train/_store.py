@@ -20,6 +20,8 @@ from __future__ import annotations
 import io
 import os
 import re
+import shutil
+import tempfile
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -46,7 +48,9 @@ LATEST = "latest"
 MANIFEST = "manifest.json"
 STEP_DIR = re.compile(r"^step-(\d+)$")
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
-# Upload parts this big: one request per 64 MiB, not per fsspec's default 5 MiB.
+# States up to this size are serialised in memory before the upload, larger ones to a local
+# temporary file; those are uploaded in parts this big.
+SPOOL_BYTES = 2 << 30
 UPLOAD_PART_BYTES = 64 << 20
 
 Produce = Callable[[io.RawIOBase], object]
@@ -219,16 +223,27 @@ class RemoteStore:
     def _path(self, *parts: str) -> str:
         return "/".join((self.root, *parts))
 
-    def _listing(self) -> list[str]:
-        self.fs.invalidate_cache(self.root)  # another process (or node) may have written
+    def _keys(self) -> list[str]:
+        # One recursive listing (a single request for up to 1000 objects on S3) instead of a
+        # request per snapshot; another process (or node) may have written, so no cache.
+        self.fs.invalidate_cache(self.root)
         try:
-            return [p.rstrip("/").rsplit("/", 1)[-1] for p in self.fs.ls(self.root, detail=False)]
+            found = self.fs.find(self.root, maxdepth=2)
         except FileNotFoundError:
             return []
+        prefix = self.root + "/"
+        return [key[len(prefix) :] for key in found if key.startswith(prefix)]
+
+    def _listing(self) -> list[str]:
+        return sorted({key.split("/", 1)[0] for key in self._keys()})
 
     def names(self) -> list[str]:
-        found = [n for n in self._listing() if STEP_DIR.match(n)]
-        return [n for n in found if self.fs.exists(self._path(n, MANIFEST))]
+        keys = self._keys()
+        return [
+            key.split("/", 1)[0]
+            for key in keys
+            if key.endswith("/" + MANIFEST) and STEP_DIR.match(key.split("/", 1)[0])
+        ]
 
     def read_latest(self) -> str | None:
         try:
@@ -259,13 +274,24 @@ class RemoteStore:
         if name in self._listing():
             # The same step saved again: unpublish the old copy before overwriting it.
             self._remove_now(name)
+        # Serialised into memory (or a local spool file past SPOOL_BYTES) and uploaded in
+        # one put. Streaming parts while torch.save runs was slower: every part is a request,
+        # and the store reassembles the parts at the end.
         with (
             ThreadPoolExecutor(_hash_workers()) as pool,
-            self.fs.open(self._path(name, file), "wb", block_size=UPLOAD_PART_BYTES) as out,
+            tempfile.SpooledTemporaryFile(max_size=SPOOL_BYTES) as spool,
         ):
-            writer = HashingWriter(out, pool)
-            produce(writer)  # type: ignore[arg-type]
+            writer = HashingWriter(spool, pool)  # type: ignore[arg-type]
+            produce(writer)
             digests = writer.chunk_digests()
+            target = self._path(name, file)
+            held = getattr(spool, "_file", None)
+            if isinstance(held, io.BytesIO):
+                self.fs.pipe_file(target, held.getvalue())
+            else:  # on disk (an unnamed file): stream it up in large parts
+                spool.seek(0)
+                with self.fs.open(target, "wb", block_size=UPLOAD_PART_BYTES) as out:
+                    shutil.copyfileobj(spool, out, UPLOAD_PART_BYTES)
         digest = Digest(writer.bytes_written, CHUNK_BYTES, tuple(digests))
         self.fs.pipe_file(self._path(name, MANIFEST), manifest(digest))
         return digest
@@ -307,3 +333,4 @@ class RemoteStore:
         for name in unfinished:
             self._remove_now(name)
         return []
+

@@ -178,3 +178,16 @@ def test_trainer_with_an_s3_run_dir_resumes_exactly(s3_env: str, tmp_path: Path)
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert fs.exists(f"{root}/snapshots/step-8/manifest.json")
     assert os.environ["AWS_ENDPOINT_URL"].startswith("http://127.0.0.1")
+
+
+def test_a_state_larger_than_the_memory_spool_goes_through_a_file(
+    memory_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from torchherd.train import _store
+
+    monkeypatch.setattr(_store, "SPOOL_BYTES", 4096)
+    monkeypatch.setattr(_store, "UPLOAD_PART_BYTES", 5000)
+    snaps = Snapshotter(memory_url, ctx=CTX)
+    snaps.save(1, state_for(1))  # 16 KiB of tensor data: spilled to disk, uploaded in parts
+    step, state = Snapshotter(memory_url, ctx=CTX).load_latest()
+    assert step == 1 and torch.equal(state["w"], state_for(1)["w"])
