@@ -333,4 +333,3 @@ class RemoteStore:
         for name in unfinished:
             self._remove_now(name)
         return []
-

@@ -274,8 +274,9 @@ class Trainer:
         return contextlib.nullcontext()
 
     def _train_step(self, micro: list[Any]) -> None:
-        self.model.train()
-        total = torch.zeros((), device=self.ctx.device)
+        if not self.model.training:  # train() walks every module: only when needed
+            self.model.train()
+        total: torch.Tensor | None = None
         samples = 0
         for index, batch in enumerate(micro):
             samples += batch_len(batch)
@@ -285,7 +286,8 @@ class Trainer:
                     loss = self.loss_fn(self.model, batch)
                 scaled = loss / len(micro)
                 (self.scaler.scale(scaled) if self.scaler else scaled).backward()
-            total += loss.detach().float()
+            detached = loss.detach().float()
+            total = detached if total is None else total + detached
         record: dict[str, Any] = {"step": self.step + 1, "epoch": self.epoch}
         if self.config.max_grad_norm is not None:
             if self.scaler is not None:
@@ -304,7 +306,8 @@ class Trainer:
             self.scheduler.step()
         self.sampler.advance(samples)
         self.step += 1
-        record["_loss"] = total / len(micro)
+        assert total is not None  # micro holds at least one batch
+        record["_loss"] = total / len(micro) if len(micro) > 1 else total
         record["_samples"] = samples
         self._pending.append(record)
 

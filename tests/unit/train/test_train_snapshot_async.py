@@ -110,27 +110,26 @@ def _start_async_saver(root: Path) -> subprocess.Popen[str]:
     return proc
 
 
-def test_sigterm_mid_save_finishes_the_save_then_exits(tmp_path: Path) -> None:
-    root = tmp_path / "snaps"
+def _signal_mid_save(root: Path, signum: signal.Signals) -> tuple[int, Snapshotter]:
+    """Send ``signum`` while a background save writes; the exit status and a fresh reader."""
     proc = _start_async_saver(root)
     try:
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(signum)
     finally:
         proc.wait(timeout=120)
-    assert proc.returncode == -signal.SIGTERM  # the signal still ends the process
-    snaps = Snapshotter(root, ctx=Context(0, 0, 1, torch.device("cpu")))
+    return proc.returncode, Snapshotter(root, ctx=Context(0, 0, 1, torch.device("cpu")))
+
+
+def test_sigterm_mid_save_finishes_the_save_then_exits(tmp_path: Path) -> None:
+    code, snaps = _signal_mid_save(tmp_path / "snaps", signal.SIGTERM)
+    assert code == -signal.SIGTERM  # the signal still ends the process
     step, state = snaps.load_latest()
     assert step == 2 and state["name"] == "big" and snaps.problems == []
 
 
 def test_sigkill_mid_async_save_leaves_the_previous_snapshot(tmp_path: Path) -> None:
-    root = tmp_path / "snaps"
-    proc = _start_async_saver(root)
-    try:
-        proc.send_signal(signal.SIGKILL)
-    finally:
-        proc.wait(timeout=30)
-    assert proc.returncode == -signal.SIGKILL
-    assert not (root / "step-2").exists()
-    step, state = Snapshotter(root, ctx=Context(0, 0, 1, torch.device("cpu"))).load_latest()
+    code, snaps = _signal_mid_save(tmp_path / "snaps", signal.SIGKILL)
+    assert code == -signal.SIGKILL
+    assert not (tmp_path / "snaps" / "step-2").exists()
+    step, state = snaps.load_latest()
     assert step == 1 and state["name"] == "small"
