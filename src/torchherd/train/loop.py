@@ -71,6 +71,17 @@ class FitResult:
     """Last evaluation loss, if an eval dataset was given."""
 
 
+@dataclass(slots=True)
+class _Reduction:
+    """Losses of some steps being summed over ranks, and what to write once that is done."""
+
+    work: Any
+    values: torch.Tensor
+    records: list[dict[str, Any]]
+    show: bool
+    started: float
+
+
 class Trainer:
     """Trains ``model`` on ``dataset`` with DDP/FSDP, mixed precision, snapshots and metrics."""
 
@@ -133,6 +144,7 @@ class Trainer:
         self._snapshot_step = -1
         self._snapshot_time = time.monotonic()
         self._pending: list[dict[str, Any]] = []
+        self._reducing: list[_Reduction] = []
         self.stopped_for_save = False
         """True when fit() ended early because herd asked for a snapshot (a time limit)."""
         self._completed = False
@@ -321,7 +333,13 @@ class Trainer:
         )
         show = self.step % cfg.log_every == 0 or last
         if show or snapshot_due or eval_due:
-            snapshot_due = self._flush_metrics(show) or snapshot_due
+            # At a plain log step the reduction runs in the background and is read at the next
+            # one, so training never waits for it (on a GPU, reading it at once would drain the
+            # stream). Before a snapshot, an evaluation or the end it completes now.
+            settle = snapshot_due or eval_due or last
+            snapshot_due = self._flush_metrics(show, settle) or snapshot_due
+            if snapshot_due and self._reducing:  # a timed snapshot: its records first
+                self._flush_metrics(show, settle=True)
         if self.stopped_for_save:
             # herd asked for a snapshot before a time limit: save now and leave the loop.
             self.metrics.message(f"herd asked to save and stop: snapshot at step {self.step}")
@@ -332,21 +350,30 @@ class Trainer:
         if snapshot_due:
             self.save_snapshot()
 
-    def _flush_metrics(self, show: bool = True) -> bool:
-        """Reduce pending losses across ranks (one collective), write them; True if a timed
-        snapshot is due (decided by rank 0's clock, so every rank agrees)."""
+    def _flush_metrics(self, show: bool = True, settle: bool = True) -> bool:
+        """Start reducing pending losses across ranks (one collective); write what earlier
+        reductions produced, all of them when ``settle``, else all but the newest.
+        True if a timed snapshot is due (decided by rank 0's clock, so every rank agrees)."""
         pending, self._pending = self._pending, []
-        if not pending:
-            return False
-        interval = self.config.snapshot_every_seconds
-        timed = interval > 0 and time.monotonic() - self._snapshot_time >= interval
-        flags = [self._flag(timed), self._flag(progress.save_requested())]
-        values = torch.stack([r.pop("_loss") for r in pending] + flags)
-        if self.ctx.distributed:
-            dist.all_reduce(values)
-        reduced = values.tolist()
+        if pending:
+            interval = self.config.snapshot_every_seconds
+            timed = interval > 0 and time.monotonic() - self._snapshot_time >= interval
+            flags = [self._flag(timed), self._flag(progress.save_requested())]
+            values = torch.stack([r.pop("_loss") for r in pending] + flags)
+            work = dist.all_reduce(values, async_op=True) if self.ctx.distributed else None
+            self._reducing.append(_Reduction(work, values, pending, show, time.perf_counter()))
+        timed_due = False
+        while len(self._reducing) > (0 if settle else 1):
+            timed_due = self._write_reduced(self._reducing.pop(0)) or timed_due
+        return timed_due
+
+    def _write_reduced(self, reduction: _Reduction) -> bool:
+        if reduction.work is not None:
+            reduction.work.wait()
+        reduced = reduction.values.tolist()
         # Rank 0's view decides for every rank, so all of them stop at the same step.
         self.stopped_for_save = self.stopped_for_save or reduced[-1] > 0
+        pending = reduction.records
         samples = 0
         for index, (raw, loss) in enumerate(zip(pending, reduced[:-2], strict=True)):
             samples += raw.pop("_samples") * self.ctx.world_size
@@ -356,7 +383,7 @@ class Trainer:
                 record["grad_norm"] = float(raw.pop("_grad_norm"))
             pending[index] = record | raw
         self._last_loss = pending[-1]["loss"]
-        self.metrics.log_steps(pending, samples, show)
+        self.metrics.log_steps(pending, samples, reduction.show, now=reduction.started)
         return reduced[-2] > 0
 
     def _flag(self, value: bool) -> torch.Tensor:

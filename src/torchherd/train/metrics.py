@@ -135,13 +135,20 @@ class MetricsLogger:
         """Start timing throughput from now (after a resume, an evaluation or a snapshot)."""
         self._window_start = time.perf_counter()
 
-    def log_steps(self, records: list[dict[str, Any]], samples: int, show: bool = True) -> None:
+    def log_steps(
+        self,
+        records: list[dict[str, Any]],
+        samples: int,
+        show: bool = True,
+        now: float | None = None,
+    ) -> None:
         """Append one record per step; the last gets throughput and ETA.
 
         ``samples`` is the number of samples the whole job processed during these steps;
-        ``show`` prints the progress line (at log steps, not at every flush).
+        ``show`` prints the progress line (at log steps, not at every flush); ``now`` is when
+        the last of these steps ended (``time.perf_counter()``, default: now).
         """
-        now = time.perf_counter()
+        now = time.perf_counter() if now is None else now
         elapsed, self._window_start = now - self._window_start, now
         if not self.enabled or not records:
             return
