@@ -83,6 +83,8 @@ def test_node_scope_is_refused_for_a_remote_url(memory_url: str) -> None:
 
 def test_missing_s3_package_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "s3fs", None)  # as if s3fs were not installed
+    for scheme in ("s3", "s3a"):  # and as if fsspec had never loaded it
+        monkeypatch.delitem(sys.modules["fsspec.registry"]._registry, scheme, raising=False)
     with pytest.raises(SnapshotError) as caught:
         Snapshotter(f"s3://nowhere-{uuid.uuid4().hex[:6]}/x", ctx=CTX)
     assert "pip install 'torchherd[s3]'" in caught.value.remedy
