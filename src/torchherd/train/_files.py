@@ -18,7 +18,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 # Files are hashed as consecutive 8 MiB chunks, each with its own SHA-256, so that several
 # cores can hash one file at once: a single SHA-256 stream runs at ~1 GB/s, slower than a disk
@@ -77,7 +77,7 @@ class HashingWriter(io.RawIOBase):
     """A write-only file object that passes bytes to ``target`` and SHA-256s each chunk."""
 
     def __init__(
-        self, target: io.BufferedWriter, pool: ThreadPoolExecutor, chunk_bytes: int = CHUNK_BYTES
+        self, target: IO[bytes], pool: ThreadPoolExecutor, chunk_bytes: int = CHUNK_BYTES
     ) -> None:
         super().__init__()
         self._target = target
@@ -157,15 +157,21 @@ def write_small(path: Path, data: bytes) -> None:
 
 def digest_of(path: Path, chunk_bytes: int = CHUNK_BYTES) -> Digest:
     """The chunked SHA-256 digest of an existing file (reads sequentially, hashes in parallel)."""
+    with open(path, "rb", buffering=0) as handle:
+        return digest_stream(handle, chunk_bytes)
+
+
+def digest_stream(handle: IO[bytes], chunk_bytes: int = CHUNK_BYTES) -> Digest:
+    """The chunked SHA-256 digest of everything left to read in ``handle``."""
     size = 0
-    with ThreadPoolExecutor(_hash_workers()) as pool, open(path, "rb", buffering=0) as handle:
+    with ThreadPoolExecutor(_hash_workers()) as pool:
         pipeline = _ChunkPipeline(pool, chunk_bytes)
         while True:
             buffer = pipeline.take()
-            length = handle.readinto(buffer) or 0
+            length = handle.readinto(buffer) or 0  # type: ignore[attr-defined]
             # Fill the buffer completely: chunk boundaries must match the writer's.
             while 0 < length < chunk_bytes:
-                more = handle.readinto(memoryview(buffer)[length:]) or 0
+                more = handle.readinto(memoryview(buffer)[length:]) or 0  # type: ignore[attr-defined]
                 if not more:
                     break
                 length += more

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from torchherd.train.errors import ConfigInvalid
+from torchherd.train.trackers import parse_trackers
 
 __all__ = ["TrainerConfig", "parse_config", "field_docs"]
 
@@ -29,7 +30,7 @@ class TrainerConfig:
     """How a ``Trainer`` runs: length, batching, precision, snapshots and logging."""
 
     run_dir: str = "runs/default"
-    """Folder for metrics.jsonl, TensorBoard events and (by default) snapshots."""
+    """Folder or URL (s3://bucket/prefix) for metrics.jsonl, TensorBoard events, snapshots."""
     max_steps: int | None = None
     """Stop after this many optimizer steps (counting those before a resume)."""
     max_epochs: int | None = None
@@ -51,11 +52,13 @@ class TrainerConfig:
     snapshot_every_seconds: float = 0.0
     """Also save when this many seconds passed since the last one (checked at log steps)."""
     snapshot_dir: str | None = None
-    """Where snapshots go; default <run_dir>/snapshots (use a local disk with scope node)."""
+    """Folder or URL for snapshots; default <run_dir>/snapshots (local disk for scope node)."""
     snapshot_keep: int = 3
     """How many snapshots to keep; older ones are deleted after each save."""
     snapshot_scope: Literal["shared", "node"] = "shared"
     """shared: one copy by rank 0 on a shared filesystem; node: one copy per node."""
+    snapshot_async: bool = True
+    """Write snapshots in the background (training waits only for a copy to host memory)."""
     resume: bool = True
     """Continue from the latest snapshot when one exists."""
     log_every: int = 10
@@ -70,6 +73,10 @@ class TrainerConfig:
     """DataLoader worker processes per rank."""
     tensorboard: bool = True
     """Write TensorBoard events when the tensorboard package is installed."""
+    trackers: str = ""
+    """Experiment trackers, comma-separated: wandb, mlflow (rank 0; keys from the environment)."""
+    tracker_project: str = "torchherd"
+    """W&B project / MLflow experiment that the job's run goes to."""
 
     def __post_init__(self) -> None:
         problems = []
@@ -94,6 +101,10 @@ class TrainerConfig:
         ):
             if getattr(self, name) not in allowed:
                 problems.append(f"{name} must be one of {', '.join(allowed)}")
+        try:
+            parse_trackers(self.trackers)
+        except ConfigInvalid as exc:
+            problems.append(f"trackers: {exc.message}")
         if problems:
             raise ConfigInvalid("invalid TrainerConfig: " + "; ".join(problems))
 

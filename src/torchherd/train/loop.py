@@ -19,6 +19,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -32,6 +33,7 @@ from torch.utils.data import DataLoader, Dataset
 from torchherd import progress
 from torchherd.train import _state
 from torchherd.train._batches import batch_len, to_device
+from torchherd.train._store import is_url
 from torchherd.train.config import TrainerConfig
 from torchherd.train.data import ResumableSampler
 from torchherd.train.dist import Context, setup
@@ -39,6 +41,7 @@ from torchherd.train.errors import ConfigInvalid, SnapshotMismatch, TrainError
 from torchherd.train.metrics import MetricsLogger
 from torchherd.train.rng import get_rng_state, seed_everything, set_rng_state
 from torchherd.train.snapshot import Snapshotter
+from torchherd.train.trackers import Tracker, open_trackers, parse_trackers
 
 __all__ = ["Trainer", "FitResult", "LossFn"]
 
@@ -66,6 +69,17 @@ class FitResult:
     """Step of the snapshot this run resumed from, if any."""
     eval_loss: float | None = None
     """Last evaluation loss, if an eval dataset was given."""
+
+
+@dataclass(slots=True)
+class _Reduction:
+    """Losses of some steps being summed over ranks, and what to write once that is done."""
+
+    work: Any
+    values: torch.Tensor
+    records: list[dict[str, Any]]
+    show: bool
+    started: float
 
 
 class Trainer:
@@ -119,6 +133,7 @@ class Trainer:
             tokens_per_sample=tokens_per_sample or _reported(raw, "tokens_per_sample"),
             flops_per_sample=flops_per_sample or _reported(raw, "flops_per_sample"),
             tensorboard=config.tensorboard,
+            trackers=self._open_trackers() if self.ctx.is_main else (),
         )
         self.step = 0
         self.epoch = 0
@@ -129,8 +144,10 @@ class Trainer:
         self._snapshot_step = -1
         self._snapshot_time = time.monotonic()
         self._pending: list[dict[str, Any]] = []
+        self._reducing: list[_Reduction] = []
         self.stopped_for_save = False
         """True when fit() ended early because herd asked for a snapshot (a time limit)."""
+        self._completed = False
 
     @property
     def module(self) -> nn.Module:
@@ -160,6 +177,16 @@ class Trainer:
                 fully_shard(unit)
             fully_shard(model)
         return model
+
+    def _open_trackers(self) -> list[Tracker]:
+        names = parse_trackers(self.config.trackers)
+        if not names:
+            return []
+        run_dir = self.config.run_dir
+        local = None if is_url(run_dir) and not run_dir.startswith("file://") else run_dir
+        settings = {k: v for k, v in asdict(self.config).items() if v is not None}
+        settings["world_size"] = self.ctx.world_size
+        return open_trackers(names, self.config.tracker_project, settings, local)
 
     def _build_optimizer(self, optimizer: Optimizer | OptimizerFactory) -> Optimizer:
         if isinstance(optimizer, Optimizer):
@@ -259,8 +286,9 @@ class Trainer:
         return contextlib.nullcontext()
 
     def _train_step(self, micro: list[Any]) -> None:
-        self.model.train()
-        total = torch.zeros((), device=self.ctx.device)
+        if not self.model.training:  # train() walks every module: only when needed
+            self.model.train()
+        total: torch.Tensor | None = None
         samples = 0
         for index, batch in enumerate(micro):
             samples += batch_len(batch)
@@ -270,7 +298,8 @@ class Trainer:
                     loss = self.loss_fn(self.model, batch)
                 scaled = loss / len(micro)
                 (self.scaler.scale(scaled) if self.scaler else scaled).backward()
-            total += loss.detach().float()
+            detached = loss.detach().float()
+            total = detached if total is None else total + detached
         record: dict[str, Any] = {"step": self.step + 1, "epoch": self.epoch}
         if self.config.max_grad_norm is not None:
             if self.scaler is not None:
@@ -289,7 +318,8 @@ class Trainer:
             self.scheduler.step()
         self.sampler.advance(samples)
         self.step += 1
-        record["_loss"] = total / len(micro)
+        assert total is not None  # micro holds at least one batch
+        record["_loss"] = total / len(micro) if len(micro) > 1 else total
         record["_samples"] = samples
         self._pending.append(record)
 
@@ -303,7 +333,13 @@ class Trainer:
         )
         show = self.step % cfg.log_every == 0 or last
         if show or snapshot_due or eval_due:
-            snapshot_due = self._flush_metrics(show) or snapshot_due
+            # At a plain log step the reduction runs in the background and is read at the next
+            # one, so training never waits for it (on a GPU, reading it at once would drain the
+            # stream). Before a snapshot, an evaluation or the end it completes now.
+            settle = snapshot_due or eval_due or last
+            snapshot_due = self._flush_metrics(show, settle) or snapshot_due
+            if snapshot_due and self._reducing:  # a timed snapshot: its records first
+                self._flush_metrics(show, settle=True)
         if self.stopped_for_save:
             # herd asked for a snapshot before a time limit: save now and leave the loop.
             self.metrics.message(f"herd asked to save and stop: snapshot at step {self.step}")
@@ -314,21 +350,30 @@ class Trainer:
         if snapshot_due:
             self.save_snapshot()
 
-    def _flush_metrics(self, show: bool = True) -> bool:
-        """Reduce pending losses across ranks (one collective), write them; True if a timed
-        snapshot is due (decided by rank 0's clock, so every rank agrees)."""
+    def _flush_metrics(self, show: bool = True, settle: bool = True) -> bool:
+        """Start reducing pending losses across ranks (one collective); write what earlier
+        reductions produced, all of them when ``settle``, else all but the newest.
+        True if a timed snapshot is due (decided by rank 0's clock, so every rank agrees)."""
         pending, self._pending = self._pending, []
-        if not pending:
-            return False
-        interval = self.config.snapshot_every_seconds
-        timed = interval > 0 and time.monotonic() - self._snapshot_time >= interval
-        flags = [self._flag(timed), self._flag(progress.save_requested())]
-        values = torch.stack([r.pop("_loss") for r in pending] + flags)
-        if self.ctx.distributed:
-            dist.all_reduce(values)
-        reduced = values.tolist()
+        if pending:
+            interval = self.config.snapshot_every_seconds
+            timed = interval > 0 and time.monotonic() - self._snapshot_time >= interval
+            flags = [self._flag(timed), self._flag(progress.save_requested())]
+            values = torch.stack([r.pop("_loss") for r in pending] + flags)
+            work = dist.all_reduce(values, async_op=True) if self.ctx.distributed else None
+            self._reducing.append(_Reduction(work, values, pending, show, time.perf_counter()))
+        timed_due = False
+        while len(self._reducing) > (0 if settle else 1):
+            timed_due = self._write_reduced(self._reducing.pop(0)) or timed_due
+        return timed_due
+
+    def _write_reduced(self, reduction: _Reduction) -> bool:
+        if reduction.work is not None:
+            reduction.work.wait()
+        reduced = reduction.values.tolist()
         # Rank 0's view decides for every rank, so all of them stop at the same step.
         self.stopped_for_save = self.stopped_for_save or reduced[-1] > 0
+        pending = reduction.records
         samples = 0
         for index, (raw, loss) in enumerate(zip(pending, reduced[:-2], strict=True)):
             samples += raw.pop("_samples") * self.ctx.world_size
@@ -338,7 +383,7 @@ class Trainer:
                 record["grad_norm"] = float(raw.pop("_grad_norm"))
             pending[index] = record | raw
         self._last_loss = pending[-1]["loss"]
-        self.metrics.log_steps(pending, samples, show)
+        self.metrics.log_steps(pending, samples, reduction.show, now=reduction.started)
         return reduced[-2] > 0
 
     def _flag(self, value: bool) -> torch.Tensor:
@@ -355,6 +400,12 @@ class Trainer:
             self.evaluate()
         if self.config.snapshots_enabled and self._snapshot_step != self.step and self.step > 0:
             self.save_snapshot()
+        self.snapshotter.wait()  # a background save must be committed before fit() returns
+        self._completed = not self.stopped_for_save
+        summary = {"step": self.step, "epoch": self.epoch, "loss": self._last_loss}
+        if self._last_eval is not None:
+            summary["eval_loss"] = self._last_eval
+        self.metrics.summary(summary)
         loss = f"{self._last_loss:.4f}" if self._last_loss is not None else "n/a"
         self.metrics.message(f"done: step {self.step}, epoch {self.epoch}, last loss {loss}")
 
@@ -450,14 +501,22 @@ class Trainer:
         seed_everything(self.config.seed + 1_000_003 * self.step + self.ctx.rank)
 
     def save_snapshot(self) -> None:
-        """Save a snapshot of the current step now (a collective)."""
+        """Save a snapshot of the current step now (a collective). With ``snapshot_async``
+        this returns once the state is copied to host memory; the write goes on behind."""
         state = self.state_dict()
-        path = self.snapshotter.save(self.step, state, meta={"epoch": self.epoch})
+        meta = {"epoch": self.epoch}
+        if self.config.snapshot_async:
+            self.snapshotter.save_async(self.step, state, meta, on_saved=self._saved)
+        else:
+            path = self.snapshotter.save(self.step, state, meta=meta)
+            if path is not None:
+                self._saved(path)
         self._snapshot_step = self.step
         self._snapshot_time = time.monotonic()
-        if path is not None:
-            self.metrics.message(f"snapshot {path}")
         self.metrics.restart_window()
+
+    def _saved(self, where: Path | str) -> None:
+        self.metrics.message(f"snapshot {where}")
 
     def resume(self) -> int | None:
         """Load the latest usable snapshot, if any; returns its step."""
@@ -478,10 +537,12 @@ class Trainer:
     # ------------------------------------------------------------------ lifecycle
 
     def close(self) -> None:
-        """Flush metrics, finish deleting pruned snapshots. The process group stays
-        (``teardown()`` ends it)."""
-        self.metrics.close()
-        self.snapshotter.close()
+        """Finish a background save, flush metrics, finish deleting pruned snapshots.
+        The process group stays (``teardown()`` ends it)."""
+        try:
+            self.snapshotter.close()
+        finally:
+            self.metrics.close(finished=self._completed)
 
     def __enter__(self) -> Trainer:
         return self

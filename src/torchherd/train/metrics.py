@@ -11,10 +11,15 @@ import json
 import math
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any
 
 import torch
+
+from torchherd.train._mirror import RunDirMirror
+from torchherd.train._store import is_url
+from torchherd.train.trackers import Tracker
 
 __all__ = ["MetricsLogger", "PEAK_BF16_FLOPS", "peak_flops", "peak_flops_for"]
 
@@ -72,7 +77,15 @@ class MetricsLogger:
         peak: float | None = None,
         tensorboard: bool = True,
         stream: IO[str] | None = None,
+        trackers: Sequence[Tracker] = (),
     ) -> None:
+        self.mirror: RunDirMirror | None = None
+        if enabled and is_url(str(run_dir)) and not str(run_dir).startswith("file://"):
+            self.mirror = RunDirMirror(str(run_dir))
+            self.mirror.fetch("metrics.jsonl")  # a restarted job continues the same file
+            run_dir = self.mirror.local
+        elif str(run_dir).startswith("file://"):
+            run_dir = str(run_dir)[len("file://") :]
         self.path = Path(run_dir) / "metrics.jsonl"
         self.enabled = enabled
         self.world_size = world_size
@@ -84,6 +97,7 @@ class MetricsLogger:
         self._stream = stream  # None: whatever sys.stdout is when a line is printed
         self._file: IO[str] | None = None
         self._tb: Any = None
+        self.trackers = list(trackers) if enabled else []
         self._window_start = time.perf_counter()
         if enabled:
             self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -121,13 +135,20 @@ class MetricsLogger:
         """Start timing throughput from now (after a resume, an evaluation or a snapshot)."""
         self._window_start = time.perf_counter()
 
-    def log_steps(self, records: list[dict[str, Any]], samples: int, show: bool = True) -> None:
+    def log_steps(
+        self,
+        records: list[dict[str, Any]],
+        samples: int,
+        show: bool = True,
+        now: float | None = None,
+    ) -> None:
         """Append one record per step; the last gets throughput and ETA.
 
         ``samples`` is the number of samples the whole job processed during these steps;
-        ``show`` prints the progress line (at log steps, not at every flush).
+        ``show`` prints the progress line (at log steps, not at every flush); ``now`` is when
+        the last of these steps ended (``time.perf_counter()``, default: now).
         """
-        now = time.perf_counter()
+        now = time.perf_counter() if now is None else now
         elapsed, self._window_start = now - self._window_start, now
         if not self.enabled or not records:
             return
@@ -146,6 +167,8 @@ class MetricsLogger:
             out.write(json.dumps(record) + "\n")
             self._scalars(record)
         out.flush()
+        if self.mirror is not None:
+            self.mirror.upload()
         if show:
             self._print(self._progress_line(last))
 
@@ -171,11 +194,23 @@ class MetricsLogger:
         stream.flush()
 
     def _scalars(self, record: dict[str, Any]) -> None:
-        if self._tb is None:
+        if self._tb is None and not self.trackers:
             return
-        for key, value in record.items():
-            if key not in ("step", "epoch") and isinstance(value, int | float):
+        values = {
+            key: value
+            for key, value in record.items()
+            if key not in ("step", "epoch") and isinstance(value, int | float)
+        }
+        if self._tb is not None:
+            for key, value in values.items():
                 self._tb.add_scalar(key, value, record["step"])
+        for tracker in self.trackers:
+            tracker.log(record["step"], values)
+
+    def summary(self, values: dict[str, Any]) -> None:
+        """Give the trackers the run's final results (loss, steps, evaluation)."""
+        for tracker in self.trackers:
+            tracker.summary(values)
 
     def _progress_line(self, record: dict[str, Any]) -> str:
         total = f"/{self.total_steps}" if self.total_steps else ""
@@ -195,11 +230,17 @@ class MetricsLogger:
             parts.append(f"eta {_duration(record['eta_s'])}")
         return " | ".join(parts)
 
-    def close(self) -> None:
-        """Flush and close the files; safe to call twice."""
+    def close(self, finished: bool = True) -> None:
+        """Flush and close the files, end the trackers' runs (``finished``: training reached
+        its end; otherwise a restart resumes them); safe to call twice."""
+        trackers, self.trackers = self.trackers, []
+        for tracker in trackers:
+            tracker.close(finished)
         if self._file is not None:
             self._file.close()
             self._file = None
         if self._tb is not None:
             self._tb.close()
             self._tb = None
+        if self.mirror is not None:
+            self.mirror.upload(force=True)

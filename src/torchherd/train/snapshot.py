@@ -6,10 +6,17 @@ Layout of a snapshot directory::
     step-N/state.pt        torch.save of the state (loaded back with weights_only=True)
     step-N/manifest.json   format, step, and the size and SHA-256 digests of every file
 
-A save writes ``.tmp-step-N-*``, fsyncs every file and the folder, renames it to ``step-N``,
-then moves ``latest``. A crash at any point leaves the previous snapshot named by ``latest``.
-A load verifies the manifest before unpickling and refuses anything but tensors and plain
-data; a damaged or unsafe snapshot is reported and the one before it is used.
+The directory is a path or any fsspec URL (``s3://bucket/prefix``); ``_store.py`` says how
+each kind is committed so that a snapshot is complete or absent. A crash at any point leaves
+the previous snapshot named by ``latest``. A load verifies sizes and SHA-256 digests against
+the manifest before unpickling and refuses anything but tensors and plain data; a damaged or
+unsafe snapshot is reported and the one before it is used.
+
+``save`` writes before it returns. ``save_async`` stalls the caller only while the state is
+copied to host memory; serialising, hashing, writing and committing run on a background
+thread, one save at a time (the next save, ``wait`` and ``close`` wait for it). A save still
+running when the process gets SIGTERM is finished before the signal takes effect, and a
+normal exit waits for it too.
 
 With ``scope="shared"`` the directory is on a filesystem every node sees, and global rank 0
 writes it once. With ``scope="node"`` each node keeps its own copy on a local disk, written by
@@ -23,25 +30,20 @@ import json
 import logging
 import os
 import pickle
-import re
+import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from types import FrameType
 from typing import IO, Any, Literal, cast
 
 import torch
 import torch.distributed as dist
 
-from torchherd.train._files import (
-    digest_of,
-    fsync_dir,
-    remove_tree,
-    replace_text,
-    write_durably,
-    write_small,
-)
+from torchherd.train._staging import HostStager
+from torchherd.train._store import STEP_DIR, is_url, open_store
 from torchherd.train.dist import Context, current_context
 from torchherd.train.errors import SnapshotCorrupt, SnapshotError
 
@@ -51,17 +53,15 @@ log = logging.getLogger("torchherd.train")
 
 Scope = Literal["shared", "node"]
 FORMAT = 1
-LATEST = "latest"
-MANIFEST = "manifest.json"
 STATE_FILE = "state.pt"
-_STEP_DIR = re.compile(r"^step-(\d+)$")
+_STEP_DIR = STEP_DIR
 
 
 @dataclass(frozen=True, slots=True)
 class SnapshotProblem:
     """One snapshot that could not be used, and why (shown to people, kept for callers)."""
 
-    path: Path
+    path: Path | str
     reason: str
 
     def __str__(self) -> str:
@@ -84,13 +84,29 @@ class Snapshotter:
             )
         if scope not in ("shared", "node"):
             raise SnapshotError(f"unknown snapshot scope {scope!r}", "use 'shared' or 'node'")
-        self.directory = Path(directory)
+        if (
+            scope == "node"
+            and is_url(os.fspath(directory))
+            and not str(directory).startswith("file://")
+        ):
+            raise SnapshotError(
+                f"scope='node' keeps one copy per node on local disks; {directory} is remote",
+                remedy="use scope='shared' for a URL (every node reaches it), or a local path",
+            )
+        self.store = open_store(directory)
+        self.directory: Path | str = (
+            Path(self.store.location) if not self.store.remote else self.store.location
+        )
         self.keep = keep
         self.scope: Scope = scope
         self.ctx = ctx if ctx is not None else current_context()
         self.problems: list[SnapshotProblem] = []
         """Snapshots the last ``load_latest`` had to skip, newest first."""
         self._deleting: list[threading.Thread] = []
+        self._stager = HostStager()
+        self._in_flight: threading.Thread | None = None
+        self._failure: BaseException | None = None
+        self._sigterm_before: Any = None
 
     # ----------------------------------------------------------------------------- saving
 
@@ -99,8 +115,9 @@ class Snapshotter:
         """True on the rank that writes this directory: global rank 0, or local rank 0 per node."""
         return self.ctx.is_main if self.scope == "shared" else self.ctx.is_local_main
 
-    def save(self, step: int, state: Any, meta: dict[str, Any] | None = None) -> Path | None:
-        """Write ``state`` as snapshot ``step`` (on writer ranks; others return None at once).
+    def save(self, step: int, state: Any, meta: dict[str, Any] | None = None) -> Path | str | None:
+        """Write ``state`` as snapshot ``step`` before returning (on writer ranks; others
+        return None at once). Returns where it went.
 
         ``state`` may hold tensors, numbers, strings, None, and lists/tuples/dicts of them:
         what ``torch.load(weights_only=True)`` accepts. ``meta`` (JSON-able) goes to the manifest.
@@ -109,48 +126,140 @@ class Snapshotter:
             raise SnapshotError(f"snapshot step must be >= 0, got {step}")
         if not self.is_writer:
             return None
-        self.directory.mkdir(parents=True, exist_ok=True)
-        self._remove_leftovers()
-        name = f"step-{step}"
-        tmp = self.directory / f".tmp-{name}-{os.getpid()}"
-        tmp.mkdir()
-        started = time.perf_counter()
-        with _without_crc32():
-            digest = write_durably(
-                tmp / STATE_FILE, lambda f: torch.save(state, cast(IO[bytes], f))
-            )
-        manifest = {
-            "format": FORMAT,
-            "step": step,
-            "created_unix": time.time(),
-            "world_size": self.ctx.world_size,
-            "torch": torch.__version__,
-            "files": {STATE_FILE: digest.to_json()},
-            "meta": meta or {},
-        }
-        write_small(tmp / MANIFEST, json.dumps(manifest, indent=1).encode())
-        fsync_dir(tmp)
-        final = self.directory / name
-        if final.exists():  # the same step saved again (a rerun): the newer copy wins
-            remove_tree(final)
-        os.rename(tmp, final)
-        fsync_dir(self.directory)
-        replace_text(self.directory / LATEST, name + "\n")
-        self._prune(keep_name=name)
-        log.debug("saved %s (%d bytes) in %.2fs", final, digest.size, time.perf_counter() - started)
-        return final
+        self.wait()
+        return self._commit(step, state, meta)
 
-    def _remove_leftovers(self) -> None:
-        # Temporary folders are left only by a save or a prune that was killed, or are being
-        # deleted by this process's prune threads; this process is the directory's only
-        # writer, so none of them can belong to a save in progress.
-        for entry in self.directory.iterdir():
-            if entry.name.startswith(".tmp-") and entry.is_dir():
-                if entry.name.startswith(".tmp-delete-") and self._deleting:
-                    continue  # probably one of ours, still being deleted
-                self._forget(remove_tree(entry, background=True))
-            elif entry.name.startswith(".tmp-"):
-                entry.unlink(missing_ok=True)
+    def save_async(
+        self,
+        step: int,
+        state: Any,
+        meta: dict[str, Any] | None = None,
+        on_saved: Callable[[Path | str], None] | None = None,
+    ) -> bool:
+        """Copy ``state`` to host memory and write it as snapshot ``step`` in the background.
+
+        Returns once the copy is made (True), or at once on ranks that do not write (False).
+        A save still in flight is waited for first. ``on_saved(location)`` runs on the
+        background thread once the snapshot is committed. A failure of the background write
+        is raised by the next ``save``/``save_async``/``wait``/``close``.
+        """
+        if step < 0:
+            raise SnapshotError(f"snapshot step must be >= 0, got {step}")
+        if not self.is_writer:
+            return False
+        self.wait()
+        staged = self._stager.stage(state)
+        self._finish_on_sigterm()
+        thread = threading.Thread(
+            target=self._commit_in_background,
+            args=(step, staged, meta, on_saved),
+            name=f"snapshot-step-{step}",
+            daemon=False,  # a normal exit waits for the save to be committed
+        )
+        self._in_flight = thread
+        thread.start()
+        return True
+
+    @property
+    def saving(self) -> bool:
+        """True while a background save is running."""
+        return self._in_flight is not None and self._in_flight.is_alive()
+
+    def wait(self) -> None:
+        """Wait for the background save, if any; raise its error if it failed."""
+        thread, self._in_flight = self._in_flight, None
+        if thread is not None:
+            thread.join()
+        failure, self._failure = self._failure, None
+        if failure is not None:
+            if isinstance(failure, SnapshotError):
+                raise failure
+            raise SnapshotError(
+                f"a background snapshot save to {self.directory} failed: "
+                f"{failure.__class__.__name__}: {failure}",
+                remedy="check the storage (space, permissions, credentials); "
+                "the previous snapshot is intact",
+            ) from failure
+
+    def _commit_in_background(
+        self,
+        step: int,
+        state: Any,
+        meta: dict[str, Any] | None,
+        on_saved: Callable[[Path | str], None] | None,
+    ) -> None:
+        try:
+            where = self._commit(step, state, meta)
+            if on_saved is not None:
+                on_saved(where)
+        except BaseException as exc:  # noqa: BLE001 - handed to the training thread
+            self._failure = exc
+
+    def _commit(self, step: int, state: Any, meta: dict[str, Any] | None) -> Path | str:
+        self._forget_many(self.store.remove_leftovers(busy=bool(self._alive_deletions())))
+        name = f"step-{step}"
+        started = time.perf_counter()
+
+        def manifest(digest: Any) -> bytes:
+            return json.dumps(
+                {
+                    "format": FORMAT,
+                    "step": step,
+                    "created_unix": time.time(),
+                    "world_size": self.ctx.world_size,
+                    "torch": torch.__version__,
+                    "files": {STATE_FILE: digest.to_json()},
+                    "meta": meta or {},
+                },
+                indent=1,
+            ).encode()
+
+        with _without_crc32():
+            digest = self.store.write(
+                name, STATE_FILE, lambda f: torch.save(state, cast(IO[bytes], f)), manifest
+            )
+        self.store.set_latest(name)
+        self._prune(keep_name=name)
+        where = self._location(name)
+        log.debug("saved %s (%d bytes) in %.2fs", where, digest.size, time.perf_counter() - started)
+        return where
+
+    def _location(self, name: str) -> Path | str:
+        if isinstance(self.directory, Path):
+            return self.directory / name
+        return f"{self.directory}/{name}"
+
+    def _finish_on_sigterm(self) -> None:
+        # SIGTERM (torchrun's and herd's stop) would end the process mid-write; finish the
+        # save first, then let the signal do what it did before. Only the main thread may
+        # install handlers; elsewhere a normal exit still waits (the thread is not a daemon).
+        if (
+            self._sigterm_before is not None
+            or threading.current_thread() is not threading.main_thread()
+        ):
+            return
+        self._sigterm_before = signal.getsignal(signal.SIGTERM)
+        signal.signal(signal.SIGTERM, self._on_sigterm)
+
+    def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
+        if self.saving:
+            log.warning("SIGTERM: finishing the snapshot being written first")
+            thread = self._in_flight
+            if thread is not None:
+                thread.join()
+        before, self._sigterm_before = self._sigterm_before, None
+        signal.signal(signal.SIGTERM, before if before is not None else signal.SIG_DFL)
+        if callable(before):
+            before(signum, frame)
+        elif before != signal.SIG_IGN:
+            os.kill(os.getpid(), signum)
+
+    def _restore_sigterm(self) -> None:
+        if self._sigterm_before is None:
+            return
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, self._sigterm_before)
+            self._sigterm_before = None
 
     def _prune(self, keep_name: str) -> None:
         if self.keep is None:
@@ -158,39 +267,46 @@ class Snapshotter:
         steps = self.steps()
         for step in steps[self.keep :]:
             if f"step-{step}" != keep_name:
-                self._forget(remove_tree(self.directory / f"step-{step}", background=True))
+                self._forget(self.store.remove(f"step-{step}", background=True))
+
+    def _alive_deletions(self) -> list[threading.Thread]:
+        self._deleting = [t for t in self._deleting if t.is_alive()]
+        return self._deleting
 
     def _forget(self, thread: threading.Thread | None) -> None:
-        self._deleting = [t for t in self._deleting if t.is_alive()]
+        self._alive_deletions()
         if thread is not None:
             self._deleting.append(thread)
 
+    def _forget_many(self, threads: list[threading.Thread]) -> None:
+        for thread in threads:
+            self._forget(thread)
+
     def close(self) -> None:
-        """Wait until pruned snapshots are deleted (they are removed on background threads)."""
-        for thread in self._deleting:
-            thread.join()
-        self._deleting = []
+        """Wait for a background save, and until pruned snapshots are deleted."""
+        try:
+            self.wait()
+        finally:
+            for thread in list(self._deleting):
+                thread.join()
+            self._deleting = []
+            self._restore_sigterm()
 
     # ----------------------------------------------------------------------------- loading
 
     def steps(self) -> list[int]:
-        """Steps of the ``step-N`` folders present (complete by construction), newest first."""
-        if not self.directory.is_dir():
-            return []
+        """Steps of the complete ``step-N`` snapshots present, newest first."""
         found = []
-        for entry in self.directory.iterdir():
-            match = _STEP_DIR.match(entry.name)
-            if match and entry.is_dir():
+        for name in self.store.names():
+            match = _STEP_DIR.match(name)
+            if match:
                 found.append(int(match.group(1)))
         return sorted(found, reverse=True)
 
     def latest_step(self) -> int | None:
         """The step ``latest`` names, or None when there is no readable pointer."""
-        try:
-            text = (self.directory / LATEST).read_text(encoding="utf-8").strip()
-        except (FileNotFoundError, NotADirectoryError, UnicodeDecodeError):
-            return None
-        match = _STEP_DIR.match(text)
+        text = self.store.read_latest()
+        match = _STEP_DIR.match(text.strip()) if text is not None else None
         return int(match.group(1)) if match else None
 
     def _candidates(self) -> list[int]:
@@ -204,9 +320,9 @@ class Snapshotter:
 
     def verify(self, step: int) -> str | None:
         """Check snapshot ``step`` against its manifest; return why it is unusable, or None."""
-        folder = self.directory / f"step-{step}"
+        name = f"step-{step}"
         try:
-            manifest = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))
+            manifest = json.loads(self.store.read_manifest(name).decode("utf-8"))
             files = manifest["files"]
             header = (manifest.get("format"), manifest.get("step"))
             if header != (FORMAT, step):
@@ -217,28 +333,28 @@ class Snapshotter:
             return f"manifest.json is unreadable ({exc.__class__.__name__}: {exc})"
         if not isinstance(files, dict) or STATE_FILE not in files:
             return f"manifest does not list {STATE_FILE}"
-        for name, expected in files.items():
+        for file, expected in files.items():
             try:
                 size = int(expected["bytes"])
-                digest = digest_of(folder / name, int(expected["chunk_bytes"]))
+                digest = self.store.digest(name, file, int(expected["chunk_bytes"]))
             except FileNotFoundError:
-                return f"{name} is missing"
+                return f"{file} is missing"
             except (KeyError, TypeError, ValueError):
-                return f"manifest entry for {name} is malformed"
+                return f"manifest entry for {file} is malformed"
             if digest.size != size:
                 hint = " (truncated)" if digest.size < size else ""
-                return f"{name} is {digest.size} bytes, manifest says {size}{hint}"
+                return f"{file} is {digest.size} bytes, manifest says {size}{hint}"
             if list(digest.sha256_chunks) != expected.get("sha256_chunks"):
-                return f"{name} fails its SHA-256 check (flipped or overwritten bytes)"
+                return f"{file} fails its SHA-256 check (flipped or overwritten bytes)"
         return None
 
     def _read(self, step: int) -> tuple[Any, str | None]:
         reason = self.verify(step)
         if reason is not None:
             return None, reason
-        path = self.directory / f"step-{step}" / STATE_FILE
         try:
-            return torch.load(path, map_location="cpu", weights_only=True), None
+            source = self.store.source(f"step-{step}", STATE_FILE)
+            return torch.load(source, map_location="cpu", weights_only=True), None
         except pickle.UnpicklingError as exc:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
             return None, (
@@ -256,15 +372,16 @@ class Snapshotter:
         Collective when a process group exists: every rank must call it, and all get one step.
         """
         self.problems = []
+        self.wait()
         candidates = self._agree_on_candidates(self._candidates())
         for step in candidates:
             state, reason = self._read(step)
             if self._all_ranks_ok(reason is None):
                 if self.problems and self._reports():
-                    log.warning("resuming from %s instead", self.directory / f"step-{step}")
+                    log.warning("resuming from %s instead", self._location(f"step-{step}"))
                 return step, state
             problem = SnapshotProblem(
-                self.directory / f"step-{step}", reason or "unreadable on another rank"
+                self._location(f"step-{step}"), reason or "unreadable on another rank"
             )
             self.problems.append(problem)
             if self._reports():

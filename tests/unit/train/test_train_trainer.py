@@ -221,3 +221,16 @@ def test_tensorboard_events_when_installed(tmp_path: Path) -> None:
     pytest.importorskip("tensorboard")
     fit(tmp_path, max_steps=2, snapshot_every=0)
     assert list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
+
+
+@pytest.mark.parametrize("background", [True, False])
+def test_snapshots_written_in_background_or_not_resume_the_same(
+    tmp_path: Path, background: bool
+) -> None:
+    straight = fit(tmp_path / "a", max_steps=6, snapshot_async=background)
+    fit(tmp_path / "b", max_steps=4, snapshot_async=background)
+    resumed = fit(tmp_path / "b", max_steps=6, snapshot_async=background)
+    assert resumed.resumed_from == 4
+    assert Snapshotter(tmp_path / "b" / "snapshots").steps()[0] == 6
+    a, b = weights(straight), weights(resumed)
+    assert all(torch.equal(a[k], b[k]) for k in a)

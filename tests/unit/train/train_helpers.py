@@ -22,8 +22,9 @@ SRC = REPO / "src"
 JOBS = Path(__file__).resolve().parent / "jobs"
 EXAMPLES = REPO / "examples"
 
-if str(SRC) not in sys.path:
-    sys.path.insert(0, str(SRC))
+for _path in (SRC, REPO):  # REPO: shared test helpers (tests.s3server)
+    if str(_path) not in sys.path:
+        sys.path.insert(0, str(_path))
 
 
 def subprocess_env() -> dict[str, str]:
