@@ -4,10 +4,9 @@ which the testbed sets up on purpose)."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
-import shutil
-import site
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -21,7 +20,6 @@ from tests.testbed import Testbed
 from torchherd.cli import main
 
 SRC = Path(torchherd.__file__).resolve().parents[1]
-PROJECT = SRC.parent
 
 
 def doctor(
@@ -112,15 +110,32 @@ def test_missing_working_directory(
         assert "herd sync" in workdir["remedy"]
 
 
-def _venv_without_torch(root: Path) -> Path:
-    """A real venv (no system site-packages: no torch) where torchherd is importable."""
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root)], check=True)
+def _venv_running_this_torchherd(
+    root: Path, *, system_site_packages: bool, version: str | None = None
+) -> Path:
+    """A real venv over this interpreter where this source tree's torchherd is importable.
+
+    torchherd is installed the way pip lays out any installed distribution (a .pth naming the
+    source, a dist-info whose METADATA carries the version) without building anything: a build
+    would need setuptools' `wheel` support, which a stock base interpreter lacks. ``version``
+    gives the installed distribution another version than this one's.
+    """
+    flags = ["--system-site-packages"] if system_site_packages else []
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", *flags, str(root)], check=True)
     packages = next(root.glob("lib/python3*/site-packages"))
     (packages / "torchherd-src.pth").write_text(str(SRC) + "\n")
-    for folder in site.getsitepackages():
-        for info in Path(folder).glob("torchherd-*.dist-info"):
-            shutil.copytree(info, packages / info.name)  # the installed torchherd's metadata
-    python = root / "bin" / "python"
+    version = version or importlib.metadata.version("torchherd")
+    info = packages / f"torchherd-{version}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: torchherd\nVersion: {version}\n")
+    (info / "INSTALLER").write_text("test\n")
+    (info / "RECORD").write_text("")
+    return root / "bin" / "python"
+
+
+def _venv_without_torch(root: Path) -> Path:
+    """A real venv (no system site-packages: no torch) where torchherd is importable."""
+    python = _venv_running_this_torchherd(root, system_site_packages=False)
     probe = subprocess.run(
         [str(python), "-c", "import torchherd, importlib.util as u; print(u.find_spec('torch'))"],
         capture_output=True,
@@ -155,12 +170,15 @@ def test_node_whose_python_has_no_torch(
 def test_node_whose_python_has_neither_torchherd_nor_torch(
     capsys: pytest.CaptureFixture[str], testbed: Testbed, tmp_path: Path
 ) -> None:
-    bare = "/usr/bin/python3"  # Debian's own python: no torch, no torchherd
-    if (
-        not Path(bare).exists()
-        or subprocess.run([bare, "-c", "import torch"], capture_output=True).returncode == 0
-    ):
-        pytest.skip(f"{bare} is missing or has torch here")
+    # A bare venv (no system site-packages) rather than the system's python3: that one may
+    # well have torch, and this fault must be built wherever the suite runs.
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "bare")], check=True
+    )
+    bare = str(tmp_path / "bare" / "bin" / "python")
+    check = "import importlib.util as u; print(u.find_spec('torch'), u.find_spec('torchherd'))"
+    found = subprocess.run([bare, "-c", check], capture_output=True, text=True)
+    assert found.stdout.split() == ["None", "None"], (found.stdout, found.stderr)
     path = testbed.write_cluster_file(
         tmp_path / "herd.toml",
         connect_timeout=2,
@@ -178,39 +196,9 @@ def test_node_whose_python_has_neither_torchherd_nor_torch(
 
 @pytest.fixture(scope="module")
 def other_version_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A venv (with the system's torch) where a real build of torchherd 0.1.0.post1 is installed."""
-    root = tmp_path_factory.mktemp("other-version")
-    copy = root / "project"
-    shutil.copytree(
-        SRC / "torchherd", copy / "src" / "torchherd", ignore=shutil.ignore_patterns("__pycache__")
-    )
-    pyproject = (PROJECT / "pyproject.toml").read_text()
-    version = f'version = "{torchherd.__version__}"'
-    assert version in pyproject
-    (copy / "pyproject.toml").write_text(pyproject.replace(version, 'version = "0.1.0.post1"'))
-    (copy / "README.md").write_text("torchherd, built for a test\n")
-    venv = root / "venv"
-    subprocess.run(
-        [sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)],
-        check=True,
-    )
-    python = venv / "bin" / "python"
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "--python",
-            str(python),
-            "install",
-            "-q",
-            "--no-deps",
-            "--no-build-isolation",
-            "--no-index",
-            str(copy),
-        ],
-        check=True,
-    )
+    """A venv (with the system's torch) where torchherd is installed as version 0.1.0.post1."""
+    root = tmp_path_factory.mktemp("other-version") / "venv"
+    python = _venv_running_this_torchherd(root, system_site_packages=True, version="0.1.0.post1")
     answer = subprocess.run(
         [str(python), "-c", "import importlib.metadata as m; print(m.version('torchherd'))"],
         capture_output=True,
