@@ -67,6 +67,7 @@ async def probe_all(
     transport: Transport,
     *,
     workdir: str | None = None,
+    entry: dict[str, str] | None = None,
     port_on_first: int | None = None,
     full: bool = False,
     timeout: float = 60,
@@ -77,6 +78,8 @@ async def probe_all(
         request: dict[str, object] = {"full": full}
         if workdir:
             request["workdir"] = workdir
+        if entry:
+            request["entry"] = entry  # is the job's script or module there (checked from workdir)
         if node is cluster.rendezvous_node and port_on_first is not None:
             request["port"] = port_on_first
         python = cluster.python_for(node)
@@ -162,6 +165,7 @@ async def prepare(
         cluster,
         transport,
         workdir=cluster.workdir,
+        entry=job.entry_request(),
         port_on_first=cluster.rdzv_port or 0,
     )
     problems = fast_preflight(cluster, facts)

@@ -46,6 +46,12 @@ class JobSpec:
     grace: float = 10.0
     """Seconds workers get to exit after SIGTERM before SIGKILL."""
 
+    def entry_request(self) -> dict[str, str] | None:
+        """What the probe looks for on every node before a launch: the script or the module."""
+        if not self.entry:
+            return None
+        return {"module" if self.module else "script": self.entry[0]}
+
 
 def new_job_id() -> str:
     return time.strftime("%m%d-%H%M%S") + "-" + random_secrets.token_hex(2)

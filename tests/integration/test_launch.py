@@ -108,6 +108,34 @@ def test_different_nproc_per_node(testbed: Testbed, tmp_path: Path) -> None:
     assert sorted(f["host"] for f in found.values()) == ["node1", "node1", "node3"]
 
 
+def test_script_or_module_missing_on_the_nodes_is_refused_before_launch(
+    testbed: Testbed, tmp_path: Path
+) -> None:
+    elsewhere = tmp_path / "not-the-project"
+    elsewhere.mkdir()
+    (elsewhere / "local_module.py").write_text("print('RAN local_module')\n")
+    path = testbed.write_cluster_file(
+        tmp_path / "herd.toml", nodes=["node1", "node2"], workdir=str(elsewhere)
+    )
+    home = tmp_path / "home"
+    # allreduce.py is in the launcher's current directory, not in the nodes' workdir.
+    run = herd(["launch", "-c", str(path), "allreduce.py"], home, SCRIPTS)
+    assert run.returncode == 3, run.stdout + run.stderr
+    for node in ("node1", "node2"):
+        assert f"{node}: script allreduce.py not found in {elsewhere}" in run.stderr, run.stderr
+    assert "fix: `herd sync`" in run.stderr and "workdir" in run.stderr
+    assert "RESULT" not in run.stdout and not (home / "jobs").exists()  # nothing was started
+
+    run = herd(["launch", "-c", str(path), "-m", "no_such_module.train"], home, SCRIPTS)
+    assert run.returncode == 3, run.stdout + run.stderr
+    assert "node2: module no_such_module.train is not importable by" in run.stderr, run.stderr
+
+    # A module in the workdir is found from there, as `python -m` in the workdir finds it.
+    run = herd(["launch", "-c", str(path), "-m", "local_module"], home, SCRIPTS)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "RAN local_module" in run.stdout
+
+
 def test_failing_rank_is_named_and_other_nodes_stop(testbed: Testbed, tmp_path: Path) -> None:
     path = cluster(
         testbed, tmp_path, [{"host": "node1", "nproc": 2}, {"host": "node2", "nproc": 1}]
