@@ -768,6 +768,13 @@ class Testbed:
                 found.append(int(entry))
         return sorted(found)
 
+    def node_processes(self, node: str | int | TestNode) -> list[int]:
+        """Pids running inside the node other than its sshd listener and what this testbed
+        started there itself (ns_popen): everything an ssh login (herd) left running there."""
+        n = self.node(node)
+        ours = {self._sshd[n.name].pid} | {p.pid for p in self._popens if p.poll() is None}
+        return sorted(pid for pid in _pids_in_netns(n.ns) if pid not in ours)
+
     # ---- faults ----------------------------------------------------------------------------
 
     def _veth(self, node: TestNode) -> str:

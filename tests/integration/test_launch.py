@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.herd_cli import herd
+from tests.integration.procs import ProcessWatch, assert_all_stopped, wait_for
 from tests.testbed import Testbed
 
 SCRIPTS = Path(__file__).parent / "scripts"
@@ -278,30 +279,29 @@ def test_ctrl_c_while_connecting_leaves_no_ssh_behind(
     testbed = clean_faults
     testbed.partition("node2")  # its connection attempt hangs until ConnectTimeout (20 s)
     path = cluster(testbed, tmp_path, ["node1", "node2"], connect_timeout=20)
-    process = subprocess.Popen(
-        [sys.executable, "-m", "torchherd", "launch", "-c", str(path), "allreduce.py"],
-        cwd=SCRIPTS,
-        env=dict(os.environ, HERD_HOME=str(tmp_path / "home")),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    time.sleep(2)
-    process.send_signal(signal.SIGINT)
-    try:
-        err = process.communicate(timeout=5)[1]
-    finally:
-        if process.poll() is None:
-            process.kill()
-    assert process.returncode == 130, err
-    assert "nothing was started" in err
-    config = str(path.parent / "herd.toml")
-    ours = []
-    for entry in os.listdir("/proc"):
+    with ProcessWatch(testbed) as watch:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "torchherd", "launch", "-c", str(path), "allreduce.py"],
+            cwd=SCRIPTS,
+            env=dict(os.environ, HERD_HOME=str(tmp_path / "home")),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         try:
-            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if entry.isdigit() and str(testbed.ssh_config).encode() in cmdline and b"node2" in cmdline:
-            ours.append(entry)
-    assert not ours, f"ssh processes left behind: {ours} ({config})"
+            # Interrupt only once herd is connecting to both nodes (its ssh clients exist):
+            # before that there is nothing to clean up, and the test would prove nothing.
+            wait_for(
+                lambda: watch.ssh_to("node1") and watch.ssh_to("node2"),
+                timeout=60,
+                what="herd's ssh clients to node1 and node2",
+            )
+            process.send_signal(signal.SIGINT)
+            err = process.communicate(timeout=10)[1]
+        finally:
+            if process.poll() is None:
+                process.kill()
+        assert process.returncode == 130, err
+        assert "nothing was started" in err
+        assert_all_stopped(watch, ["node1", "node2"])
+    assert watch.control_dirs, "herd's ssh clients were never seen"
