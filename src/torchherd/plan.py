@@ -25,6 +25,8 @@ from .redact import MASK, redact_env
 from .spec import ClusterSpec, NodeSpec
 
 IFNAME_VARS = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
+ACCELERATE_CPU = "ACCELERATE_USE_CPU"
+"""Set on nodes without a GPU (unless the user set it), so Accelerate scripts run distributed."""
 
 
 @dataclass(frozen=True)
@@ -228,7 +230,8 @@ def rendezvous_id(job: JobSpec) -> str:
 
 
 def _worker_env(cluster: ClusterSpec, facts: NodeFacts, nproc: int, job: JobSpec) -> dict[str, str]:
-    """The cluster's env plus a fair share of CPU threads per worker.
+    """The cluster's env plus a fair share of CPU threads per worker, and on a node without a
+    GPU the switch that makes Accelerate scripts distributed.
 
     torchrun sets OMP_NUM_THREADS=1 (with a warning) when several workers share a node, which
     starves CPU workers; the node's cores divided among its workers is as safe and faster.
@@ -238,6 +241,12 @@ def _worker_env(cluster: ClusterSpec, facts: NodeFacts, nproc: int, job: JobSpec
     env["HERD_ATTEMPT"] = str(job.attempt)
     if "OMP_NUM_THREADS" not in env and "OMP_NUM_THREADS" not in facts.env:
         env["OMP_NUM_THREADS"] = str(max(1, facts.cpu_count // nproc))
+    if facts.gpu_count == 0 and ACCELERATE_CPU not in env and ACCELERATE_CPU not in facts.env:
+        # Accelerate (and the HF Trainer through it) treats a torchrun environment as one
+        # distributed job on CPUs only with this set, as its own `accelerate launch --cpu` does;
+        # without it every worker trains alone, silently. (An env_file value still wins: the
+        # agent applies secrets last.)
+        env[ACCELERATE_CPU] = "1"
     return env
 
 

@@ -55,6 +55,7 @@ def collect(request: dict[str, Any]) -> dict[str, Any]:
                 "GLOO_SOCKET_IFNAME",
                 "CUDA_VISIBLE_DEVICES",
                 "OMP_NUM_THREADS",
+                "ACCELERATE_USE_CPU",
             )
             if key in os.environ
         },
