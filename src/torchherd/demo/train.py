@@ -16,6 +16,8 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+from torchherd.train.dist import teardown
+
 
 def main(steps: int = 300, batch: int = 64) -> None:
     distributed = "RANK" in os.environ
@@ -65,8 +67,10 @@ def main(steps: int = 300, batch: int = 64) -> None:
                 },
                 handle,
             )
-    if distributed:
-        dist.destroy_process_group()
+    # A barrier before leaving the group: a rank that destroys it while a peer's Gloo thread
+    # still finishes the last all-reduce can abort at exit (SIGABRT, "terminate called without
+    # an active exception"). torchherd.train.teardown does exactly this.
+    teardown()
 
 
 if __name__ == "__main__":
