@@ -51,13 +51,18 @@ def assert_nothing_left(testbed: Testbed, home: Path) -> None:
 
 
 def start_sleeping_job(
-    path: Path, home: Path, ranks: int, **popen: object
+    path: Path,
+    home: Path,
+    ranks: int,
+    herd_args: tuple[str, ...] = (),
+    script_args: tuple[str, ...] = (),
+    **popen: object,
 ) -> subprocess.Popen[str]:
     """Launch allreduce.py --sleep 300 and return once all ``ranks`` ranks are asleep."""
     env = dict(os.environ, HERD_HOME=str(home), PYTHONUNBUFFERED="1")
-    command = [sys.executable, "-m", "torchherd", "launch", "-c", str(path), "allreduce.py"]
+    command = [sys.executable, "-m", "torchherd", "launch", "-c", str(path), *herd_args]
     process = subprocess.Popen(
-        [*command, "--sleep", "300"],
+        [*command, "allreduce.py", "--sleep", "300", *script_args],
         cwd=SCRIPTS,
         env=env,
         stdout=subprocess.PIPE,
@@ -157,23 +162,38 @@ def test_failing_rank_is_named_and_other_nodes_stop(testbed: Testbed, tmp_path: 
     assert_nothing_left(testbed, tmp_path / "home")
 
 
-def test_sigint_leaves_no_process_of_the_job(testbed: Testbed, tmp_path: Path) -> None:
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_interrupt_stops_everything_within_grace_plus_ten_seconds(
+    testbed: Testbed, tmp_path: Path, sig: signal.Signals
+) -> None:
+    """Workers that ignore SIGTERM: herd must escalate to SIGKILL after --grace, and the
+    README's bound (grace + 10 s) holds; then nothing herd started is left anywhere."""
+    grace = 3
     path = cluster(
-        testbed, tmp_path, [{"host": "node1", "nproc": 2}, {"host": "node2", "nproc": 2}]
+        testbed, tmp_path, [{"host": "node1", "nproc": 2}, {"host": "node2", "nproc": 1}]
     )
     home = tmp_path / "home"
-    process = start_sleeping_job(path, home, 4)
-    try:
-        job_id = next((home / "jobs").iterdir()).name
-        assert len(testbed.processes_with_env("HERD_JOB_ID", job_id)) >= 6  # 2 torchrun + 4 workers
-        process.send_signal(signal.SIGINT)
-        rest = process.communicate(timeout=10 + 10 + 15)[0]
-    finally:
-        if process.poll() is None:
-            process.kill()
-    assert process.returncode == 130, rest
-    assert "interrupted" in rest
-    assert_nothing_left(testbed, home)
+    with ProcessWatch(testbed) as watch:
+        process = start_sleeping_job(
+            path, home, 3, herd_args=("--grace", str(grace)), script_args=("--ignore-sigterm",)
+        )
+        try:
+            job_id = next((home / "jobs").iterdir()).name
+            assert (
+                len(testbed.processes_with_env("HERD_JOB_ID", job_id)) >= 5
+            )  # 2 torchrun, 3 ranks
+            started = time.monotonic()
+            process.send_signal(sig)
+            rest = process.communicate(timeout=grace + 10 + 30)[0]
+            took = time.monotonic() - started
+        finally:
+            if process.poll() is None:
+                process.kill()
+        assert process.returncode == 130, rest
+        assert "interrupted" in rest
+        assert took <= grace + 10, f"took {took:.1f} s to stop (README: grace + 10 s)"
+        assert_all_stopped(watch, ["node1", "node2"])
+    assert not testbed.processes_with_env("HERD_JOB_ID", job_id)
 
 
 def test_launcher_killed_agents_end_the_job(testbed: Testbed, tmp_path: Path) -> None:
