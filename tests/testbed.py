@@ -888,7 +888,7 @@ class Testbed:
             proc.communicate(timeout=5)
         except subprocess.TimeoutExpired:
             proc.kill()
-            proc.communicate()
+            proc.communicate(timeout=10)
 
     def undelay(self, node: str | int | TestNode) -> None:
         n = self.node(node)

@@ -121,7 +121,9 @@ def _venv_running_this_torchherd(
     gives the installed distribution another version than this one's.
     """
     flags = ["--system-site-packages"] if system_site_packages else []
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", *flags, str(root)], check=True)
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--without-pip", *flags, str(root)], check=True, timeout=60
+    )
     packages = next(root.glob("lib/python3*/site-packages"))
     (packages / "torchherd-src.pth").write_text(str(SRC) + "\n")
     version = version or importlib.metadata.version("torchherd")
@@ -140,6 +142,7 @@ def _venv_without_torch(root: Path) -> Path:
         [str(python), "-c", "import torchherd, importlib.util as u; print(u.find_spec('torch'))"],
         capture_output=True,
         text=True,
+        timeout=60,
     )
     assert probe.stdout.strip() == "None", probe.stderr
     return python
@@ -173,11 +176,13 @@ def test_node_whose_python_has_neither_torchherd_nor_torch(
     # A bare venv (no system site-packages) rather than the system's python3: that one may
     # well have torch, and this fault must be built wherever the suite runs.
     subprocess.run(
-        [sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "bare")], check=True
+        [sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "bare")],
+        check=True,
+        timeout=60,
     )
     bare = str(tmp_path / "bare" / "bin" / "python")
     check = "import importlib.util as u; print(u.find_spec('torch'), u.find_spec('torchherd'))"
-    found = subprocess.run([bare, "-c", check], capture_output=True, text=True)
+    found = subprocess.run([bare, "-c", check], capture_output=True, text=True, timeout=60)
     assert found.stdout.split() == ["None", "None"], (found.stdout, found.stderr)
     path = testbed.write_cluster_file(
         tmp_path / "herd.toml",
@@ -203,6 +208,7 @@ def other_version_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
         [str(python), "-c", "import importlib.metadata as m; print(m.version('torchherd'))"],
         capture_output=True,
         text=True,
+        timeout=60,
     )
     assert answer.stdout.strip() == "0.1.0.post1", answer.stderr
     return python

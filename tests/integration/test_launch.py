@@ -7,6 +7,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -72,13 +73,20 @@ def start_sleeping_job(
     )
     sleeping: set[str] = set()
     assert process.stdout is not None
-    for line in process.stdout:
-        if "SLEEPING" in line:
-            sleeping.add(line.split("rank=")[1].split()[0])
-        if len(sleeping) == ranks:
-            return process
+    # Reading lines has no timeout of its own: a job that hangs silently is killed after
+    # 180 s, which ends the output and the loop.
+    watchdog = threading.Timer(180, process.kill)
+    watchdog.start()
+    try:
+        for line in process.stdout:
+            if "SLEEPING" in line:
+                sleeping.add(line.split("rank=")[1].split()[0])
+            if len(sleeping) == ranks:
+                return process
+    finally:
+        watchdog.cancel()
     process.kill()
-    raise AssertionError("the job never reached its sleep")
+    raise AssertionError(f"the job never reached its sleep (ranks asleep: {sorted(sleeping)})")
 
 
 def test_two_nodes_two_workers_allreduce(testbed: Testbed, tmp_path: Path) -> None:

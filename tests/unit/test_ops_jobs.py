@@ -219,7 +219,7 @@ def test_agent_record_and_stop_verb_end_exactly_the_job(tmp_path: Path) -> None:
     finally:
         for process in (*victims, other, agent):
             process.kill()
-            process.wait()
+            process.wait(timeout=10)
 
 
 def test_logs_verb_filters_ranks_and_stops_at_the_exit_event(tmp_path: Path) -> None:
