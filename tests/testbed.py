@@ -332,11 +332,17 @@ class Testbed:
 
     __test__ = False  # not a pytest test class, despite the name
 
-    def __init__(self, nodes: int = 2, *, hosts_loopback: bool = True) -> None:
+    def __init__(
+        self, nodes: int = 2, *, hosts_loopback: bool = True, private_dirs: bool = False
+    ) -> None:
         if not 1 <= nodes <= 99:
             raise ValueError(f"nodes must be between 1 and 99, not {nodes}")
         self._count = nodes
         self.hosts_loopback = hosts_loopback
+        self.private_dirs = private_dirs
+        self.private = Path()
+        """With private_dirs: a path that is a different directory on every node (and another
+        on the launcher), like a home or workdir on separate machines; see ``private_of``."""
         self.tag = _b36(os.getpid(), 5) + "".join(random.choices(_B36, k=3))
         self.nodes: list[TestNode] = []
         self.tmp = Path()
@@ -419,6 +425,11 @@ class Testbed:
             for k in range(1, self._count + 1)
         ]
         self._make_keys()
+        if self.private_dirs:
+            self.private = self.tmp / "private"
+            self.private.mkdir()
+            for node in self.nodes:
+                self.private_of(node).mkdir(parents=True)
         _run(["ip", "link", "add", "name", self.bridge, "type", "bridge"])
         _run(["ip", "addr", "add", f"{bridge_addr}/{self.subnet.prefixlen}", "dev", self.bridge])
         _run(["ip", "link", "set", self.bridge, "up"])
@@ -578,6 +589,11 @@ class Testbed:
     def _start_sshd(self, node: TestNode) -> None:
         sshd = _sshd_binary() or "/usr/sbin/sshd"
         cfg = self.tmp / f"{node.name}_sshd_config"
+        # With private_dirs, the node's own directory is bound over self.private in the mount
+        # namespace `ip netns exec` made for it: only processes of this node see it there.
+        private = (
+            f"mount --bind {self.private_of(node)} {self.private} && " if self.private_dirs else ""
+        )
         log = open(self.tmp / f"{node.name}_sshd.log", "wb")  # noqa: SIM115 - child owns it
         with log:
             # ip netns exec: network namespace + a mount namespace with /etc/netns/<ns>/* bound
@@ -594,7 +610,7 @@ class Testbed:
                     "--",
                     "sh",
                     "-c",
-                    f'hostname {node.name} && exec {sshd} -D -e -f "$0"',
+                    f'hostname {node.name} && {private}exec {sshd} -D -e -f "$0"',
                     str(cfg),
                 ],
                 stdin=subprocess.DEVNULL,
@@ -767,6 +783,10 @@ class Testbed:
             if wanted in environ.split(b"\0"):
                 found.append(int(entry))
         return sorted(found)
+
+    def private_of(self, node: str | int | TestNode) -> Path:
+        """Where, seen from the launcher, the node's own directory at ``self.private`` lives."""
+        return self.tmp / "node-private" / self.node(node).name
 
     def node_processes(self, node: str | int | TestNode) -> list[int]:
         """Pids running inside the node other than its sshd listener and what this testbed
