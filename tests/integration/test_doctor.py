@@ -317,3 +317,58 @@ def test_full_tests_every_pair(capsys: pytest.CaptureFixture[str], cluster_file:
     assert pairs == {(a, b) for a in hosts for b in hosts if a != b}
     measured = {frozenset((x["src"], x["dst"])) for x in report["links"] if x["gbits"]}
     assert len(measured) == 6  # every pair once
+
+
+def test_faults_built_for_real_nic_ifname_slow_link_and_port_in_use(
+    capsys: pytest.CaptureFixture[str], clean_faults: Testbed, tmp_path: Path
+) -> None:
+    """Each fault the unit tests judge on recorded facts, built on the testbed instead: a
+    docker bridge chosen as NCCL's NIC, NCCL_SOCKET_IFNAME naming no NIC, a slow link and the
+    rendezvous port taken by another process."""
+    bed = clean_faults
+    bed.add_nic("node2", "docker0", "172.31.0.1/16")
+    bed.delay("node3", 40)
+    port = 29633
+    listener = bed.ns_popen(
+        "node1",
+        [
+            sys.executable,
+            "-c",
+            "import socket, time\n"
+            f"s = socket.socket(); s.bind(('', {port})); s.listen(); print('ready', flush=True)\n"
+            "time.sleep(300)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert listener.stdout is not None and listener.stdout.readline().strip() == "ready"
+        path = bed.write_cluster_file(
+            tmp_path / "herd.toml",
+            connect_timeout=5,
+            rdzv_port=port,
+            nodes=["node1", {"host": "node2", "iface": "docker0"}, "node3", "node4"],
+        )
+        code, report = doctor(capsys, path)
+        wrong = bed.write_cluster_file(
+            tmp_path / "wrong.toml",
+            connect_timeout=5,
+            nodes=["node1", "node4"],
+            env={"NCCL_SOCKET_IFNAME": "ib0"},
+        )
+        wrong_code, wrong_report = doctor(capsys, wrong)
+    finally:
+        listener.kill()
+        listener.wait(timeout=10)
+    assert code == 3
+    docker = result(report, "nic", "node2")
+    assert docker["status"] == "warn" and "docker0" in docker["summary"], docker
+    assert result(report, "nic", "node4")["status"] == "pass"
+    taken = result(report, "rendezvous", "node1")
+    assert taken["status"] == "fail" and "in use" in taken["summary"], taken
+    rtts = {x["dst"]: x["rtt_ms"] for x in report["links"] if x["rtt_ms"] is not None}
+    assert rtts["node3"] >= 40 > rtts["node4"], rtts  # the slow link is the one measured slow
+    assert wrong_code == 3
+    for node in ("node1", "node4"):
+        nic = result(wrong_report, "nic", node)
+        assert nic["status"] == "fail" and "NCCL_SOCKET_IFNAME=ib0" in nic["summary"], nic
