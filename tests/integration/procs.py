@@ -61,8 +61,12 @@ class ProcessWatch:
     samples: int = 0
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
+    _before: set[int] = field(default_factory=set)
 
     def __enter__(self) -> ProcessWatch:
+        # Only what starts from now on is herd's: older ssh clients (another test's masters
+        # waiting out ControlPersist) are not this run's.
+        self._before = set(all_pids())
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
         return self
@@ -83,7 +87,11 @@ class ProcessWatch:
                 argv = cmdline(pid)
                 if not argv:
                     continue
-                if config in argv.split(b"\0") and pid not in self.ssh_clients:
+                if (
+                    config in argv.split(b"\0")
+                    and pid not in self.ssh_clients
+                    and pid not in self._before
+                ):
                     self.ssh_clients[pid] = (_start_time(pid), argv)
                     for arg in argv.split(b"\0"):
                         match = _CONTROL_PATH.search(arg)
