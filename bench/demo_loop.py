@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import multiprocessing
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -28,32 +29,39 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=50, help="demo runs in a row")
     parser.add_argument("--busy", type=int, default=1, help="busy-loop processes for load")
+    parser.add_argument("--timeout", type=float, default=300, help="seconds before a run is hung")
     args = parser.parse_args()
     loaders = [multiprocessing.Process(target=busy_loop, daemon=True) for _ in range(args.busy)]
     for loader in loaders:
         loader.start()
-    succeeded, failures, times = 0, [], []
+    succeeded, times = 0, []
+    failures: list[tuple[int, int | str, list[str]]] = []
     try:
         with tempfile.TemporaryDirectory(prefix="herd-demo-loop-") as home:
             for run in range(1, args.runs + 1):
                 started = time.monotonic()
-                done = subprocess.run(
+                process = subprocess.Popen(
                     [sys.executable, "-m", "torchherd", "demo"],
                     env=dict(os.environ, HERD_HOME=home),
-                    capture_output=True,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
                     text=True,
-                    timeout=300,
                     stdin=subprocess.DEVNULL,
+                    start_new_session=True,  # a hung run is ended with everything it started
                 )
+                try:
+                    out, _ = process.communicate(timeout=args.timeout)
+                    code: int | str = process.returncode
+                except subprocess.TimeoutExpired:
+                    os.killpg(process.pid, signal.SIGKILL)
+                    out, _ = process.communicate(timeout=30)
+                    code = f"none: hung, killed after {args.timeout:.0f} s"
                 times.append(time.monotonic() - started)
-                if done.returncode == 0 and "What happened" in done.stdout:
+                if code == 0 and "What happened" in out:
                     succeeded += 1
                 else:
-                    tail = (done.stdout + done.stderr).strip().splitlines()[-8:]
-                    failures.append((run, done.returncode, tail))
-                print(
-                    f"run {run}/{args.runs}: exit {done.returncode}, {times[-1]:.1f} s", flush=True
-                )
+                    failures.append((run, code, out.strip().splitlines()[-8:]))
+                print(f"run {run}/{args.runs}: exit {code}, {times[-1]:.1f} s", flush=True)
     finally:
         for loader in loaders:
             loader.terminate()
