@@ -356,7 +356,7 @@ class Testbed:
         self._iptables: str | None = None
         # fault state, so reset_faults()/close() can revert exactly what was done
         self._partitioned: set[str] = set()
-        self._blocked: set[tuple[str, int]] = set()
+        self._blocked: set[tuple[str, int | str]] = set()
         self._delayed: dict[str, subprocess.Popen[str] | None] = {}  # None: netem
         self._nics: dict[str, set[str]] = {}
         self._nic_count = 0
@@ -830,19 +830,23 @@ class Testbed:
                 )
         return self._iptables
 
-    def _block_rule(self, node: TestNode, port: int) -> list[str]:
-        # Only on the bridge NIC: like a host firewall, loopback on the node stays open.
-        return ["INPUT", "-i", node.iface, "-p", "tcp", "--dport", str(port), "-j", "DROP"]
+    def _block_rule(self, node: TestNode, port: int | str) -> list[str]:
+        # Only on the bridge NIC: like a host firewall, loopback on the node stays open. A range
+        # drops only new connections (SYN), as a stateful firewall does: the node's own outgoing
+        # connections use ports of that range too, and their replies must still come in.
+        syn = ["--syn"] if isinstance(port, str) else []
+        return ["INPUT", "-i", node.iface, "-p", "tcp", *syn, "--dport", str(port), "-j", "DROP"]
 
-    def block_port(self, node: str | int | TestNode, port: int) -> None:
-        """Silently DROP incoming TCP to `port` on the node (no RST: peers hang, then time out)."""
+    def block_port(self, node: str | int | TestNode, port: int | str) -> None:
+        """Silently DROP incoming TCP to `port` on the node (no RST: peers hang, then time out).
+        A range is written "LOW:HIGH" (e.g. the kernel's ephemeral ports, "32768:60999")."""
         n = self.node(node)
         if (n.name, port) in self._blocked:
             return
         self._ns_check(n, [self._iptables_bin(), "-w", "5", "-A", *self._block_rule(n, port)])
         self._blocked.add((n.name, port))
 
-    def unblock_port(self, node: str | int | TestNode, port: int) -> None:
+    def unblock_port(self, node: str | int | TestNode, port: int | str) -> None:
         n = self.node(node)
         if (n.name, port) not in self._blocked:
             return
@@ -980,7 +984,7 @@ class Testbed:
         actions: list[tuple[Callable[..., None], tuple[Any, ...]]] = [
             (self.heal, (name,)) for name in sorted(self._partitioned)
         ]
-        actions += [(self.unblock_port, key) for key in sorted(self._blocked)]
+        actions += [(self.unblock_port, key) for key in sorted(self._blocked, key=str)]
         actions += [(self.undelay, (name,)) for name in sorted(self._delayed)]
         actions += [
             (self.remove_nic, (name, nic))

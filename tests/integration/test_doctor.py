@@ -372,3 +372,26 @@ def test_faults_built_for_real_nic_ifname_slow_link_and_port_in_use(
     for node in ("node1", "node4"):
         nic = result(wrong_report, "nic", node)
         assert nic["status"] == "fail" and "NCCL_SOCKET_IFNAME=ib0" in nic["summary"], nic
+
+
+def test_firewalled_ephemeral_ports_are_placed_on_the_receiving_node(
+    capsys: pytest.CaptureFixture[str], clean_faults: Testbed, tmp_path: Path
+) -> None:
+    """node3 drops incoming TCP to the kernel's whole ephemeral range (NCCL/Gloo's data ports),
+    while ssh and the rendezvous port stay open: only the ports check fails, on node3."""
+    low, high = ip_local_port_range(clean_faults, "node3")
+    clean_faults.block_port("node3", f"{low}:{high}")
+    path = clean_faults.write_cluster_file(
+        tmp_path / "herd.toml", connect_timeout=5, nodes=["node1", "node2", "node3"]
+    )
+    code, report = doctor(capsys, path, "--full")
+    assert code == 3
+    ports = statuses(report, "ports")
+    assert ports["node3"] == "fail" and ports["node1"] == ports["node2"] == "pass", ports
+    assert set(statuses(report, "ssh").values()) == {"pass"}
+    assert set(statuses(report, "rendezvous").values()) == {"pass"}
+
+
+def ip_local_port_range(bed: Testbed, node: str) -> tuple[int, int]:
+    out = bed.ns_run(node, ["cat", "/proc/sys/net/ipv4/ip_local_port_range"]).stdout.split()
+    return int(out[0]), int(out[1])
