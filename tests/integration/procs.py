@@ -122,6 +122,8 @@ class ProcessWatch:
         found += [f"launcher: control directory {d}" for d in self.control_dirs if Path(d).exists()]
         for node in nodes:
             for pid in self.testbed.node_processes(node):
+                if pid in self._before:
+                    continue  # not this run's (e.g. sshd still holding an earlier dead link)
                 found.append(f"{node}: {pid}: {_text(cmdline(pid) or b'')}")
         return found
 
