@@ -204,9 +204,9 @@ class SshTransport(Transport):
     def classify_failure(self, node: NodeSpec, returncode: int, stderr: str) -> Unreachable | None:
         return classify_ssh_failure(node.host, returncode, stderr, self.cluster.connect_timeout)
 
-    async def _master_pid(self, host: str) -> int | None:
-        """The pid of this host's master, from `ssh -O check` ("Master running (pid=N)")."""
-        argv = self.base_argv(self.cluster.node(host)) + ["-O", "check", host]
+    async def _control(self, host: str, operation: str) -> str:
+        """``ssh -O OPERATION`` to this host's master; its stderr ("" if it did not answer)."""
+        argv = self.base_argv(self.cluster.node(host)) + ["-O", operation, host]
         process = await asyncio.create_subprocess_exec(
             *argv,
             stdin=asyncio.subprocess.DEVNULL,
@@ -217,29 +217,19 @@ class SshTransport(Transport):
             _, err = await asyncio.wait_for(process.communicate(), 5)
         except TimeoutError:
             process.kill()
-            return None
-        found = re.search(r"pid=(\d+)", err.decode(errors="replace"))
-        return int(found.group(1)) if found else None
+            return ""
+        return err.decode(errors="replace")
 
     async def close(self) -> None:
         """Ask every master to exit, then remove the private control directory."""
 
         async def stop(host: str) -> None:
             # `-O exit` returns once the master agreed to go, not once it is gone; the master
-            # (daemonised by -f, in a session of its own) is waited for by its pid, so nothing
-            # herd started outlives herd.
-            master = await self._master_pid(host)
-            argv = self.base_argv(self.cluster.node(host)) + ["-O", "exit", host]
-            process = await asyncio.create_subprocess_exec(
-                *argv,
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.DEVNULL,
-                stderr=asyncio.subprocess.DEVNULL,
-            )
-            try:
-                await asyncio.wait_for(process.wait(), 5)
-            except TimeoutError:
-                process.kill()
+            # (daemonised by -f, in a session of its own) is waited for by the pid `-O check`
+            # gives ("Master running (pid=N)"), so nothing herd started outlives herd.
+            found = re.search(r"pid=(\d+)", await self._control(host, "check"))
+            await self._control(host, "exit")
+            master = int(found.group(1)) if found else None
             if master is None:
                 return
             for _ in range(40):
