@@ -53,8 +53,14 @@ def main() -> int:
                     out, _ = process.communicate(timeout=args.timeout)
                     code: int | str = process.returncode
                 except subprocess.TimeoutExpired:
-                    os.killpg(process.pid, signal.SIGKILL)
-                    out, _ = process.communicate(timeout=30)
+                    # herd's own teardown first (it stops the job within grace + 10 s), then
+                    # SIGKILL for whatever of herd is left.
+                    process.send_signal(signal.SIGTERM)
+                    try:
+                        out, _ = process.communicate(timeout=30)
+                    except subprocess.TimeoutExpired:
+                        os.killpg(process.pid, signal.SIGKILL)
+                        out, _ = process.communicate(timeout=30)
                     code = f"none: hung, killed after {args.timeout:.0f} s"
                 times.append(time.monotonic() - started)
                 if code == 0 and "What happened" in out:
