@@ -332,11 +332,17 @@ class Testbed:
 
     __test__ = False  # not a pytest test class, despite the name
 
-    def __init__(self, nodes: int = 2, *, hosts_loopback: bool = True) -> None:
+    def __init__(
+        self, nodes: int = 2, *, hosts_loopback: bool = True, private_dirs: bool = False
+    ) -> None:
         if not 1 <= nodes <= 99:
             raise ValueError(f"nodes must be between 1 and 99, not {nodes}")
         self._count = nodes
         self.hosts_loopback = hosts_loopback
+        self.private_dirs = private_dirs
+        self.private = Path()
+        """With private_dirs: a path that is a different directory on every node (and another
+        on the launcher), like a home or workdir on separate machines; see ``private_of``."""
         self.tag = _b36(os.getpid(), 5) + "".join(random.choices(_B36, k=3))
         self.nodes: list[TestNode] = []
         self.tmp = Path()
@@ -350,7 +356,7 @@ class Testbed:
         self._iptables: str | None = None
         # fault state, so reset_faults()/close() can revert exactly what was done
         self._partitioned: set[str] = set()
-        self._blocked: set[tuple[str, int]] = set()
+        self._blocked: set[tuple[str, int | str]] = set()
         self._delayed: dict[str, subprocess.Popen[str] | None] = {}  # None: netem
         self._limited: set[str] = set()
         self._nics: dict[str, set[str]] = {}
@@ -420,6 +426,11 @@ class Testbed:
             for k in range(1, self._count + 1)
         ]
         self._make_keys()
+        if self.private_dirs:
+            self.private = self.tmp / "private"
+            self.private.mkdir()
+            for node in self.nodes:
+                self.private_of(node).mkdir(parents=True)
         _run(["ip", "link", "add", "name", self.bridge, "type", "bridge"])
         _run(["ip", "addr", "add", f"{bridge_addr}/{self.subnet.prefixlen}", "dev", self.bridge])
         _run(["ip", "link", "set", self.bridge, "up"])
@@ -579,6 +590,11 @@ class Testbed:
     def _start_sshd(self, node: TestNode) -> None:
         sshd = _sshd_binary() or "/usr/sbin/sshd"
         cfg = self.tmp / f"{node.name}_sshd_config"
+        # With private_dirs, the node's own directory is bound over self.private in the mount
+        # namespace `ip netns exec` made for it: only processes of this node see it there.
+        private = (
+            f"mount --bind {self.private_of(node)} {self.private} && " if self.private_dirs else ""
+        )
         log = open(self.tmp / f"{node.name}_sshd.log", "wb")  # noqa: SIM115 - child owns it
         with log:
             # ip netns exec: network namespace + a mount namespace with /etc/netns/<ns>/* bound
@@ -595,7 +611,7 @@ class Testbed:
                     "--",
                     "sh",
                     "-c",
-                    f'hostname {node.name} && exec {sshd} -D -e -f "$0"',
+                    f'hostname {node.name} && {private}exec {sshd} -D -e -f "$0"',
                     str(cfg),
                 ],
                 stdin=subprocess.DEVNULL,
@@ -769,6 +785,17 @@ class Testbed:
                 found.append(int(entry))
         return sorted(found)
 
+    def private_of(self, node: str | int | TestNode) -> Path:
+        """Where, seen from the launcher, the node's own directory at ``self.private`` lives."""
+        return self.tmp / "node-private" / self.node(node).name
+
+    def node_processes(self, node: str | int | TestNode) -> list[int]:
+        """Pids running inside the node other than its sshd listener and what this testbed
+        started there itself (ns_popen): everything an ssh login (herd) left running there."""
+        n = self.node(node)
+        ours = {self._sshd[n.name].pid} | {p.pid for p in self._popens if p.poll() is None}
+        return sorted(pid for pid in _pids_in_netns(n.ns) if pid not in ours)
+
     # ---- faults ----------------------------------------------------------------------------
 
     def _veth(self, node: TestNode) -> str:
@@ -804,19 +831,23 @@ class Testbed:
                 )
         return self._iptables
 
-    def _block_rule(self, node: TestNode, port: int) -> list[str]:
-        # Only on the bridge NIC: like a host firewall, loopback on the node stays open.
-        return ["INPUT", "-i", node.iface, "-p", "tcp", "--dport", str(port), "-j", "DROP"]
+    def _block_rule(self, node: TestNode, port: int | str) -> list[str]:
+        # Only on the bridge NIC: like a host firewall, loopback on the node stays open. A range
+        # drops only new connections (SYN), as a stateful firewall does: the node's own outgoing
+        # connections use ports of that range too, and their replies must still come in.
+        syn = ["--syn"] if isinstance(port, str) else []
+        return ["INPUT", "-i", node.iface, "-p", "tcp", *syn, "--dport", str(port), "-j", "DROP"]
 
-    def block_port(self, node: str | int | TestNode, port: int) -> None:
-        """Silently DROP incoming TCP to `port` on the node (no RST: peers hang, then time out)."""
+    def block_port(self, node: str | int | TestNode, port: int | str) -> None:
+        """Silently DROP incoming TCP to `port` on the node (no RST: peers hang, then time out).
+        A range is written "LOW:HIGH" (e.g. the kernel's ephemeral ports, "32768:60999")."""
         n = self.node(node)
         if (n.name, port) in self._blocked:
             return
         self._ns_check(n, [self._iptables_bin(), "-w", "5", "-A", *self._block_rule(n, port)])
         self._blocked.add((n.name, port))
 
-    def unblock_port(self, node: str | int | TestNode, port: int) -> None:
+    def unblock_port(self, node: str | int | TestNode, port: int | str) -> None:
         n = self.node(node)
         if (n.name, port) not in self._blocked:
             return
@@ -882,7 +913,7 @@ class Testbed:
             proc.communicate(timeout=5)
         except subprocess.TimeoutExpired:
             proc.kill()
-            proc.communicate()
+            proc.communicate(timeout=10)
 
     def undelay(self, node: str | int | TestNode) -> None:
         n = self.node(node)
@@ -974,7 +1005,7 @@ class Testbed:
         actions: list[tuple[Callable[..., None], tuple[Any, ...]]] = [
             (self.heal, (name,)) for name in sorted(self._partitioned)
         ]
-        actions += [(self.unblock_port, key) for key in sorted(self._blocked)]
+        actions += [(self.unblock_port, key) for key in sorted(self._blocked, key=str)]
         actions += [(self.undelay, (name,)) for name in sorted(self._delayed)]
         actions += [(self.unlimit, (name,)) for name in sorted(self._limited)]
         actions += [

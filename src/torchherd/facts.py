@@ -52,6 +52,9 @@ class NodeFacts:
     workdir_exists: bool | None = None
     port: int | None = None
     port_free: bool | None = None
+    entry: dict[str, Any] = field(default_factory=dict)
+    """The job's script or module as seen from the workdir: ``{"script": PATH, "path": ...,
+    "found": bool}`` or ``{"module": NAME, "found": bool}``; empty when the probe was not asked."""
     extra: dict[str, Any] = field(default_factory=dict)
     """Facts of the full probe (doctor), kept as they came."""
 
@@ -74,6 +77,7 @@ class NodeFacts:
             "workdir",
             "workdir_exists",
             "port",
+            "entry",
         }
         port = data.get("port") or {}
         return cls(
@@ -95,6 +99,7 @@ class NodeFacts:
             workdir_exists=data.get("workdir_exists"),
             port=port.get("port"),
             port_free=port.get("free"),
+            entry=dict(data.get("entry") or {}),
             extra={k: v for k, v in data.items() if k not in known and k != "pid"},
         )
 

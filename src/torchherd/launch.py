@@ -86,6 +86,7 @@ async def probe_all(
     transport: Transport,
     *,
     workdir: str | None = None,
+    entry: dict[str, str] | None = None,
     port_on_first: int | None = None,
     full: bool = False,
     timeout: float = 60,
@@ -94,7 +95,7 @@ async def probe_all(
 
     async def probe(node: NodeSpec) -> NodeFacts | str:
         port = port_on_first if node is cluster.rendezvous_node else None
-        return await probe_node(cluster, transport, node, workdir, port, full, timeout)
+        return await probe_node(cluster, transport, node, workdir, port, full, timeout, entry)
 
     results = await transport.each(cluster.nodes, probe)
     problems = [r for r in results if isinstance(r, str)]
@@ -115,11 +116,14 @@ async def probe_node(
     port: int | None = None,
     full: bool = False,
     timeout: float = 60,
+    entry: dict[str, str] | None = None,
 ) -> NodeFacts | str:
     """One node's quick probe: its facts, or one line saying why there are none."""
     request: dict[str, object] = {"full": full}
     if workdir:
         request["workdir"] = workdir
+    if entry:
+        request["entry"] = entry  # is the job's script or module there (checked from workdir)
     if port is not None:
         request["port"] = port
     python = cluster.python_for(node)
@@ -209,6 +213,7 @@ async def prepare(
             cluster,
             transport,
             workdir=cluster.workdir,
+            entry=job.entry_request(),
             port_on_first=cluster.rdzv_port or 0,
         )
         problems = fast_preflight(cluster, facts)

@@ -36,6 +36,9 @@ GPU_EVIDENCE = {
     "TORCH_NCCL_ASYNC_ERROR_HANDLING": "3",
 }
 
+ACCELERATE_CPU = "ACCELERATE_USE_CPU"
+"""Set on nodes without a GPU (unless the user set it), so Accelerate scripts run distributed."""
+
 
 @dataclass(frozen=True)
 class JobSpec:
@@ -59,6 +62,12 @@ class JobSpec:
     """Unique id: rendezvous id, job directory name and the tag on every process."""
     grace: float = 10.0
     """Seconds workers get to exit after SIGTERM before SIGKILL."""
+
+    def entry_request(self) -> dict[str, str] | None:
+        """What the probe looks for on every node before a launch: the script or the module."""
+        if not self.entry:
+            return None
+        return {"module" if self.module else "script": self.entry[0]}
 
 
 def new_job_id() -> str:
@@ -237,7 +246,8 @@ def rendezvous_id(job: JobSpec) -> str:
 
 
 def _worker_env(cluster: ClusterSpec, facts: NodeFacts, nproc: int, job: JobSpec) -> dict[str, str]:
-    """The cluster's env plus a fair share of CPU threads per worker.
+    """The cluster's env plus a fair share of CPU threads per worker, and on a node without a
+    GPU the switch that makes Accelerate scripts distributed.
 
     torchrun sets OMP_NUM_THREADS=1 (with a warning) when several workers share a node, which
     starves CPU workers; the node's cores divided among its workers is as safe and faster.
@@ -251,6 +261,12 @@ def _worker_env(cluster: ClusterSpec, facts: NodeFacts, nproc: int, job: JobSpec
                 env[name] = value
     if "OMP_NUM_THREADS" not in env and "OMP_NUM_THREADS" not in facts.env:
         env["OMP_NUM_THREADS"] = str(max(1, facts.cpu_count // nproc))
+    if facts.gpu_count == 0 and ACCELERATE_CPU not in env and ACCELERATE_CPU not in facts.env:
+        # Accelerate (and the HF Trainer through it) treats a torchrun environment as one
+        # distributed job on CPUs only with this set, as its own `accelerate launch --cpu` does;
+        # without it every worker trains alone, silently. (An env_file value still wins: the
+        # agent applies secrets last.)
+        env[ACCELERATE_CPU] = "1"
     return env
 
 

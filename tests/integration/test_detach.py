@@ -155,3 +155,39 @@ def test_unknown_job_is_a_usage_error(tmp_path: Path) -> None:
         out = herd([verb, "no-such-job"], tmp_path, tmp_path)
         assert out.returncode == 2 and "no job 'no-such-job'" in out.stderr
         assert "Traceback" not in out.stderr
+
+
+def test_stopping_one_of_two_jobs_on_the_same_nodes_spares_the_other(
+    testbed: Testbed, tmp_path: Path
+) -> None:
+    """Two detached jobs share node1 and node2 (same script, same user): `herd stop` of one
+    ends exactly its processes, found by job id, never by name."""
+    project, home, config = setup(testbed, tmp_path)
+    jobs = []
+    for _ in range(2):
+        launched = herd(["launch", "-c", str(config), "--detach", "job.py"], home, project)
+        assert launched.returncode == 0, launched.stdout + launched.stderr
+        jobs.append(job_id_of(launched.stdout))
+    first, second = jobs
+    assert first != second
+    for job in jobs:
+        events = home / "nodes" / job / "node2" / "events.jsonl"
+        wait_for(lambda e=events: e.exists() and "step 20" in e.read_text(), what=f"{job} steps")
+    spared = set(testbed.processes_with_env("HERD_JOB_ID", second))
+    assert len(spared) >= 5  # torchrun on each node and 3 workers
+    try:
+        assert herd(["stop", first], home, project).returncode == 0
+        wait_for(
+            lambda: not testbed.processes_with_env("HERD_JOB_ID", first), what=f"{first} to end"
+        )
+        # Every process of the other job is still the same process, still running, and still
+        # making progress.
+        assert set(testbed.processes_with_env("HERD_JOB_ID", second)) == spared
+        events = home / "nodes" / second / "node1" / "events.jsonl"
+        size = events.stat().st_size
+        wait_for(lambda: events.stat().st_size > size, what=f"{second} to go on printing")
+        ps = {r["id"]: r["state"] for r in json.loads(herd(["ps", "--json"], home, project).stdout)}
+        assert ps[second] == "running" and ps[first] != "running", ps
+    finally:
+        assert herd(["stop", second], home, project).returncode == 0
+    wait_for(lambda: not testbed.processes_with_env("HERD_JOB_ID", second), what="cleanup")

@@ -4,10 +4,9 @@ which the testbed sets up on purpose)."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
-import shutil
-import site
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -21,7 +20,6 @@ from tests.testbed import Testbed
 from torchherd.cli import main
 
 SRC = Path(torchherd.__file__).resolve().parents[1]
-PROJECT = SRC.parent
 
 
 def doctor(
@@ -113,19 +111,39 @@ def test_missing_working_directory(
         assert "herd sync" in workdir["remedy"]
 
 
-def _venv_without_torch(root: Path) -> Path:
-    """A real venv (no system site-packages: no torch) where torchherd is importable."""
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root)], check=True)
+def _venv_running_this_torchherd(
+    root: Path, *, system_site_packages: bool, version: str | None = None
+) -> Path:
+    """A real venv over this interpreter where this source tree's torchherd is importable.
+
+    torchherd is installed the way pip lays out any installed distribution (a .pth naming the
+    source, a dist-info whose METADATA carries the version) without building anything: a build
+    would need setuptools' `wheel` support, which a stock base interpreter lacks. ``version``
+    gives the installed distribution another version than this one's.
+    """
+    flags = ["--system-site-packages"] if system_site_packages else []
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--without-pip", *flags, str(root)], check=True, timeout=60
+    )
     packages = next(root.glob("lib/python3*/site-packages"))
     (packages / "torchherd-src.pth").write_text(str(SRC) + "\n")
-    for folder in site.getsitepackages():
-        for info in Path(folder).glob("torchherd-*.dist-info"):
-            shutil.copytree(info, packages / info.name)  # the installed torchherd's metadata
-    python = root / "bin" / "python"
+    version = version or importlib.metadata.version("torchherd")
+    info = packages / f"torchherd-{version}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: torchherd\nVersion: {version}\n")
+    (info / "INSTALLER").write_text("test\n")
+    (info / "RECORD").write_text("")
+    return root / "bin" / "python"
+
+
+def _venv_without_torch(root: Path) -> Path:
+    """A real venv (no system site-packages: no torch) where torchherd is importable."""
+    python = _venv_running_this_torchherd(root, system_site_packages=False)
     probe = subprocess.run(
         [str(python), "-c", "import torchherd, importlib.util as u; print(u.find_spec('torch'))"],
         capture_output=True,
         text=True,
+        timeout=60,
     )
     assert probe.stdout.strip() == "None", probe.stderr
     return python
@@ -156,12 +174,17 @@ def test_node_whose_python_has_no_torch(
 def test_node_whose_python_has_neither_torchherd_nor_torch(
     capsys: pytest.CaptureFixture[str], testbed: Testbed, tmp_path: Path
 ) -> None:
-    bare = "/usr/bin/python3"  # Debian's own python: no torch, no torchherd
-    if (
-        not Path(bare).exists()
-        or subprocess.run([bare, "-c", "import torch"], capture_output=True).returncode == 0
-    ):
-        pytest.skip(f"{bare} is missing or has torch here")
+    # A bare venv (no system site-packages) rather than the system's python3: that one may
+    # well have torch, and this fault must be built wherever the suite runs.
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "bare")],
+        check=True,
+        timeout=60,
+    )
+    bare = str(tmp_path / "bare" / "bin" / "python")
+    check = "import importlib.util as u; print(u.find_spec('torch'), u.find_spec('torchherd'))"
+    found = subprocess.run([bare, "-c", check], capture_output=True, text=True, timeout=60)
+    assert found.stdout.split() == ["None", "None"], (found.stdout, found.stderr)
     path = testbed.write_cluster_file(
         tmp_path / "herd.toml",
         connect_timeout=2,
@@ -179,43 +202,14 @@ def test_node_whose_python_has_neither_torchherd_nor_torch(
 
 @pytest.fixture(scope="module")
 def other_version_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A venv (with the system's torch) where a real build of torchherd 0.1.0.post1 is installed."""
-    root = tmp_path_factory.mktemp("other-version")
-    copy = root / "project"
-    shutil.copytree(
-        SRC / "torchherd", copy / "src" / "torchherd", ignore=shutil.ignore_patterns("__pycache__")
-    )
-    pyproject = (PROJECT / "pyproject.toml").read_text()
-    version = f'version = "{torchherd.__version__}"'
-    assert version in pyproject
-    (copy / "pyproject.toml").write_text(pyproject.replace(version, 'version = "0.1.0.post1"'))
-    (copy / "README.md").write_text("torchherd, built for a test\n")
-    venv = root / "venv"
-    subprocess.run(
-        [sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)],
-        check=True,
-    )
-    python = venv / "bin" / "python"
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "--python",
-            str(python),
-            "install",
-            "-q",
-            "--no-deps",
-            "--no-build-isolation",
-            "--no-index",
-            str(copy),
-        ],
-        check=True,
-    )
+    """A venv (with the system's torch) where torchherd is installed as version 0.1.0.post1."""
+    root = tmp_path_factory.mktemp("other-version") / "venv"
+    python = _venv_running_this_torchherd(root, system_site_packages=True, version="0.1.0.post1")
     answer = subprocess.run(
         [str(python), "-c", "import importlib.metadata as m; print(m.version('torchherd'))"],
         capture_output=True,
         text=True,
+        timeout=60,
     )
     assert answer.stdout.strip() == "0.1.0.post1", answer.stderr
     return python
@@ -324,3 +318,81 @@ def test_full_tests_every_pair(capsys: pytest.CaptureFixture[str], cluster_file:
     assert pairs == {(a, b) for a in hosts for b in hosts if a != b}
     measured = {frozenset((x["src"], x["dst"])) for x in report["links"] if x["gbits"]}
     assert len(measured) == 6  # every pair once
+
+
+def test_faults_built_for_real_nic_ifname_slow_link_and_port_in_use(
+    capsys: pytest.CaptureFixture[str], clean_faults: Testbed, tmp_path: Path
+) -> None:
+    """Each fault the unit tests judge on recorded facts, built on the testbed instead: a
+    docker bridge chosen as NCCL's NIC, NCCL_SOCKET_IFNAME naming no NIC, a slow link and the
+    rendezvous port taken by another process."""
+    bed = clean_faults
+    bed.add_nic("node2", "docker0", "172.31.0.1/16")
+    bed.delay("node3", 40)
+    port = 29633
+    listener = bed.ns_popen(
+        "node1",
+        [
+            sys.executable,
+            "-c",
+            "import socket, time\n"
+            f"s = socket.socket(); s.bind(('', {port})); s.listen(); print('ready', flush=True)\n"
+            "time.sleep(300)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert listener.stdout is not None and listener.stdout.readline().strip() == "ready"
+        path = bed.write_cluster_file(
+            tmp_path / "herd.toml",
+            connect_timeout=5,
+            rdzv_port=port,
+            nodes=["node1", {"host": "node2", "iface": "docker0"}, "node3", "node4"],
+        )
+        code, report = doctor(capsys, path)
+        wrong = bed.write_cluster_file(
+            tmp_path / "wrong.toml",
+            connect_timeout=5,
+            nodes=["node1", "node4"],
+            env={"NCCL_SOCKET_IFNAME": "ib0"},
+        )
+        wrong_code, wrong_report = doctor(capsys, wrong)
+    finally:
+        listener.kill()
+        listener.wait(timeout=10)
+    assert code == 3
+    docker = result(report, "nic", "node2")
+    assert docker["status"] == "warn" and "docker0" in docker["summary"], docker
+    assert result(report, "nic", "node4")["status"] == "pass"
+    taken = result(report, "rendezvous", "node1")
+    assert taken["status"] == "fail" and "in use" in taken["summary"], taken
+    rtts = {x["dst"]: x["rtt_ms"] for x in report["links"] if x["rtt_ms"] is not None}
+    assert rtts["node3"] >= 40 > rtts["node4"], rtts  # the slow link is the one measured slow
+    assert wrong_code == 3
+    for node in ("node1", "node4"):
+        nic = result(wrong_report, "nic", node)
+        assert nic["status"] == "fail" and "NCCL_SOCKET_IFNAME=ib0" in nic["summary"], nic
+
+
+def test_firewalled_ephemeral_ports_are_placed_on_the_receiving_node(
+    capsys: pytest.CaptureFixture[str], clean_faults: Testbed, tmp_path: Path
+) -> None:
+    """node3 drops incoming TCP to the kernel's whole ephemeral range (NCCL/Gloo's data ports),
+    while ssh and the rendezvous port stay open: only the ports check fails, on node3."""
+    low, high = ip_local_port_range(clean_faults, "node3")
+    clean_faults.block_port("node3", f"{low}:{high}")
+    path = clean_faults.write_cluster_file(
+        tmp_path / "herd.toml", connect_timeout=5, nodes=["node1", "node2", "node3"]
+    )
+    code, report = doctor(capsys, path, "--full")
+    assert code == 3
+    ports = statuses(report, "ports")
+    assert ports["node3"] == "fail" and ports["node1"] == ports["node2"] == "pass", ports
+    assert set(statuses(report, "ssh").values()) == {"pass"}
+    assert set(statuses(report, "rendezvous").values()) == {"pass"}
+
+
+def ip_local_port_range(bed: Testbed, node: str) -> tuple[int, int]:
+    out = bed.ns_run(node, ["cat", "/proc/sys/net/ipv4/ip_local_port_range"]).stdout.split()
+    return int(out[0]), int(out[1])

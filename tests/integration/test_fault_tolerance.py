@@ -1,14 +1,16 @@
 """Fault tolerance end to end: a worker SIGKILLed after a snapshot costs a restart, not the run.
 
 `herd launch --max-restarts 1` of examples/minimal.py on two testbed nodes; one worker on node2
-is killed after the first snapshots exist; torchrun restarts every worker, the Trainer resumes
-from the latest snapshot, and the final loss equals that of a run never interrupted.
+is killed after the first snapshots exist; herd restarts the whole job (attempt 1), the Trainer
+resumes from the latest snapshot, not from an older one nor from step 0, and every step's loss
+equals that of a run never interrupted, each step recorded once.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -21,11 +23,22 @@ SCRIPTS = Path(__file__).parent / "scripts"
 ARGS = ["--max-steps", "200", "--snapshot-every", "20", "--batch-size", "16"]
 
 
-def final_loss(run_dir: Path) -> float:
+def losses(run_dir: Path) -> list[tuple[int, float]]:
+    """(step, loss) of every training record in metrics.jsonl, in file order."""
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    last = [r for r in records if r.get("step") == 200]
-    assert last, f"step 200 never logged in {run_dir}"
-    return float(last[-1]["loss"])
+    return [(int(r["step"]), float(r["loss"])) for r in records if "loss" in r]
+
+
+def snapshot_steps(run_dir: Path) -> list[int]:
+    folder = run_dir / "snapshots"
+    found = (
+        [re.fullmatch(r"step-(\d+)", p.name) for p in folder.iterdir()] if folder.exists() else []
+    )
+    return sorted(int(m.group(1)) for m in found if m)
+
+
+def attempts(out: str) -> list[tuple[str, str]]:
+    return re.findall(r"ATTEMPT rank=(\d+) attempt=(\S+)", out)
 
 
 def worker_on(job_id: str, node: str, testbed: Testbed) -> int | None:
@@ -77,6 +90,8 @@ def test_killed_worker_resumes_to_the_same_loss(testbed: Testbed, tmp_path: Path
     straight, _, straight_dir = launch(testbed, tmp_path, "straight")
     out = straight.communicate(timeout=300)[0]
     assert straight.returncode == 0, out
+    expected = losses(straight_dir)
+    assert [step for step, _ in expected] == list(range(1, 201)), "the straight run is not whole"
 
     process, home, run_dir = launch(testbed, tmp_path, "killed")
     try:
@@ -87,11 +102,19 @@ def test_killed_worker_resumes_to_the_same_loss(testbed: Testbed, tmp_path: Path
         job_id = next((home / "jobs").iterdir()).name
         victim = worker_on(job_id, "node2", testbed)
         assert victim is not None, "no worker on node2"
+        before_kill = max(snapshot_steps(run_dir))
         os.kill(victim, signal.SIGKILL)
         out = process.communicate(timeout=300)[0]
     finally:
         if process.poll() is None:
             process.kill()
     assert process.returncode == 0, out
-    assert "SIGKILL" in out or "restart" in out.lower(), out  # the restart is visible in the log
-    assert final_loss(run_dir) == final_loss(straight_dir)
+    # Both ranks ran twice: attempt 0, then herd's restart, attempt 1.
+    assert sorted(attempts(out)) == [("0", "0"), ("0", "1"), ("1", "0"), ("1", "1")], out
+    # The restarted attempt resumed, from the last snapshot before the kill or a later one.
+    resumed = re.findall(r"resumed from \S*/snapshots/step-(\d+)", out)
+    assert len(resumed) == 1, out
+    assert int(resumed[0]) >= before_kill >= 40, (resumed, before_kill)
+    # Each step recorded once (the steps redone after the resume replace the lost ones), and
+    # every loss is the uninterrupted run's.
+    assert losses(run_dir) == expected

@@ -7,12 +7,14 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
 from tests.integration.herd_cli import herd
+from tests.integration.procs import ProcessWatch, assert_all_stopped, wait_for
 from tests.testbed import Testbed
 
 SCRIPTS = Path(__file__).parent / "scripts"
@@ -39,24 +41,41 @@ def results(stdout: str) -> dict[int, dict[str, str]]:
     return found
 
 
-def assert_nothing_left(testbed: Testbed, home: Path) -> None:
+def assert_nothing_left(
+    testbed: Testbed, home: Path, settle: float = 3.0, job_grace: float = 0.0
+) -> None:
+    """Right after herd exits: no process of the job anywhere, and nothing else left running on
+    any node (agents, torchrun, workers, sshd sessions), allowing ``settle`` seconds for sshd
+    sessions to see their client gone. ``job_grace``: seconds the job's processes may take to
+    go (where no herd waited for them: a launcher that was killed)."""
     job_ids = [p.name for p in (home / "jobs").iterdir()]
-    deadline = time.monotonic() + 15
-    left = [pid for job in job_ids for pid in testbed.processes_with_env("HERD_JOB_ID", job)]
-    while left and time.monotonic() < deadline:
-        time.sleep(0.5)
-        left = [pid for job in job_ids for pid in testbed.processes_with_env("HERD_JOB_ID", job)]
-    assert not left, f"processes of the job still running: {left}"
+    deadline = time.monotonic() + job_grace
+    tagged = [pid for job in job_ids for pid in testbed.processes_with_env("HERD_JOB_ID", job)]
+    while tagged and time.monotonic() < deadline:
+        time.sleep(0.2)
+        tagged = [pid for job in job_ids for pid in testbed.processes_with_env("HERD_JOB_ID", job)]
+    deadline = time.monotonic() + settle
+    left = {n.name: testbed.node_processes(n) for n in testbed.nodes}
+    while any(left.values()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+        left = {n.name: testbed.node_processes(n) for n in testbed.nodes}
+    assert not tagged, f"processes of the job still running when herd exited: {tagged}"
+    assert not any(left.values()), f"processes left on the nodes: {left}"
 
 
 def start_sleeping_job(
-    path: Path, home: Path, ranks: int, **popen: object
+    path: Path,
+    home: Path,
+    ranks: int,
+    herd_args: tuple[str, ...] = (),
+    script_args: tuple[str, ...] = (),
+    **popen: object,
 ) -> subprocess.Popen[str]:
     """Launch allreduce.py --sleep 300 and return once all ``ranks`` ranks are asleep."""
     env = dict(os.environ, HERD_HOME=str(home), PYTHONUNBUFFERED="1")
-    command = [sys.executable, "-m", "torchherd", "launch", "-c", str(path), "allreduce.py"]
+    command = [sys.executable, "-m", "torchherd", "launch", "-c", str(path), *herd_args]
     process = subprocess.Popen(
-        [*command, "--sleep", "300"],
+        [*command, "allreduce.py", "--sleep", "300", *script_args],
         cwd=SCRIPTS,
         env=env,
         stdout=subprocess.PIPE,
@@ -66,13 +85,20 @@ def start_sleeping_job(
     )
     sleeping: set[str] = set()
     assert process.stdout is not None
-    for line in process.stdout:
-        if "SLEEPING" in line:
-            sleeping.add(line.split("rank=")[1].split()[0])
-        if len(sleeping) == ranks:
-            return process
+    # Reading lines has no timeout of its own: a job that hangs silently is killed after
+    # 180 s, which ends the output and the loop.
+    watchdog = threading.Timer(180, process.kill)
+    watchdog.start()
+    try:
+        for line in process.stdout:
+            if "SLEEPING" in line:
+                sleeping.add(line.split("rank=")[1].split()[0])
+            if len(sleeping) == ranks:
+                return process
+    finally:
+        watchdog.cancel()
     process.kill()
-    raise AssertionError("the job never reached its sleep")
+    raise AssertionError(f"the job never reached its sleep (ranks asleep: {sorted(sleeping)})")
 
 
 def test_two_nodes_two_workers_allreduce(testbed: Testbed, tmp_path: Path) -> None:
@@ -108,6 +134,34 @@ def test_different_nproc_per_node(testbed: Testbed, tmp_path: Path) -> None:
     assert sorted(f["host"] for f in found.values()) == ["node1", "node1", "node3"]
 
 
+def test_script_or_module_missing_on_the_nodes_is_refused_before_launch(
+    testbed: Testbed, tmp_path: Path
+) -> None:
+    elsewhere = tmp_path / "not-the-project"
+    elsewhere.mkdir()
+    (elsewhere / "local_module.py").write_text("print('RAN local_module')\n")
+    path = testbed.write_cluster_file(
+        tmp_path / "herd.toml", nodes=["node1", "node2"], workdir=str(elsewhere)
+    )
+    home = tmp_path / "home"
+    # allreduce.py is in the launcher's current directory, not in the nodes' workdir.
+    run = herd(["launch", "-c", str(path), "allreduce.py"], home, SCRIPTS)
+    assert run.returncode == 3, run.stdout + run.stderr
+    for node in ("node1", "node2"):
+        assert f"{node}: script allreduce.py not found in {elsewhere}" in run.stderr, run.stderr
+    assert "fix: `herd sync`" in run.stderr and "workdir" in run.stderr
+    assert "RESULT" not in run.stdout and not (home / "jobs").exists()  # nothing was started
+
+    run = herd(["launch", "-c", str(path), "-m", "no_such_module.train"], home, SCRIPTS)
+    assert run.returncode == 3, run.stdout + run.stderr
+    assert "node2: module no_such_module.train is not importable by" in run.stderr, run.stderr
+
+    # A module in the workdir is found from there, as `python -m` in the workdir finds it.
+    run = herd(["launch", "-c", str(path), "-m", "local_module"], home, SCRIPTS)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "RAN local_module" in run.stdout
+
+
 def test_failing_rank_is_named_and_other_nodes_stop(testbed: Testbed, tmp_path: Path) -> None:
     path = cluster(
         testbed, tmp_path, [{"host": "node1", "nproc": 2}, {"host": "node2", "nproc": 1}]
@@ -128,23 +182,38 @@ def test_failing_rank_is_named_and_other_nodes_stop(testbed: Testbed, tmp_path: 
     assert_nothing_left(testbed, tmp_path / "home")
 
 
-def test_sigint_leaves_no_process_of_the_job(testbed: Testbed, tmp_path: Path) -> None:
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_interrupt_stops_everything_within_grace_plus_ten_seconds(
+    testbed: Testbed, tmp_path: Path, sig: signal.Signals
+) -> None:
+    """Workers that ignore SIGTERM: herd must escalate to SIGKILL after --grace, and the
+    README's bound (grace + 10 s) holds; then nothing herd started is left anywhere."""
+    grace = 3
     path = cluster(
-        testbed, tmp_path, [{"host": "node1", "nproc": 2}, {"host": "node2", "nproc": 2}]
+        testbed, tmp_path, [{"host": "node1", "nproc": 2}, {"host": "node2", "nproc": 1}]
     )
     home = tmp_path / "home"
-    process = start_sleeping_job(path, home, 4)
-    try:
-        job_id = next((home / "jobs").iterdir()).name
-        assert len(testbed.processes_with_env("HERD_JOB_ID", job_id)) >= 6  # 2 torchrun + 4 workers
-        process.send_signal(signal.SIGINT)
-        rest = process.communicate(timeout=10 + 10 + 15)[0]
-    finally:
-        if process.poll() is None:
-            process.kill()
-    assert process.returncode == 130, rest
-    assert "interrupted" in rest
-    assert_nothing_left(testbed, home)
+    with ProcessWatch(testbed) as watch:
+        process = start_sleeping_job(
+            path, home, 3, herd_args=("--grace", str(grace)), script_args=("--ignore-sigterm",)
+        )
+        try:
+            job_id = next((home / "jobs").iterdir()).name
+            assert (
+                len(testbed.processes_with_env("HERD_JOB_ID", job_id)) >= 5
+            )  # 2 torchrun, 3 ranks
+            started = time.monotonic()
+            process.send_signal(sig)
+            rest = process.communicate(timeout=grace + 10 + 30)[0]
+            took = time.monotonic() - started
+        finally:
+            if process.poll() is None:
+                process.kill()
+        assert process.returncode == 130, rest
+        assert "interrupted" in rest
+        assert took <= grace + 10, f"took {took:.1f} s to stop (README: grace + 10 s)"
+        assert_all_stopped(watch, ["node1", "node2"])
+    assert not testbed.processes_with_env("HERD_JOB_ID", job_id)
 
 
 def test_launcher_killed_agents_end_the_job(testbed: Testbed, tmp_path: Path) -> None:
@@ -160,7 +229,9 @@ def test_launcher_killed_agents_end_the_job(testbed: Testbed, tmp_path: Path) ->
     finally:
         if process.poll() is None:
             process.kill()
-    assert_nothing_left(testbed, home)
+    # No herd is left to wait for the agents: they notice the dropped links themselves; the
+    # ssh masters (daemons of their own) go ControlPersist (30 s) after their last session.
+    assert_nothing_left(testbed, home, settle=45, job_grace=15)
 
 
 def test_unreachable_node_is_named_within_connect_timeout(
@@ -222,30 +293,29 @@ def test_ctrl_c_while_connecting_leaves_no_ssh_behind(
     testbed = clean_faults
     testbed.partition("node2")  # its connection attempt hangs until ConnectTimeout (20 s)
     path = cluster(testbed, tmp_path, ["node1", "node2"], connect_timeout=20)
-    process = subprocess.Popen(
-        [sys.executable, "-m", "torchherd", "launch", "-c", str(path), "allreduce.py"],
-        cwd=SCRIPTS,
-        env=dict(os.environ, HERD_HOME=str(tmp_path / "home")),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    time.sleep(2)
-    process.send_signal(signal.SIGINT)
-    try:
-        err = process.communicate(timeout=5)[1]
-    finally:
-        if process.poll() is None:
-            process.kill()
-    assert process.returncode == 130, err
-    assert "nothing was started" in err
-    config = str(path.parent / "herd.toml")
-    ours = []
-    for entry in os.listdir("/proc"):
+    with ProcessWatch(testbed) as watch:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "torchherd", "launch", "-c", str(path), "allreduce.py"],
+            cwd=SCRIPTS,
+            env=dict(os.environ, HERD_HOME=str(tmp_path / "home")),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         try:
-            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if entry.isdigit() and str(testbed.ssh_config).encode() in cmdline and b"node2" in cmdline:
-            ours.append(entry)
-    assert not ours, f"ssh processes left behind: {ours} ({config})"
+            # Interrupt only once herd is connecting to both nodes (its ssh clients exist):
+            # before that there is nothing to clean up, and the test would prove nothing.
+            wait_for(
+                lambda: watch.ssh_to("node1") and watch.ssh_to("node2"),
+                timeout=60,
+                what="herd's ssh clients to node1 and node2",
+            )
+            process.send_signal(signal.SIGINT)
+            err = process.communicate(timeout=10)[1]
+        finally:
+            if process.poll() is None:
+                process.kill()
+        assert process.returncode == 130, err
+        assert "nothing was started" in err
+        assert_all_stopped(watch, ["node1", "node2"])
+    assert watch.control_dirs, "herd's ssh clients were never seen"

@@ -101,7 +101,10 @@ def test_ssh_setup_creates_a_key_records_host_keys_and_reports_each_node(
         assert "authentication failed" in " ".join(rows[name][2:])
         addr = testbed.node(name).addr
         found = subprocess.run(
-            ["ssh-keygen", "-F", addr, "-f", str(known_hosts)], capture_output=True, text=True
+            ["ssh-keygen", "-F", addr, "-f", str(known_hosts)],
+            capture_output=True,
+            text=True,
+            timeout=60,
         )
         assert found.returncode == 0  # host key recorded (accept-new)
 
@@ -122,10 +125,15 @@ def test_ssh_setup_creates_a_key_records_host_keys_and_reports_each_node(
 
     # A node whose host key changed is refused, never trusted blindly.
     other = tmp_path / "other_host_key"
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other)], check=True)
+    subprocess.run(
+        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other)], check=True, timeout=60
+    )
     node2 = testbed.node("node2").addr
     subprocess.run(
-        ["ssh-keygen", "-R", node2, "-f", str(known_hosts)], capture_output=True, check=True
+        ["ssh-keygen", "-R", node2, "-f", str(known_hosts)],
+        capture_output=True,
+        check=True,
+        timeout=60,
     )
     with known_hosts.open("a") as handle:
         handle.write(

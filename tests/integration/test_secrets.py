@@ -14,6 +14,7 @@ import uuid
 from pathlib import Path
 
 from tests.integration.herd_cli import herd
+from tests.integration.procs import ProcessWatch
 from tests.testbed import Testbed
 
 NAMES = ("HERD_SENTINEL_TOKEN", "PLAIN_VALUE", "WANDB_API_KEY")
@@ -26,7 +27,7 @@ print(f"rank {rank}: secrets {'ok' if got == sys.argv[1] else 'WRONG'}", flush=T
 if sys.argv[2] == "leak" and rank == 0:
     print("the token is " + os.environ["HERD_SENTINEL_TOKEN"], flush=True)
     raise SystemExit("failing with " + os.environ["HERD_SENTINEL_TOKEN"])
-time.sleep(60)
+time.sleep(3 if sys.argv[2] == "brief" else 60)
 """.replace("NAMES_HERE", repr(NAMES))
 
 
@@ -60,10 +61,9 @@ def files_with(root: Path, values: list[str], skip: tuple[str, ...] = ()) -> lis
     return found
 
 
-def test_secrets_reach_the_job_and_nothing_else(testbed: Testbed, tmp_path: Path) -> None:
+def secret_project(testbed: Testbed, tmp_path: Path) -> tuple[dict[str, str], Path, Path, Path]:
+    """Sentinel secrets, a project with job.py, and a cluster file with an env_file."""
     secrets = {name: f"sentinel-{name.lower()}-{uuid.uuid4().hex}" for name in NAMES}
-    values = list(secrets.values())
-    digest = hashlib.sha256("|".join(secrets[n] for n in NAMES).encode()).hexdigest()
     project, home = tmp_path / "project", tmp_path / "home"
     project.mkdir()
     (project / "job.py").write_text(JOB)
@@ -79,6 +79,13 @@ def test_secrets_reach_the_job_and_nothing_else(testbed: Testbed, tmp_path: Path
         env={"HERD_HOME": str(home), "WANDB_API_KEY": secrets["WANDB_API_KEY"]},
         env_file=str(env_file),
     )
+    return secrets, project, home, config
+
+
+def test_secrets_reach_the_job_and_nothing_else(testbed: Testbed, tmp_path: Path) -> None:
+    secrets, project, home, config = secret_project(testbed, tmp_path)
+    values = list(secrets.values())
+    digest = hashlib.sha256("|".join(secrets[n] for n in NAMES).encode()).hexdigest()
 
     dry = herd(["launch", "-c", str(config), "--dry-run", "job.py", digest, "quiet"], home, project)
     assert dry.returncode == 0, dry.stderr
@@ -120,3 +127,30 @@ def test_secrets_reach_the_job_and_nothing_else(testbed: Testbed, tmp_path: Path
     logs = herd(["logs", jobs[-1].name], home, project).stdout
     assert "the token is ********" in logs and not any(v in logs for v in values)
     assert files_with(home, values, skip=("torchrun", "failure.json")) == []
+
+
+def test_no_command_line_ever_holds_a_secret_during_an_attached_run_or_exec(
+    testbed: Testbed, tmp_path: Path
+) -> None:
+    """Command lines are sampled every 20 ms for the whole of an attached run, whose ssh clients
+    (carrying the job request) live as long as the job; and through `herd exec`, which must
+    not receive the env_file's values at all."""
+    secrets, project, home, config = secret_project(testbed, tmp_path)
+    values = list(secrets.values())
+    digest = hashlib.sha256("|".join(secrets[n] for n in NAMES).encode()).hexdigest()
+    with ProcessWatch(testbed, secrets=tuple(values)) as watch:
+        run = herd(["launch", "-c", str(config), "job.py", digest, "brief"], home, project)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "node2:1 | rank 1: secrets ok" in run.stdout
+    assert watch.ssh_clients, "the watch never saw herd's ssh clients"
+    assert watch.samples > 20
+    assert watch.leaked == []
+
+    env_file_values = [secrets["HERD_SENTINEL_TOKEN"], secrets["PLAIN_VALUE"]]
+    with ProcessWatch(testbed, secrets=tuple(values)) as watch:
+        shown = herd(["exec", "-c", str(config), "--", "env"], home, project)
+    assert shown.returncode == 0, shown.stdout + shown.stderr
+    assert "SSH_CONNECTION=" in shown.stdout  # it did print the nodes' environment
+    assert not any(v in shown.stdout + shown.stderr for v in env_file_values)
+    assert "HERD_SENTINEL_TOKEN" not in shown.stdout
+    assert watch.ssh_clients and watch.leaked == []

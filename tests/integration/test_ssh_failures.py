@@ -19,7 +19,9 @@ def test_each_ssh_failure_is_classified(testbed: Testbed, tmp_path: Path) -> Non
     target = testbed.node("node2")
     wrong_key = tmp_path / "wrong_key"
     subprocess.run(
-        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(wrong_key)], check=True
+        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(wrong_key)],
+        check=True,
+        timeout=60,
     )
     # A known_hosts that remembers another key for node2: what a reinstalled node looks like.
     changed_hosts = tmp_path / "changed_known_hosts"

@@ -92,7 +92,7 @@ def test_block_port_drops_incoming_tcp(clean_faults: Testbed) -> None:
         assert _connects(bed, "node2", node1, 29555)
     finally:
         server.kill()
-        server.wait()
+        server.wait(timeout=10)
 
 
 def test_delay_slows_the_link_and_undelay_restores_it(clean_faults: Testbed) -> None:
@@ -177,8 +177,10 @@ def test_close_removes_everything_even_with_faults_active() -> None:
         sshd_pids = [p.pid for p in bed._sshd.values()]
         names = [n.ns for n in bed.nodes]
     bed.close()  # idempotent
-    netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+    netns = subprocess.run(
+        ["ip", "netns", "list"], capture_output=True, text=True, timeout=60
+    ).stdout
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True, timeout=60).stdout
     assert bed.tag not in netns and bed.tag not in links
     assert not any(Path("/etc/netns", ns).exists() for ns in names)
     assert not bed.tmp.exists()

@@ -74,6 +74,7 @@ def run_install(home: Path, key: str) -> None:
         text=True,
         check=True,
         env=dict(os.environ, HOME=str(home)),
+        timeout=60,
     )
 
 

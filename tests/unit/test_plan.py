@@ -159,6 +159,25 @@ def test_nproc_defaults_to_gpus_then_one_and_cli_overrides() -> None:
     assert [n.nproc for n in plan.nodes] == [3, 3] and plan.world_size == 6
 
 
+def test_accelerate_runs_distributed_on_nodes_without_a_gpu() -> None:
+    data = recorded()
+    data["gpu1"] = facts(
+        "gpu1", [("eth1", "10.0.0.1", 24)], ssh_addr="10.0.0.1", gpus=2, port=29500
+    )
+    plan = make_plan(two_nodes(), JobSpec(entry=("t.py",)), data)
+    gpu_node, cpu_node = plan.nodes
+    assert "ACCELERATE_USE_CPU" not in gpu_node.env  # GPUs: Accelerate's default is right
+    assert cpu_node.env["ACCELERATE_USE_CPU"] == "1"
+    # What the user set is kept: in the cluster file, or in the node's own environment.
+    plan = make_plan(two_nodes(env={"ACCELERATE_USE_CPU": "0"}), JobSpec(entry=("t.py",)), data)
+    assert plan.nodes[1].env["ACCELERATE_USE_CPU"] == "0"
+    data["gpu2"] = facts(
+        "gpu2", [("ens5", "10.0.0.2", 24)], ssh_addr="10.0.0.2", env={"ACCELERATE_USE_CPU": "no"}
+    )
+    plan = make_plan(two_nodes(), JobSpec(entry=("t.py",)), data)
+    assert "ACCELERATE_USE_CPU" not in plan.nodes[1].env
+
+
 def test_module_entry_and_restarts() -> None:
     job = JobSpec(entry=("pkg.train", "--x"), module=True, max_restarts=2, job_id="j9")
     plan = make_plan(two_nodes(), job, recorded())

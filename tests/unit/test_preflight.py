@@ -459,3 +459,37 @@ def test_render_groups_the_same_remedy() -> None:
     assert "also on node2, node3, node4" in text
     assert text.count("fix:") == 1
     assert "All 4 node(s) ready (4 warning(s))" in text
+
+
+def test_fast_checks_refuse_a_script_or_module_missing_on_a_node() -> None:
+    spec = cluster(3, workdir="/srv/job")
+    here = {"workdir": "/srv/job", "workdir_exists": True}
+    facts = {
+        "node1": recorded(
+            "node1",
+            1,
+            **here,
+            entry={"script": "train.py", "path": "/srv/job/train.py", "found": True},
+        ),
+        "node2": recorded(
+            "node2",
+            2,
+            **here,
+            entry={"script": "train.py", "path": "/srv/job/train.py", "found": False},
+        ),
+        "node3": recorded("node3", 3, **here, entry={"module": "mypkg.train", "found": False}),
+    }
+    results = by(fast_checks(spec, facts), "entry")
+    assert results["node1"].status is Status.PASS
+    assert results["node2"].status is Status.FAIL
+    assert "script train.py not found in /srv/job" in results["node2"].summary
+    assert "herd sync" in results["node2"].remedy and "workdir" in results["node2"].remedy
+    assert results["node3"].status is Status.FAIL
+    assert "module mypkg.train is not importable" in results["node3"].summary
+    lines = fast_preflight(spec, facts)
+    assert [line.split(":", 1)[0] for line in lines] == ["node2", "node3"]
+    # A missing workdir is said once, by the workdir check, not again for the script.
+    facts["node2"] = recorded(
+        "node2", 2, workdir="/srv/job", workdir_exists=False, entry=facts["node2"].entry
+    )
+    assert by(fast_checks(spec, facts), "entry")["node2"].status is Status.SKIP

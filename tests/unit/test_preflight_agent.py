@@ -7,12 +7,13 @@ import io
 import json
 import os
 import socket
+import sys
 import threading
 from pathlib import Path
 
 import pytest
 
-from torchherd.agent import netcheck, probe_full
+from torchherd.agent import netcheck, probe, probe_full
 from torchherd.logs import RunResult
 from torchherd.preflight.collective import parse_output
 from torchherd.preflight.report import Status
@@ -159,3 +160,29 @@ def test_collective_output_is_read_back() -> None:
     assert rows[0].busbw_gbytes == 0.006
     failed, none = parse_output("", RunResult("j", 1))
     assert failed.status is Status.FAIL and none == ()
+
+
+def test_probe_finds_the_script_from_the_workdir_and_modules_without_importing(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    package = tmp_path / "mypkg"
+    (package / "sub").mkdir(parents=True)
+    # Importing this package would fail: the probe must find modules without running them.
+    (package / "__init__.py").write_text("raise RuntimeError('imported')\n")
+    (package / "sub" / "__init__.py").write_text("")
+    (package / "sub" / "job.py").write_text("")
+    (package / "__main__.py").write_text("")
+    answers = probe.collect({"workdir": str(tmp_path), "entry": {"script": "train.py"}})["entry"]
+    assert answers == {"script": "train.py", "path": str(tmp_path / "train.py"), "found": True}
+    assert not probe.find_entry({"script": "other.py"}, str(tmp_path))["found"]
+    for module, found in [
+        ("mypkg.sub.job", True),
+        ("mypkg", True),  # runs its __main__
+        ("mypkg.sub", False),  # a package without __main__ cannot be run with -m
+        ("mypkg.nope", False),
+        ("nope", False),
+        ("json.tool", True),
+    ]:
+        assert probe.find_entry({"module": module}, str(tmp_path))["found"] is found, module
+    assert "mypkg" not in sys.modules

@@ -1,7 +1,8 @@
 """`python -m torchherd.agent probe`: facts about this node, as one JSON object on stdout.
 
 The quick probe (what every launch runs) reads only cheap facts with the standard library:
-names, addresses, routes, versions from package metadata, a free port. It never imports torch.
+names, addresses, routes, versions from package metadata, a free port, and whether the job's
+script (or ``-m`` module) is there. It never imports torch.
 With ``"full": true`` (herd doctor) it adds torch, CUDA, NCCL, GPUs, memory, disk and credential
 files from ``probe_full``, which imports torch only in a subprocess.
 """
@@ -10,7 +11,9 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import importlib.machinery
 import importlib.metadata
+import importlib.util
 import ipaddress
 import os
 import random
@@ -32,7 +35,8 @@ PORT_RANGE = (29400, 29999)
 
 
 def collect(request: dict[str, Any]) -> dict[str, Any]:
-    """The quick facts; ``request`` may ask for a port check and a workdir check."""
+    """The quick facts; ``request`` may ask for a port check, a workdir check and an entry check
+    (``{"entry": {"script": PATH}}`` or ``{"entry": {"module": NAME}}``, seen from the workdir)."""
     facts: dict[str, Any] = {
         "hostname": socket.gethostname(),
         "hostname_addresses": _resolve(socket.gethostname()),
@@ -56,6 +60,7 @@ def collect(request: dict[str, Any]) -> dict[str, Any]:
                 "TORCH_NCCL_TRACE_BUFFER_SIZE",
                 "TORCH_NCCL_DUMP_ON_TIMEOUT",
                 "TORCH_NCCL_ASYNC_ERROR_HANDLING",
+                "ACCELERATE_USE_CPU",
             )
             if key in os.environ
         },
@@ -66,6 +71,9 @@ def collect(request: dict[str, Any]) -> dict[str, Any]:
         path = os.path.expanduser(workdir)
         facts["workdir"] = path
         facts["workdir_exists"] = os.path.isdir(path)
+    entry = request.get("entry")
+    if entry:
+        facts["entry"] = find_entry(entry, facts.get("workdir") or os.getcwd())
     if "port" in request:
         facts["port"] = check_port(int(request["port"] or 0))
     if request.get("full"):
@@ -73,6 +81,50 @@ def collect(request: dict[str, Any]) -> dict[str, Any]:
 
         facts.update(collect_full(request, facts.get("workdir")))
     return facts
+
+
+def find_entry(entry: dict[str, str], workdir: str) -> dict[str, Any]:
+    """Is the job's script (relative to ``workdir``) or module there, as torchrun would run it?
+
+    A module is looked for as ``python -m`` does from the workdir (the workdir first on the path)
+    without importing anything: importing a package's ``__init__`` can import torch, and the
+    quick probe must stay cheap.
+    """
+    if "script" in entry:
+        path = os.path.join(workdir, os.path.expanduser(entry["script"]))
+        return {"script": entry["script"], "path": path, "found": os.path.isfile(path)}
+    name = entry["module"]
+    return {"module": name, "found": _module_location(name, workdir) is not None}
+
+
+def _module_location(name: str, workdir: str) -> str | None:
+    """Where module ``name`` would be loaded from, found without running any package code."""
+    top, *rest = name.split(".")
+    sys.path.insert(0, workdir)
+    try:
+        # A top-level name imports nothing (no parent package); it also sees import hooks such
+        # as editable installs.
+        spec = importlib.util.find_spec(top)
+    except (ImportError, ValueError):
+        spec = None
+    finally:
+        sys.path.remove(workdir)
+    for part in rest:
+        spec = _submodule(spec, part)
+    if spec is not None and spec.submodule_search_locations is not None:
+        spec = _submodule(spec, "__main__")  # `python -m PACKAGE` runs its __main__
+    return None if spec is None else (spec.origin or name)
+
+
+def _submodule(
+    parent: importlib.machinery.ModuleSpec | None, part: str
+) -> importlib.machinery.ModuleSpec | None:
+    if parent is None or not parent.submodule_search_locations:
+        return None
+    # PathFinder with an explicit path does not import the parent, unlike importlib.util.find_spec.
+    return importlib.machinery.PathFinder.find_spec(
+        f"{parent.name}.{part}", list(parent.submodule_search_locations)
+    )
 
 
 def _resolve(name: str) -> list[str]:

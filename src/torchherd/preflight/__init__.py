@@ -2,7 +2,8 @@
 
 It reports; it does not decide. ``run_checks`` judges everything the doctor gathered;
 ``fast_checks`` judges the quick probe every launch runs (python/torch, versions, rendezvous
-port, workdir), and `herd launch` refuses to start when one of those fails.
+port, workdir, the job's script or module), and `herd launch` refuses to start when one of
+those fails.
 
     findings (facts, ssh and probe failures, TCP tests) -> run_checks -> PreflightReport
 """
@@ -120,12 +121,17 @@ def make_report(
 
 
 def fast_checks(cluster: ClusterSpec, facts: Mapping[str, NodeFacts]) -> list[CheckResult]:
-    """What every launch checks on the quick probe: torch, versions, workdir, and the
-    rendezvous node's port and exposure (no public address unless allowed)."""
+    """What every launch checks on the quick probe: torch, versions, workdir, the job's script
+    or module on every node, and the rendezvous node's port and exposure (no public address
+    unless allowed)."""
     findings = Findings(cluster=cluster, facts=facts, full_probe=False)
     results = []
     for node in cluster.nodes:
-        results += [checks.torch(node, findings), checks.workdir(node, findings)]
+        results += [
+            checks.torch(node, findings),
+            checks.workdir(node, findings),
+            checks.entry(node, findings),
+        ]
     results += versions(findings)
     first = cluster.rendezvous_node
     first_facts = facts.get(first.host)

@@ -189,6 +189,36 @@ def workdir(node: NodeSpec, findings: Findings) -> CheckResult:
     )
 
 
+def entry(node: NodeSpec, findings: Findings) -> CheckResult:
+    """The job's script (relative to the workdir) or ``-m`` module, for the node's python."""
+    facts = findings.facts.get(node.host)
+    if facts is None or not facts.entry or facts.workdir_exists is False:
+        return _result("entry", node.host, Status.SKIP, "not asked, or no workdir")
+    where = facts.workdir or "the working directory"
+    if "module" in facts.entry:
+        name = facts.entry["module"]
+        if facts.entry.get("found"):
+            return _result("entry", node.host, Status.PASS, f"module {name} found")
+        return _result(
+            "entry",
+            node.host,
+            Status.FAIL,
+            f"module {name} is not importable by {facts.python} (run from {where})",
+            f"install it for that python (`herd exec -- {facts.python} -m pip install ...`), or "
+            "`herd sync` the project to the workdir",
+        )
+    script = facts.entry.get("script", "")
+    if facts.entry.get("found"):
+        return _result("entry", node.host, Status.PASS, f"{script} found in {where}")
+    return _result(
+        "entry",
+        node.host,
+        Status.FAIL,
+        f"script {script} not found in {where} ({facts.entry.get('path')} does not exist)",
+        "`herd sync` the project there, or set [cluster] workdir to where the script is",
+    )
+
+
 def planned_nproc(node: NodeSpec, findings: Findings, facts: NodeFacts) -> int:
     """Workers the plan would start here: --nproc, else the node's nproc, else its GPUs, else 1."""
     return findings.nproc or node.nproc or facts.gpu_count or 1

@@ -142,7 +142,7 @@ class MlflowTracker:
             if experiment is not None
             else self._client.create_experiment(project)
         )
-        found = []
+        found: Any = []
         if job is not None:
             found = self._client.search_runs(
                 [experiment_id], filter_string=f"tags.`{JOB_TAG}` = '{job}'", max_results=1

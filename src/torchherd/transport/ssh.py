@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import shutil
 import signal
 import tempfile
@@ -84,6 +85,16 @@ def classify_ssh_failure(
     return Unreachable(
         host, "ssh-error", detail, f"run `ssh -v {host} true` to see where ssh fails"
     )
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _kill_group(pgid: int) -> None:
@@ -209,21 +220,42 @@ class SshTransport(Transport):
     def classify_failure(self, node: NodeSpec, returncode: int, stderr: str) -> Unreachable | None:
         return classify_ssh_failure(node.host, returncode, stderr, self.cluster.connect_timeout)
 
+    async def _control(self, host: str, operation: str) -> str:
+        """``ssh -O OPERATION`` to this host's master; its stderr ("" if it did not answer)."""
+        argv = self.base_argv(self.cluster.node(host)) + ["-O", operation, host]
+        process = await asyncio.create_subprocess_exec(
+            *argv,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        try:
+            _, err = await asyncio.wait_for(process.communicate(), 5)
+        except TimeoutError:
+            process.kill()
+            return ""
+        return err.decode(errors="replace")
+
     async def close(self) -> None:
         """Ask every master to exit, then remove the private control directory."""
 
         async def stop(host: str) -> None:
-            argv = self.base_argv(self.cluster.node(host)) + ["-O", "exit", host]
-            process = await asyncio.create_subprocess_exec(
-                *argv,
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.DEVNULL,
-                stderr=asyncio.subprocess.DEVNULL,
-            )
+            # `-O exit` returns once the master agreed to go, not once it is gone; the master
+            # (daemonised by -f, in a session of its own) is waited for by the pid `-O check`
+            # gives ("Master running (pid=N)"), so nothing herd started outlives herd.
+            found = re.search(r"pid=(\d+)", await self._control(host, "check"))
+            await self._control(host, "exit")
+            master = int(found.group(1)) if found else None
+            if master is None:
+                return
+            for _ in range(40):
+                if not _alive(master):
+                    return
+                await asyncio.sleep(0.05)
             try:
-                await asyncio.wait_for(process.wait(), 5)
-            except TimeoutError:
-                process.kill()
+                os.kill(master, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
 
         await asyncio.gather(*(stop(host) for host in list(self._masters)))
         self._masters.clear()

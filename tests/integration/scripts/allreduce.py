@@ -2,10 +2,12 @@
 
 --fail-rank R --code C   rank R exits with code C before the all-reduce
 --sleep S                every rank sleeps S seconds after the all-reduce (to be interrupted)
+--ignore-sigterm         every rank ignores SIGTERM (only SIGKILL ends it)
 """
 
 import argparse
 import os
+import signal
 import socket
 import sys
 import time
@@ -17,7 +19,10 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--fail-rank", type=int, default=-1)
 parser.add_argument("--code", type=int, default=3)
 parser.add_argument("--sleep", type=float, default=0)
+parser.add_argument("--ignore-sigterm", action="store_true")
 args = parser.parse_args()
+if args.ignore_sigterm:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()

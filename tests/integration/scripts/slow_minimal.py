@@ -1,6 +1,8 @@
 """examples/minimal.py with every training step slowed by 20 ms, so a test can kill a worker
-mid-run. The sleep changes no number: losses and weights are those of the example itself."""
+mid-run. The sleep changes no number: losses and weights are those of the example itself.
+Every rank first prints `ATTEMPT rank=R attempt=A` (A: herd's HERD_ATTEMPT)."""
 
+import os
 import sys
 import time
 from pathlib import Path
@@ -24,5 +26,6 @@ def slow_supervised(loss):  # type: ignore[no-untyped-def]
     return slowed
 
 
+print(f"ATTEMPT rank={os.environ.get('RANK')} attempt={os.environ.get('HERD_ATTEMPT')}", flush=True)
 train.supervised = slow_supervised
 raise SystemExit(minimal.main())
