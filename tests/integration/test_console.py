@@ -34,7 +34,7 @@ def test_a_console_that_stops_reading_does_not_stop_the_job(
 ) -> None:
     path, home = cluster(testbed, tmp_path, ["node1", "node2", "node3"])
     process = subprocess.Popen(
-        herd_argv("-c", str(path), "chatty.py", "--seconds", "30", "--rate", "100"),
+        herd_argv("-c", str(path), "chatty.py", "--seconds", "50", "--rate", "100"),
         cwd=SCRIPTS,
         env=dict(os.environ, HERD_HOME=str(home)),
         stdin=subprocess.DEVNULL,
@@ -42,8 +42,9 @@ def test_a_console_that_stops_reading_does_not_stop_the_job(
         stderr=subprocess.STDOUT,
     )
     try:
-        # Nobody reads for longer than the agents' silence limit (10 s): the pipe fills at once.
-        time.sleep(25)
+        # Nobody reads for longer than any silence limit the agents ever had (30 s, now 10 s):
+        # the pipe fills at once, and a launcher that writes to it on its event loop stalls.
+        time.sleep(40)
         assert process.poll() is None, "herd ended while its console was not read"
         out = process.communicate(timeout=180)[0].decode(errors="replace")
     finally:
