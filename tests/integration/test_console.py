@@ -42,11 +42,17 @@ def test_a_console_that_stops_reading_does_not_stop_the_job(
         stderr=subprocess.STDOUT,
     )
     try:
+        assert process.stdout is not None
+        seen = b""
+        while b"line 00000010" not in seen:  # every node is chatting now
+            line = process.stdout.readline()
+            assert line, "herd ended before its workers spoke"
+            seen += line
         # Nobody reads for longer than any silence limit the agents ever had (30 s, now 10 s):
         # the pipe fills at once, and a launcher that writes to it on its event loop stalls.
         time.sleep(40)
         assert process.poll() is None, "herd ended while its console was not read"
-        out = process.communicate(timeout=180)[0].decode(errors="replace")
+        out = seen.decode() + process.communicate(timeout=180)[0].decode(errors="replace")
     finally:
         if process.poll() is None:
             process.kill()
