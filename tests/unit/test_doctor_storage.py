@@ -13,6 +13,7 @@ from rich.console import Console
 
 from torchherd.agent import storage as agent_storage
 from torchherd.preflight import (
+    CheckResult,
     Findings,
     Limits,
     PathOnNode,
@@ -39,83 +40,66 @@ def ok(seen: str | None, free: int = 500 * GB, path: str = "/data/run") -> PathO
     return PathOnNode(path, "ok", free_bytes=free, total_bytes=1000 * GB, seen=seen)
 
 
-def judged(found: StorageFindings, **extra: object) -> dict[str, object]:
-    return {r.host: r for r in storage(findings(found, **extra))}
+def judged(found: StorageFindings, **extra: object) -> dict[str, CheckResult]:
+    return {str(r.host): r for r in storage(findings(found, **extra))}
+
+
+def from_node1(node2: PathOnNode, node3: PathOnNode, path: str = "/data/run") -> StorageFindings:
+    """node1 wrote the token; what node2 and node3 found."""
+    return StorageFindings(path, {"node1": ok(None), "node2": node2, "node3": node3}, "node1")
 
 
 # ---------------------------------------------------------------------------- judgement
 
 
 def test_shared_everywhere_passes_with_free_space() -> None:
-    found = StorageFindings(
-        "/data/run",
-        {"node1": ok(None), "node2": ok("found"), "node3": ok("found")},
-        writer="node1",
-    )
-    results = judged(found)
+    results = judged(from_node1(ok("found"), ok("found")))
     for host in HOSTS:
         result = results[host]
-        assert result.status is Status.PASS, result  # type: ignore[attr-defined]
-        assert "shared by all 3 nodes" in result.summary  # type: ignore[attr-defined]
-        assert result.data["free_bytes"] == 500 * GB  # type: ignore[attr-defined]
-        assert result.data["shared_with"] == HOSTS  # type: ignore[attr-defined]
+        assert result.status is Status.PASS, result
+        assert "shared by all 3 nodes" in result.summary
+        assert result.data["free_bytes"] == 500 * GB
+        assert result.data["shared_with"] == HOSTS
 
 
 def test_node_local_everywhere_warns_every_node_with_what_breaks_and_the_fix() -> None:
-    found = StorageFindings(
-        "~/runs",
-        {"node1": ok(None), "node2": ok("absent"), "node3": ok("absent")},
-        writer="node1",
-    )
-    results = judged(found)
+    results = judged(from_node1(ok("absent"), ok("absent"), "~/runs"))
     for host in HOSTS:
         result = results[host]
-        assert result.status is Status.WARN, result  # type: ignore[attr-defined]
-        assert "resumes from nothing" in result.summary  # type: ignore[attr-defined]
-        remedy = result.remedy  # type: ignore[attr-defined]
+        assert result.status is Status.WARN, result
+        assert "resumes from nothing" in result.summary
+        remedy = result.remedy
         assert "shared filesystem" in remedy and "s3://" in remedy
         assert 'snapshot_scope="node"' in remedy and "~/runs" in remedy
-    assert "no other node sees" in results["node1"].summary  # type: ignore[attr-defined]
-    assert "node-local" in results["node2"].summary  # type: ignore[attr-defined]
+    assert "no other node sees" in results["node1"].summary
+    assert "node-local" in results["node2"].summary
     # One remedy for the whole cluster: the report groups them.
-    assert len({r.remedy for r in results.values()}) == 1  # type: ignore[attr-defined]
+    assert len({r.remedy for r in results.values()}) == 1
 
 
 def test_partly_shared_warns_only_the_nodes_that_do_not_see_the_token() -> None:
-    found = StorageFindings(
-        "/data/run",
-        {"node1": ok(None), "node2": ok("found"), "node3": ok("other-content")},
-        writer="node1",
-    )
-    results = judged(found)
-    assert results["node1"].status is Status.PASS  # type: ignore[attr-defined]
-    assert "shared with node2" in results["node1"].summary  # type: ignore[attr-defined]
-    assert results["node2"].status is Status.PASS  # type: ignore[attr-defined]
-    assert results["node3"].status is Status.WARN  # type: ignore[attr-defined]
-    assert "a different file" in results["node3"].summary  # type: ignore[attr-defined]
-    assert results["node1"].data["not_shared_with"] == ["node3"]  # type: ignore[attr-defined]
+    results = judged(from_node1(ok("found"), ok("other-content")))
+    assert results["node1"].status is Status.PASS
+    assert "shared with node2" in results["node1"].summary
+    assert results["node2"].status is Status.PASS
+    assert results["node3"].status is Status.WARN
+    assert "a different file" in results["node3"].summary
+    assert results["node1"].data["not_shared_with"] == ["node3"]
 
 
 def test_missing_and_unwritable_fail_with_the_fix() -> None:
-    found = StorageFindings(
-        "/data/run",
-        {
-            "node1": ok(None),
-            "node2": PathOnNode("/data/run", "missing", "No such file or directory"),
-            "node3": PathOnNode("/data/run", "unwritable", "Read-only file system", 5, 9),
-        },
-        writer="node1",
-    )
-    results = judged(found)
+    missing = PathOnNode("/data/run", "missing", "No such file or directory")
+    read_only = PathOnNode("/data/run", "unwritable", "Read-only file system", 5, 9)
+    results = judged(from_node1(missing, read_only))
     missing, unwritable = results["node2"], results["node3"]
-    assert missing.status is Status.FAIL  # type: ignore[attr-defined]
-    assert "does not exist" in missing.summary  # type: ignore[attr-defined]
-    assert "mkdir -p /data/run" in missing.remedy  # type: ignore[attr-defined]
-    assert unwritable.status is Status.FAIL  # type: ignore[attr-defined]
-    assert "Read-only file system" in unwritable.summary  # type: ignore[attr-defined]
-    assert "writable" in unwritable.remedy  # type: ignore[attr-defined]
+    assert missing.status is Status.FAIL
+    assert "does not exist" in missing.summary
+    assert "mkdir -p /data/run" in missing.remedy
+    assert unwritable.status is Status.FAIL
+    assert "Read-only file system" in unwritable.summary
+    assert "writable" in unwritable.remedy
     # The only node that can write has nobody to share with: not a node-local warning.
-    assert results["node1"].status is Status.PASS  # type: ignore[attr-defined]
+    assert results["node1"].status is Status.PASS
 
 
 def test_low_space_fails_below_one_gb_and_warns_below_the_limit() -> None:
@@ -125,31 +109,27 @@ def test_low_space_fails_below_one_gb_and_warns_below_the_limit() -> None:
         writer="node1",
     )
     results = judged(found, limits=Limits(min_disk_gb=10))
-    assert results["node1"].status is Status.FAIL  # type: ignore[attr-defined]
-    assert results["node2"].status is Status.WARN  # type: ignore[attr-defined]
-    assert "3.0 GB free" in results["node2"].summary  # type: ignore[attr-defined]
-    assert results["node3"].status is Status.PASS  # type: ignore[attr-defined]
+    assert results["node1"].status is Status.FAIL
+    assert results["node2"].status is Status.WARN
+    assert "3.0 GB free" in results["node2"].summary
+    assert results["node3"].status is Status.PASS
 
 
 def test_urls_are_left_to_the_job_and_unprobed_nodes_are_skipped() -> None:
     assert is_url("s3://bucket/run") and is_url("gs://b/p")
     assert not is_url("file:///data/run") and not is_url("/data/run") and not is_url("~/r")
     results = judged(StorageFindings("s3://bucket/run", url=True))
-    assert {r.status for r in results.values()} == {Status.SKIP}  # type: ignore[attr-defined]
-    assert "not a filesystem path" in results["node1"].summary  # type: ignore[attr-defined]
+    assert {r.status for r in results.values()} == {Status.SKIP}
+    assert "not a filesystem path" in results["node1"].summary
     partial = StorageFindings("/data/run", {"node1": ok(None)}, writer="node1")
-    assert judged(partial)["node2"].status is Status.SKIP  # type: ignore[attr-defined]
+    assert judged(partial)["node2"].status is Status.SKIP
 
 
 def test_the_table_shows_the_storage_column_only_when_paths_were_checked() -> None:
     cluster = ClusterSpec(nodes=tuple(NodeSpec(host=h) for h in HOSTS), source="test")
     # No probe facts recorded here: the other checks see a probe that failed, and skip.
     failed = {h: ProbeFailure(h, "python3", "timeout", "no answer") for h in HOSTS}
-    found = StorageFindings(
-        "/data/run",
-        {"node1": ok(None), "node2": ok("absent"), "node3": ok("found")},
-        writer="node1",
-    )
+    found = from_node1(ok("absent"), ok("found"))
 
     def text(report_findings: Findings, verbose: bool) -> str:
         out = io.StringIO()
