@@ -115,6 +115,17 @@ def test_low_space_fails_below_one_gb_and_warns_below_the_limit() -> None:
     assert results["node3"].status is Status.PASS
 
 
+def test_a_node_that_did_not_answer_warns_and_names_a_hung_mount() -> None:
+    hung = PathOnNode("", "no-answer", "no answer within 60 s")
+    gone = PathOnNode("", "no-answer", "the node's agent session had ended")
+    results = judged(from_node1(hung, gone))
+    assert results["node2"].status is Status.WARN
+    assert "hung network filesystem" in results["node2"].summary
+    assert "ls /data/run" in results["node2"].remedy
+    assert results["node3"].status is Status.WARN
+    assert "hung" not in results["node3"].summary
+
+
 def test_urls_are_left_to_the_job_and_unprobed_nodes_are_skipped() -> None:
     assert is_url("s3://bucket/run") and is_url("gs://b/p")
     assert not is_url("file:///data/run") and not is_url("/data/run") and not is_url("~/r")

@@ -88,7 +88,12 @@ async def storage_tests(
         for host in hosts:
             answers = placed.get(host)
             if answers is None:
-                nodes[host] = PathOnNode("", "no-answer", "the node did not answer in time")
+                why = (
+                    f"no answer within {timeout:g} s"
+                    if sessions[host].timed_out
+                    else "the node's agent session had ended"
+                )
+                nodes[host] = PathOnNode("", "no-answer", why)
                 continue
             looked = dict(zip(asked.get(host, []), seen.get(host) or [], strict=False))
             nodes[host] = _on_node(_nth(answers, index), looked.get(index))

@@ -63,10 +63,11 @@ def _judge(node: NodeSpec, found: StorageFindings, findings: Findings) -> CheckR
         "total_bytes": here.total_bytes,
     }
     if here.state == "no-answer":
+        hung = "no answer" in here.error
         return result(
             Status.WARN,
-            f"no answer while checking it ({here.error}): a hung network filesystem?",
-            f"check the mount with `herd exec -- ls {path}`",
+            f"not checked: {here.error}" + (" (a hung network filesystem?)" if hung else ""),
+            f"check the mount with `herd exec -- ls {path}`" if hung else "see the other checks",
             **facts,
         )
     if here.state == "missing":
