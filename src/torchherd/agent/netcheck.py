@@ -9,6 +9,7 @@ session The doctor's one process per node, a JSON-lines conversation on stdin/st
             (ephemeral 0: the kernel picks; rdzv 0: a free port in torchrun's range)
         out {"facts": {probe answer}, "ports": {name: port}, "errors": {name: why}}
         in  {"check": {check request}}  ->  out {"results": [...]}   (as often as asked)
+        in  {"storage": {storage request}}  ->  out {"storage": {...}}   (see ``storage``)
         Listeners serve until stdin closes. One process per node, not one per step, keeps a
         doctor run to one ssh session per node.
 check   First stdin line: {"targets": [{"name", "addr", "port", "pings", "bytes", "seconds"}],
@@ -90,6 +91,7 @@ def listen(ports: dict[str, int]) -> tuple[list[socket.socket], dict[str, int], 
 
 def session(request: dict[str, Any], stdin: IO[str], stdout: IO[str]) -> int:
     """Probe, listen, then answer check requests until stdin closes; see the module docstring."""
+    from . import storage
     from .probe import collect
 
     ports = dict(request.get("ports") or {"ephemeral": 0})
@@ -110,9 +112,14 @@ def session(request: dict[str, Any], stdin: IO[str], stdout: IO[str]) -> int:
             if not line.strip():
                 continue
             asked = json.loads(line)
-            stdout.write(json.dumps({"results": check(dict(asked.get("check") or {}))}) + "\n")
+            if "storage" in asked:
+                answer: dict[str, Any] = {"storage": storage.handle(dict(asked["storage"] or {}))}
+            else:
+                answer = {"results": check(dict(asked.get("check") or {}))}
+            stdout.write(json.dumps(answer) + "\n")
             stdout.flush()
     finally:
+        storage.clean()
         for sock in listeners:
             sock.close()
     return 0

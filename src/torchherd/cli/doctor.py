@@ -42,12 +42,24 @@ def doctor_command(
     fresh: bool = typer.Option(
         False, "--fresh", help="Re-import torch on every node (ignore the remembered result)."
     ),
+    paths: list[str] = typer.Option(
+        None,
+        "--path",
+        metavar="DIR",
+        help="Check DIR on every node (repeatable): it exists, is writable, its free space, and "
+        "whether it is the same storage everywhere (a file written on one node is looked for on "
+        "the others). Point it at the job's run or snapshot directory: a node-local one warns, "
+        "since a restart that moves ranks to another node would resume from nothing. ~ expands "
+        "on each node; a relative DIR is taken from the job's working directory; s3:// and other "
+        "URLs are not paths and are left to the job. Without --path no directory is checked.",
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON on stdout."),
     verbose: bool = typer.Option(
         False, "-v", "--verbose", help="Show every check's finding, not only problems."
     ),
 ) -> int:
-    """Check every node: ssh, python/torch, versions, GPUs, ports, NICs, names, disk, bandwidth.
+    """Check every node: ssh, python/torch, versions, GPUs, ports, NICs, names, disk, bandwidth
+    (and shared storage, with --path).
 
     Prints a table of nodes x checks, then what to do about each problem. Exit 0 when nothing
     failed (warnings allowed), 3 when a check failed, 2 for a bad cluster file.
@@ -58,6 +70,7 @@ def doctor_command(
         full=full,
         collective=collective,
         fresh=fresh,
+        paths=tuple(paths or ()),
         limits=Limits(min_gbits=min_gbits, min_disk_gb=min_disk_gb),
         net=NetOptions(full=full),
     )

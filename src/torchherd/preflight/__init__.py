@@ -15,8 +15,17 @@ from dataclasses import dataclass
 
 from ..facts import NodeFacts
 from ..spec import ClusterSpec, NodeSpec
-from . import checks, network_checks
-from .findings import Findings, Limits, NetworkFindings, PlanOutcome, ProbeFailure, plan_for
+from . import checks, network_checks, storage_checks
+from .findings import (
+    Findings,
+    Limits,
+    NetworkFindings,
+    PathOnNode,
+    PlanOutcome,
+    ProbeFailure,
+    StorageFindings,
+    plan_for,
+)
 from .report import BusBandwidth, CheckResult, Link, PreflightReport, Status
 from .versions import differences, versions
 
@@ -32,6 +41,8 @@ class Check:
     """Short column title."""
     about: str
     """What it checks, for the legend and --help."""
+    optional: bool = False
+    """A column shown only when the check ran (``storage``: only with ``--path``)."""
 
 
 CHECKS: tuple[Check, ...] = (
@@ -47,6 +58,12 @@ CHECKS: tuple[Check, ...] = (
     Check("nic", "nic", "the NIC NCCL/Gloo would use is a real network NIC"),
     Check("hostname", "name", "the node's own name does not resolve to loopback"),
     Check("disk", "disk", "free disk and write speed where the job writes"),
+    Check(
+        "storage",
+        "store",
+        "each --path exists, is writable and is the same storage on every node",
+        optional=True,
+    ),
     Check("credentials", "creds", "credential files not readable by other users"),
     Check("network", "net", "link throughput and latency from the rendezvous node"),
 )
@@ -79,7 +96,7 @@ def run_checks(findings: Findings) -> list[CheckResult]:
     by_node: dict[str, list[CheckResult]] = {n.host: [] for n in findings.cluster.nodes}
     for node in findings.cluster.nodes:
         by_node[node.host] = [check(node, findings, outcome) for check in _node_checks()]
-    for result in versions(findings):
+    for result in versions(findings) + storage_checks.storage(findings):
         by_node[str(result.host)].append(result)
     order = {check.id: index for index, check in enumerate(CHECKS)}
     results = []
@@ -162,9 +179,11 @@ __all__ = [
     "Limits",
     "Link",
     "NetworkFindings",
+    "PathOnNode",
     "PreflightReport",
     "ProbeFailure",
     "Status",
+    "StorageFindings",
     "fast_checks",
     "make_report",
     "plan_for",

@@ -2,6 +2,7 @@
 
     connect (ssh, in parallel) -> one agent session per node: full probe, listeners
     -> the launch plan -> TCP tests through the sessions
+    -> [shared storage: a token per --path, looked for on the other nodes, with --path]
     -> checks -> [all-reduce through `herd launch`, with --collective] -> PreflightReport
 
 Unlike a launch, nothing here stops at the first broken node: each node's trouble becomes its
@@ -20,9 +21,10 @@ from ..facts import NodeFacts
 from ..spec import ClusterSpec, NodeSpec
 from ..transport import Transport, Unreachable, for_cluster
 from . import make_report, run_checks
-from .findings import Findings, Limits, ProbeFailure, plan_for
+from .findings import Findings, Limits, ProbeFailure, StorageFindings, plan_for
 from .network import NetOptions, Session, network_tests
 from .report import BusBandwidth, CheckResult, PreflightReport, Status
+from .storage import storage_tests
 
 Say = Callable[[str], None]
 
@@ -56,6 +58,8 @@ class DoctorOptions:
     net: NetOptions = field(default_factory=NetOptions)
     probe_timeout: float = 120.0
     """Seconds a node's probe may take (it imports torch, which can be slow on a busy node)."""
+    paths: tuple[str, ...] = ()
+    """Directories (or URLs) checked on every node: there, writable, the same storage."""
 
 
 def doctor(
@@ -137,6 +141,15 @@ async def gather(
                 network = await network_tests(cluster, outcome.plan, sessions, options.net, say)
             else:
                 skipped = f"not tested: {outcome.error}"
+        storage: tuple[StorageFindings, ...] = ()
+        if options.paths:
+            storage = await storage_tests(
+                options.paths,
+                sessions,
+                [n.host for n in cluster.nodes],
+                cluster.workdir or "",
+                say=say,
+            )
         return Findings(
             cluster=cluster,
             facts=facts,
@@ -146,6 +159,7 @@ async def gather(
             network_skipped=skipped,
             nproc=options.nproc,
             limits=options.limits,
+            storage=storage,
         )
     finally:
         await asyncio.gather(*(session.close() for session in sessions.values()))

@@ -61,6 +61,35 @@ class NetworkFindings:
 
 
 @dataclass(frozen=True)
+class PathOnNode:
+    """What one node found at one checked path (see ``agent/storage.py``)."""
+
+    path: str
+    """The path as this node resolved it (``~`` expanded for its user)."""
+    state: str
+    """ok, missing, not-a-dir, no-access, unwritable, or no-answer (the node did not answer)."""
+    error: str = ""
+    free_bytes: int | None = None
+    total_bytes: int | None = None
+    seen: str | None = None
+    """Whether the writer's token is here: found, other-content or absent; None when this node
+    is the writer or was not asked."""
+
+
+@dataclass(frozen=True)
+class StorageFindings:
+    """One ``--path``: what every node found there, and who wrote the token the others sought."""
+
+    path: str
+    """As given on the command line."""
+    nodes: Mapping[str, PathOnNode] = field(default_factory=dict)
+    writer: str | None = None
+    """The first node (in cluster order) where the path is a writable directory."""
+    url: bool = False
+    """An fsspec URL (s3://...): not a filesystem path, not looked at by the nodes."""
+
+
+@dataclass(frozen=True)
 class Findings:
     cluster: ClusterSpec
     facts: Mapping[str, NodeFacts]
@@ -76,6 +105,8 @@ class Findings:
     launcher_version: str = __version__
     full_probe: bool = True
     """Whether the facts come from the full probe (torch imported) or the quick one."""
+    storage: tuple[StorageFindings, ...] = ()
+    """The paths of ``herd doctor --path``, in the order given."""
 
 
 @dataclass(frozen=True)

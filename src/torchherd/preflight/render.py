@@ -67,15 +67,23 @@ def render(report: PreflightReport, console: Console, *, verbose: bool = False) 
 def _table(report: PreflightReport) -> Table:
     table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=0)
     table.add_column("node", no_wrap=True)
-    for check in CHECKS:
+    ran = {r.check for r in report.results}
+    columns = [c for c in CHECKS if not c.optional or c.id in ran]
+    for check in columns:
         table.add_column(check.header, justify="center", no_wrap=True)
     for host in report.hosts:
-        cells = []
-        for check in CHECKS:
-            result = report.result(check.id, host)
-            cells.append(_symbol(result.status) if result else _symbol(Status.SKIP))
+        # A check may have several results on a node (storage: one per --path): the worst shows.
+        cells = [_symbol(_worst(report, check.id, host)) for check in columns]
         table.add_row(escape(host), *cells)
     return table
+
+
+_SEVERITY = (Status.FAIL, Status.WARN, Status.PASS, Status.SKIP)
+
+
+def _worst(report: PreflightReport, check: str, host: str) -> Status:
+    found = {r.status for r in report.results if r.check == check and r.host == host}
+    return next((status for status in _SEVERITY if status in found), Status.SKIP)
 
 
 def _versions(report: PreflightReport) -> Table:
