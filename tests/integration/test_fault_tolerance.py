@@ -8,7 +8,6 @@ equals that of a run never interrupted, each step recorded once.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
@@ -17,16 +16,10 @@ import sys
 import time
 from pathlib import Path
 
+from tests.integration.training import ARGS, losses, worker_on
 from tests.testbed import Testbed
 
 SCRIPTS = Path(__file__).parent / "scripts"
-ARGS = ["--max-steps", "200", "--snapshot-every", "20", "--batch-size", "16"]
-
-
-def losses(run_dir: Path) -> list[tuple[int, float]]:
-    """(step, loss) of every training record in metrics.jsonl, in file order."""
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return [(int(r["step"]), float(r["loss"])) for r in records if "loss" in r]
 
 
 def snapshot_steps(run_dir: Path) -> list[int]:
@@ -39,17 +32,6 @@ def snapshot_steps(run_dir: Path) -> list[int]:
 
 def attempts(out: str) -> list[tuple[str, str]]:
     return re.findall(r"ATTEMPT rank=(\d+) attempt=(\S+)", out)
-
-
-def worker_on(job_id: str, node: str, testbed: Testbed) -> int | None:
-    for pid in testbed.processes_with_env("HERD_JOB_ID", job_id):
-        try:
-            env = set(Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"))
-        except OSError:
-            continue
-        if f"HERD_NODE={node}".encode() in env and b"LOCAL_RANK=0" in env:
-            return pid
-    return None
 
 
 def launch(testbed: Testbed, tmp_path: Path, name: str) -> tuple[subprocess.Popen[str], Path, Path]:

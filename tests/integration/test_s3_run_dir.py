@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.test_fault_tolerance import ARGS, SCRIPTS, final_loss, worker_on
+from tests.integration.herd_cli import SCRIPTS
+from tests.integration.training import ARGS, final_loss, worker_on
 from tests.s3server import S3Server, make_bucket, s3_server
 from tests.testbed import Testbed
 

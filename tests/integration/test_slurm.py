@@ -18,8 +18,9 @@ from pathlib import Path
 import pytest
 
 from tests.integration.conftest import require_testbed
-from tests.integration.test_fault_tolerance import final_loss
 from tests.integration.test_launch import results
+from tests.integration.training import ARGS as TRAIN_ARGS
+from tests.integration.training import final_loss
 from tests.slurm_testbed import SlurmCluster, slurm_available
 from tests.testbed import Testbed
 
@@ -150,9 +151,6 @@ def test_herd_submit_slurm(slurm: SlurmCluster, tmp_path: Path) -> None:
     listed = json.loads(herd_cli(slurm, ["ps", "--json"], home).stdout)
     mine = [row for row in listed if row.get("scheduler") == "slurm"]
     assert [(row["id"], row["state"]) for row in mine] == [(job, "COMPLETED")]
-
-
-TRAIN_ARGS = ["--max-steps", "200", "--snapshot-every", "20", "--batch-size", "16"]
 
 
 def submit_training(slurm: SlurmCluster, tmp_path: Path, name: str) -> tuple[str, Path, Path]:

@@ -1,0 +1,37 @@
+"""What the training-job tests share: the slowed Trainer job's arguments and how its results
+are read (metrics.jsonl, the worker on a node to kill)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tests.testbed import Testbed
+
+# tests/integration/scripts/slow_minimal.py: 200 steps, a snapshot every 20.
+ARGS = ["--max-steps", "200", "--snapshot-every", "20", "--batch-size", "16"]
+
+
+def losses(run_dir: Path) -> list[tuple[int, float]]:
+    """(step, loss) of every training record in metrics.jsonl, in file order."""
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [(int(r["step"]), float(r["loss"])) for r in records if "loss" in r]
+
+
+def final_loss(run_dir: Path) -> float:
+    """The loss logged at step 200 (the last one logged for it, after any resume)."""
+    last = [loss for step, loss in losses(run_dir) if step == 200]
+    assert last, f"step 200 never logged in {run_dir}"
+    return last[-1]
+
+
+def worker_on(job_id: str, node: str, testbed: Testbed) -> int | None:
+    """The pid of local rank 0 of the job on ``node``."""
+    for pid in testbed.processes_with_env("HERD_JOB_ID", job_id):
+        try:
+            env = set(Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"))
+        except OSError:
+            continue
+        if f"HERD_NODE={node}".encode() in env and b"LOCAL_RANK=0" in env:
+            return pid
+    return None
