@@ -7,6 +7,7 @@ import pytest
 
 from torchherd.recovery import HangWatch, NodeLiveness, RankStack, RestartPolicy, explain
 from torchherd.recovery.evidence import judge
+from torchherd.recovery.hang import FLOOR
 from torchherd.recovery.policy import PROGRESS_BY_TIME, made_progress
 
 
@@ -92,11 +93,11 @@ def test_a_steady_job_that_stops_is_hung_after_the_floor() -> None:
         watch.signal(0, step)
         watch.signal(1, step)
         clock.advance(2)
-    clock.advance(57)  # 59 s since the last signal
+    clock.advance(FLOOR - 3)  # a second short of the floor since the last signal
     assert watch.check() is None
     clock.advance(2)
     hang = watch.check()
-    assert hang is not None and hang.limit == 60 and "floor" in hang.how
+    assert hang is not None and hang.limit == FLOOR and "floor" in hang.how
     assert watch.steps == {0: 19, 1: 19} and watch.max_step == 19
 
 

@@ -57,7 +57,7 @@ def launch_command(
         min=0,
         help="Seconds without progress from any rank (output lines, torchherd.progress beats) "
         "that make a hang; 0 turns the watch off. Default: learned from the job, "
-        "max(60 s, 3 x the longest gap seen).",
+        "max(50 s, 3 x the longest gap seen).",
     ),
     crash_loop: int = typer.Option(
         3,
