@@ -175,8 +175,10 @@ def measure(
             node = "node3" if fault == "node-lost" else "node1"
             bed.partition(node)
             cut.append(node)
-            # A cut-off node's own lines do not count as the survivors noticing.
-            skip = frozenset({bed.nodes.index(bed.node(node))})
+            # A cut-off node's own lines do not count as the survivors noticing (torchrun by
+            # hand: one output per node; herd has one launcher output, never on a node).
+            if runner == "torchrun":
+                skip = frozenset({bed.nodes.index(bed.node(node))})
         pattern = HERD_NOTICES if runner == "herd" else TORCHRUN_NOTICES
         detected = resumed = None
         while time.monotonic() - injected < cap:
