@@ -20,6 +20,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from torchherd.train.dist import teardown_and_exit
+
 MARKER = "HERD_SCALING "
 
 
@@ -79,7 +81,7 @@ def main(argv: list[str] | None = None) -> None:
             "samples_per_s": world * args.batch * args.steps / synced,
         }
         print(MARKER + json.dumps(answer), flush=True)
-    dist.destroy_process_group()
+    teardown_and_exit(0)  # a barrier, then out without the destructors that can deadlock
 
 
 if __name__ == "__main__":

@@ -10,14 +10,13 @@ from __future__ import annotations
 import json
 import os
 import socket
-import sys
 import time
 
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from torchherd.train.dist import teardown
+from torchherd.train.dist import teardown_and_exit
 
 
 def main(steps: int = 300, batch: int = 64) -> None:
@@ -68,18 +67,8 @@ def main(steps: int = 300, batch: int = 64) -> None:
                 },
                 handle,
             )
-    # A barrier before leaving the group: a rank that destroys it while a peer's Gloo thread
-    # still finishes the last all-reduce can abort at exit (SIGABRT, "terminate called without
-    # an active exception"). torchherd.train.teardown does exactly this.
-    teardown()
     if distributed:
-        # The process group is really freed only with the DDP model, at interpreter exit, and
-        # torch 2.13's ~ProcessGroupGloo can then deadlock with its own runloop thread over the
-        # GIL (seen about once in 25 runs under load). The work is done and written: leave
-        # without running those destructors.
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)
+        teardown_and_exit(0)  # a barrier, then out without the destructors that can deadlock
 
 
 if __name__ == "__main__":

@@ -42,9 +42,11 @@ def may_have_started(events: dict[str, dict[str, Any]]) -> list[str]:
 
 
 def detach_request(supervisor: Supervisor, node: NodePlan) -> dict[str, Any]:
-    """The Supervisor's job request with ``detach`` set (and no heartbeat: nobody will ping)."""
+    """The Supervisor's job request with ``detach`` set (and no heartbeat or silence limit:
+    nobody will ping)."""
     request = supervisor.agent_request(node) | {"detach": True}
     request.pop("heartbeat", None)
+    request.pop("silence", None)
     return request
 
 

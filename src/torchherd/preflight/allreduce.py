@@ -18,6 +18,8 @@ import time
 import torch
 import torch.distributed as dist
 
+from torchherd.train.dist import teardown_and_exit
+
 from .report import bus_bandwidth
 
 MARKER = "HERD_ALLREDUCE "
@@ -89,7 +91,7 @@ def main(argv: list[str] | None = None) -> None:
             "rows": rows,
         }
         print(MARKER + json.dumps(answer), flush=True)
-    dist.destroy_process_group()
+    teardown_and_exit(0)  # a barrier, then out without the destructors that can deadlock
 
 
 def _correct(tensor: torch.Tensor, rank: int, world: int) -> bool:
