@@ -242,6 +242,27 @@ class Transport(ABC):
         return list(await asyncio.gather(*(bounded(node) for node in nodes)))
 
 
+async def local_output(
+    argv: Sequence[str], timeout: float, *, stderr: bool = False
+) -> bytes | None:
+    """Run a short local command (``ssh -G``, ``ssh -O``) without blocking the event loop; its
+    stdout (or stderr), or None when it did not finish in ``timeout`` s or failed."""
+    process = await asyncio.create_subprocess_exec(
+        *argv,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.DEVNULL if stderr else asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE if stderr else asyncio.subprocess.DEVNULL,
+    )
+    try:
+        out, err = await asyncio.wait_for(process.communicate(), timeout)
+    except TimeoutError:
+        await _kill(process)
+        return None
+    if process.returncode != 0 and not stderr:
+        return None
+    return err if stderr else out
+
+
 async def _kill(process: asyncio.subprocess.Process) -> None:
     if process.returncode is None:
         try:

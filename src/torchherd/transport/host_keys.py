@@ -9,9 +9,10 @@ once per node and remembered for the life of the transport.
 
 from __future__ import annotations
 
-import asyncio
 import subprocess
 from collections.abc import Sequence
+
+from .base import local_output
 
 # ssh -G prints the setting under this key: ask (the default), true (yes), false (no), accept-new.
 SETTING = "stricthostkeychecking"
@@ -46,19 +47,8 @@ class HostKeyPolicy:
         """Ask ssh (without blocking the event loop) for this node's setting, once."""
         if host in self._settings:
             return
-        process = await asyncio.create_subprocess_exec(
-            *self._argv(host),
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.DEVNULL,
-        )
-        try:
-            out, _ = await asyncio.wait_for(process.communicate(), 10)
-        except TimeoutError:
-            process.kill()
-            await process.wait()
-            out = b""
-        self._remember(host, process.returncode == 0, out.decode(errors="replace"))
+        out = await local_output(self._argv(host), 10)
+        self._remember(host, out is not None, (out or b"").decode(errors="replace"))
 
     def option(self, host: str) -> dict[str, str]:
         """The option to add for ``host`` (asked here and now if ``learn`` was not awaited)."""

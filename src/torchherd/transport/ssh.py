@@ -17,7 +17,7 @@ from collections.abc import Mapping
 
 from ..errors import ConfigError
 from ..spec import ClusterSpec, NodeSpec
-from .base import Command, Transport, Unreachable
+from .base import Command, Transport, Unreachable, local_output
 from .host_keys import HostKeyPolicy
 
 # ssh's words for each way a connection fails, checked in this order; first match wins.
@@ -223,18 +223,8 @@ class SshTransport(Transport):
     async def _control(self, host: str, operation: str) -> str:
         """``ssh -O OPERATION`` to this host's master; its stderr ("" if it did not answer)."""
         argv = self.base_argv(self.cluster.node(host)) + ["-O", operation, host]
-        process = await asyncio.create_subprocess_exec(
-            *argv,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.PIPE,
-        )
-        try:
-            _, err = await asyncio.wait_for(process.communicate(), 5)
-        except TimeoutError:
-            process.kill()
-            return ""
-        return err.decode(errors="replace")
+        err = await local_output(argv, 5, stderr=True)
+        return (err or b"").decode(errors="replace")
 
     async def close(self) -> None:
         """Ask every master to exit, then remove the private control directory."""
