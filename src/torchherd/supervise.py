@@ -263,9 +263,7 @@ class Supervisor:
             pass
         elif kind == "stacks":
             self.evidence.add(host, event)
-            self._stacks_wanted.discard(host)
-            if not self._stacks_wanted:
-                self._stacks_arrived.set()
+            self._no_more_stacks_from(host)
         elif kind == "started":
             self._set_state(node, "running")
             self.liveness.watch(host)
@@ -275,9 +273,7 @@ class Supervisor:
             self._on_node_failed(node)
         elif kind == "exit":
             self.liveness.forget(host)
-            self._stacks_wanted.discard(host)
-            if not self._stacks_wanted:
-                self._stacks_arrived.set()
+            self._no_more_stacks_from(host)  # an agent that ended sends none
             node.failures = list(event.get("failures", []))
             if event.get("error"):
                 node.error = event["error"] | {"last_stderr": event.get("last_stderr", [])}
@@ -333,7 +329,7 @@ class Supervisor:
 
         spec = self.cluster.node(node.plan.host)
         request = {"job_id": self.plan.job_id, "node": node.plan.name, "grace": self.plan.grace}
-        if self.plan.nodes and node.plan.env.get("HERD_HOME"):
+        if node.plan.env.get("HERD_HOME"):
             request["herd_home"] = node.plan.env["HERD_HOME"]
         answer = await call_agent(
             self.transport, spec, "stop", request, timeout=self.plan.grace + SWEEP_MARGIN
@@ -343,6 +339,11 @@ class Supervisor:
                 f"herd: ended {answer.data['processes']} process(es) the lost agent left on "
                 f"{node.plan.host}"
             )
+
+    def _no_more_stacks_from(self, host: str) -> None:
+        self._stacks_wanted.discard(host)
+        if not self._stacks_wanted:
+            self._stacks_arrived.set()
 
     def _on_node_failed(self, node: NodeRun) -> None:
         if not self._ending:
