@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["HostStager"]
+__all__ = ["HostStager", "host_storage_spans"]
 
 
 class HostStager:
@@ -74,6 +74,27 @@ class HostStager:
         else:
             self._buffers.append(buffer)
         return buffer
+
+
+def host_storage_spans(state: Any) -> list[tuple[int, int]]:
+    """``(address, bytes)`` of the host memory behind every CPU tensor of a nested state.
+
+    torch.save writes each tensor's storage straight from this memory, which the caller keeps
+    alive and unchanged for the whole save; the snapshot writer hashes it in place.
+    """
+    spans: list[tuple[int, int]] = []
+    pending = [state]
+    while pending:
+        value = pending.pop()
+        if isinstance(value, torch.Tensor):
+            if value.device.type == "cpu" and value.layout == torch.strided and _is_plain(value):
+                storage = value.untyped_storage()
+                spans.append((storage.data_ptr(), storage.nbytes()))
+        elif isinstance(value, dict):
+            pending.extend(value.values())
+        elif isinstance(value, (list, tuple)):
+            pending.extend(value)
+    return spans
 
 
 def _is_plain(tensor: torch.Tensor) -> bool:

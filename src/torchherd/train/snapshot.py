@@ -42,7 +42,8 @@ from typing import IO, Any, Literal, cast
 import torch
 import torch.distributed as dist
 
-from torchherd.train._staging import HostStager
+from torchherd.train._files import StableMemory
+from torchherd.train._staging import HostStager, host_storage_spans
 from torchherd.train._store import STEP_DIR, is_url, open_store
 from torchherd.train.dist import Context, current_context
 from torchherd.train.errors import SnapshotCorrupt, SnapshotError
@@ -127,7 +128,7 @@ class Snapshotter:
         if not self.is_writer:
             return None
         self.wait()
-        return self._commit(step, state, meta)
+        return self._commit(step, state, meta, prune_in_background=True)
 
     def save_async(
         self,
@@ -189,15 +190,20 @@ class Snapshotter:
         on_saved: Callable[[Path | str], None] | None,
     ) -> None:
         try:
-            where = self._commit(step, state, meta)
+            # Pruning is part of the save here: this thread is off the training path, and a
+            # deletion left running would compete with the next save's copy to host memory.
+            where = self._commit(step, state, meta, prune_in_background=False)
             if on_saved is not None:
                 on_saved(where)
         except BaseException as exc:  # noqa: BLE001 - handed to the training thread
             self._failure = exc
 
-    def _commit(self, step: int, state: Any, meta: dict[str, Any] | None) -> Path | str:
-        self._forget_many(self.store.remove_leftovers(busy=bool(self._alive_deletions())))
+    def _commit(
+        self, step: int, state: Any, meta: dict[str, Any] | None, prune_in_background: bool
+    ) -> Path | str:
         name = f"step-{step}"
+        prepared = self.store.prepare(name, busy=bool(self._alive_deletions()))
+        self._forget_many(prepared.deleting)
         started = time.perf_counter()
 
         def manifest(digest: Any) -> bytes:
@@ -216,10 +222,14 @@ class Snapshotter:
 
         with _without_crc32():
             digest = self.store.write(
-                name, STATE_FILE, lambda f: torch.save(state, cast(IO[bytes], f)), manifest
+                name,
+                STATE_FILE,
+                lambda f: torch.save(state, cast(IO[bytes], f)),
+                manifest,
+                StableMemory(host_storage_spans(state)),
             )
         self.store.set_latest(name)
-        self._prune(keep_name=name)
+        self._prune(name, prepared.present, prune_in_background)
         where = self._location(name)
         log.debug("saved %s (%d bytes) in %.2fs", where, digest.size, time.perf_counter() - started)
         return where
@@ -261,13 +271,14 @@ class Snapshotter:
             signal.signal(signal.SIGTERM, self._sigterm_before)
             self._sigterm_before = None
 
-    def _prune(self, keep_name: str) -> None:
+    def _prune(self, saved: str, present: list[str], background: bool) -> None:
+        # ``present`` was listed when this save began; this process is the only writer.
         if self.keep is None:
             return
-        steps = self.steps()
+        steps = sorted((_step_of(n) for n in {*present, saved}), reverse=True)
         for step in steps[self.keep :]:
-            if f"step-{step}" != keep_name:
-                self._forget(self.store.remove(f"step-{step}", background=True))
+            if f"step-{step}" != saved:
+                self._forget(self.store.remove(f"step-{step}", background=background))
 
     def _alive_deletions(self) -> list[threading.Thread]:
         self._deleting = [t for t in self._deleting if t.is_alive()]
@@ -296,12 +307,7 @@ class Snapshotter:
 
     def steps(self) -> list[int]:
         """Steps of the complete ``step-N`` snapshots present, newest first."""
-        found = []
-        for name in self.store.names():
-            match = _STEP_DIR.match(name)
-            if match:
-                found.append(int(match.group(1)))
-        return sorted(found, reverse=True)
+        return sorted(map(_step_of, self.store.names()), reverse=True)
 
     def latest_step(self) -> int | None:
         """The step ``latest`` names, or None when there is no readable pointer."""
@@ -427,6 +433,12 @@ class Snapshotter:
 
     def _collective_device(self) -> torch.device:
         return self.ctx.device if dist.get_backend() == "nccl" else torch.device("cpu")
+
+
+def _step_of(name: str) -> int:
+    match = _STEP_DIR.match(name)
+    assert match is not None, name  # stores list only ``step-N`` names
+    return int(match.group(1))
 
 
 @contextlib.contextmanager

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import json
 import logging
@@ -10,6 +11,7 @@ import pickle
 import signal
 import subprocess
 import sys
+import threading
 import time
 import zipfile
 from concurrent.futures import ThreadPoolExecutor
@@ -20,7 +22,8 @@ import torch
 from train_helpers import subprocess_env
 
 from torchherd.train import SnapshotCorrupt, SnapshotError, Snapshotter
-from torchherd.train._files import Digest, HashingWriter, digest_of
+from torchherd.train._files import Digest, HashingWriter, StableMemory, digest_of
+from torchherd.train._staging import host_storage_spans
 from torchherd.train.dist import Context
 
 
@@ -267,3 +270,52 @@ def test_chunk_digests_agree_between_writer_and_reader(tmp_path: Path, size: int
     expected = [hashlib.sha256(data[i : i + 64]).hexdigest() for i in range(0, max(size, 1), 64)]
     assert written == expected
     assert digest_of(path, 64) == Digest(size, 64, tuple(expected))
+
+
+def _address(buffer: bytearray) -> int:
+    return ctypes.addressof((ctypes.c_char * len(buffer)).from_buffer(buffer))
+
+
+def test_stable_memory_is_hashed_in_place_and_other_bytes_are_copied(tmp_path: Path) -> None:
+    # Hashing is held back until both buffers were changed after their writes: the stable one
+    # must be hashed as it is then (in place, no copy), the other as it was when written.
+    stable = bytearray(os.urandom(128))
+    scratch = bytearray(os.urandom(128))
+    before = bytes(stable) + bytes(scratch)
+    go = threading.Event()
+    with ThreadPoolExecutor(1) as pool, open(tmp_path / "file", "xb") as raw:
+        pool.submit(go.wait)
+        memory = StableMemory([(_address(stable), len(stable))])
+        writer = HashingWriter(raw, pool, chunk_bytes=64, stable=memory)
+        writer.write(memoryview(stable))
+        writer.write(scratch)
+        stable[0] ^= 0xFF
+        scratch[0] ^= 0xFF
+        go.set()
+        digests = writer.chunk_digests()
+    hashed = bytes(stable) + before[128:]
+    assert digests == [hashlib.sha256(hashed[i : i + 64]).hexdigest() for i in range(0, 256, 64)]
+    assert (tmp_path / "file").read_bytes() == before  # the file got the bytes as written
+
+
+def test_stable_memory_holds_only_views_wholly_inside_one_range() -> None:
+    block = bytearray(256)
+    base = _address(block)
+    view = memoryview(block)
+    memory = StableMemory([(base, 64), (base + 64, 64), (base + 192, 64), (base + 300, 0)])
+    assert memory.holds(view[:128])  # two touching ranges merge
+    assert memory.holds(view[200:256])
+    assert not memory.holds(view[100:200])  # runs into the gap
+    assert not memory.holds(view[128:129])
+    assert not StableMemory([]).holds(view)
+
+
+def test_host_storage_spans_cover_every_tensor_of_a_nested_state() -> None:
+    weight = torch.randn(8, 8)
+    state = {"model": {"w": weight, "view": weight[2:4]}, "opt": [torch.ones(3), (torch.zeros(2),)]}
+    spans = host_storage_spans(state)
+    storages = {weight.untyped_storage().data_ptr(), state["opt"][0].untyped_storage().data_ptr()}
+    assert storages <= {address for address, _ in spans}
+    assert (weight.untyped_storage().data_ptr(), 8 * 8 * 4) in spans
+    assert len(spans) == 4  # one per tensor; the view's span is its base's whole storage
+    assert spans.count((weight.untyped_storage().data_ptr(), 8 * 8 * 4)) == 2

@@ -133,3 +133,14 @@ def test_sigkill_mid_async_save_leaves_the_previous_snapshot(tmp_path: Path) -> 
     assert not (tmp_path / "snaps" / "step-2").exists()
     step, state = snaps.load_latest()
     assert step == 1 and state["name"] == "small"
+
+
+def test_a_background_save_has_pruned_when_it_is_waited_for(tmp_path: Path) -> None:
+    # Pruning runs inside the background save, so a deletion never competes with the next
+    # save's copy to host memory; waiting for the save means waiting for its pruning too.
+    snaps = Snapshotter(tmp_path / "snaps", keep=1, ctx=ctx())
+    for step in (1, 2, 3):
+        snaps.save_async(step, {"w": torch.full((512, 512), float(step))})
+        snaps.wait()
+        assert sorted(p.name for p in (tmp_path / "snaps").iterdir()) == ["latest", f"step-{step}"]
+    snaps.close()

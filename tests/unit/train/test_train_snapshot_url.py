@@ -193,3 +193,44 @@ def test_a_state_larger_than_the_memory_spool_goes_through_a_file(
     snaps.save(1, state_for(1))  # 16 KiB of tensor data: spilled to disk, uploaded in parts
     step, state = Snapshotter(memory_url, ctx=CTX).load_latest()
     assert step == 1 and torch.equal(state["w"], state_for(1)["w"])
+
+
+def test_an_s3_save_lists_the_bucket_once(s3_env: str) -> None:
+    # Every request to an object store is a round trip: one listing serves the leftover
+    # check, the same-step check and the pruning of a save.
+    snaps = Snapshotter(f"{s3_env}/snaps", keep=1, ctx=CTX)
+    snaps.save(1, state_for(1))
+    fs = snaps.store.fs  # type: ignore[attr-defined]
+    listings: list[str] = []
+    real_find = fs.find
+
+    def counting_find(path: str, *args: object, **kwargs: object) -> object:
+        listings.append(path)
+        return real_find(path, *args, **kwargs)
+
+    fs.find = counting_find
+    try:
+        snaps.save(2, state_for(2))
+        snaps.save(2, state_for(2))  # the same step again replaces it
+    finally:
+        del fs.find
+    snaps.close()
+    assert len(listings) == 2
+    assert snaps.steps() == [2]
+    step, state = Snapshotter(f"{s3_env}/snaps", ctx=CTX).load_latest()
+    assert step == 2 and state["name"] == "s2"
+
+
+def test_snapshots_of_changing_sizes_reuse_the_upload_memory_safely(memory_url: str) -> None:
+    # The serialised bytes of one save are overwritten by the next: every snapshot must still
+    # hold its own state, whether the next one is larger or smaller.
+    snaps = Snapshotter(memory_url, keep=None, ctx=CTX)
+    sizes = {1: 64, 2: 256, 3: 16, 4: 16}
+    for step, side in sizes.items():
+        snaps.save(step, {"w": torch.full((side, side), float(step))})
+    snaps.close()
+    for step, side in sizes.items():
+        fresh = Snapshotter(memory_url, keep=None, ctx=CTX)
+        assert fresh.verify(step) is None
+        state, reason = fresh._read(step)
+        assert reason is None and torch.equal(state["w"], torch.full((side, side), float(step)))
