@@ -438,7 +438,12 @@ async def _start_detached(
     stream: TextIO,
     loop: asyncio.AbstractEventLoop,
 ) -> RunResult:
-    """Start the job detached; Ctrl-C while it starts stops it on every node it may reach."""
+    """Start the job detached; Ctrl-C while it starts stops it on every node it may reach.
+
+    A time-limit warning (SIGUSR1) while it starts stops it too: herd is about to leave, so
+    nobody would be there to ask the job to save, and the job has not trained yet. It ends
+    with EXIT_SAVED, as before the start, so that the scheduler requeues it.
+    """
     from .ops.detach import start_detached
     from .ops.jobctl import stop_nodes
 
@@ -453,15 +458,27 @@ async def _start_detached(
             banner=banner(plan, cluster),
         )
     )
+    time_limit = False
+
+    def time_limit_while_starting() -> None:
+        nonlocal time_limit
+        time_limit = True
+        starting.cancel()
+
     _on_signals(loop, starting.cancel)
+    _on_save_signal(loop, time_limit_while_starting)
     try:
         return await starting
     except asyncio.CancelledError:
-        stream.write("herd: interrupted while the job was starting; stopping it on every node\n")
+        why = "the time limit is near" if time_limit else "interrupted"
+        stream.write(f"herd: {why} while the job was starting; stopping it on every node\n")
         stream.flush()
         record = new_record(cluster, plan, options.log_dir or job_dir(plan.job_id), state="running")
         record.detached = True
         await stop_nodes(record, plan.grace, transport)
+        if time_limit:
+            stream.write("herd: the job was stopped before it trained; its last snapshot stands\n")
+            return RunResult(plan.job_id, EXIT_SAVED, reason="the time limit came first")
         raise Interrupted(
             "interrupted while the job was starting; it was stopped on every node",
             f"nothing of job {plan.job_id} is left; launch it again when ready",

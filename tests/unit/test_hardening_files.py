@@ -12,9 +12,11 @@ import asyncio
 import io
 import json
 import os
+import signal
 import stat
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -26,9 +28,9 @@ from rich.console import Console
 from torchherd.cli import main
 from torchherd.cli.common import result_table
 from torchherd.jobs import JobRecord, job_dir, list_records
-from torchherd.logs import JobOutput
+from torchherd.logs import JobOutput, RunResult
 from torchherd.plan import LaunchPlan, NodePlan
-from torchherd.spec import parse_host_list
+from torchherd.spec import ClusterSpec, parse_host_list
 
 
 @pytest.fixture(autouse=True)
@@ -202,13 +204,10 @@ def test_an_unwritable_log_dir_is_an_error_before_anything_starts(
 # ---- item 9: a failed detached start stops every node that may have started --------------------
 
 
-def test_a_failed_detached_start_stops_a_node_whose_answer_was_lost(tmp_path: Path) -> None:
-    """Node b's agent starts the job, but its answer never reaches the launcher (its python is
-    a wrapper that throws the agent's stdout away, as a broken link would): b may be running
-    the job, so it must be stopped along with a."""
-    from torchherd.ops.detach import start_detached
-    from torchherd.transport.local import LocalTransport
-
+def _muted_b_cluster(tmp_path: Path) -> tuple[ClusterSpec, LaunchPlan]:
+    """Nodes a and b on this machine (local transport), each starting ``sleep 60``. Node b's
+    agent starts the job, but its answer never reaches the launcher (its python is a wrapper
+    that throws the agent's stdout away, as a broken link would)."""
     muted = tmp_path / "muted-python"
     muted.write_text(f'#!/bin/sh\n"{sys.executable}" "$@" >/dev/null\n')
     muted.chmod(0o755)
@@ -241,17 +240,72 @@ def test_a_failed_detached_start_stops_a_node_whose_answer_was_lost(tmp_path: Pa
     plan = LaunchPlan(
         job_id=job_id, rdzv_endpoint=None, world_size=2, nodes=nodes, workdir=None, grace=1.0
     )
+    return cluster, plan
+
+
+def _wait_gone(job_id: str) -> None:
+    deadline = time.monotonic() + 10
+    while _tagged(job_id) and time.monotonic() < deadline:
+        time.sleep(0.2)
+
+
+def test_a_failed_detached_start_stops_a_node_whose_answer_was_lost(tmp_path: Path) -> None:
+    """b may be running the job although it never said so: it is stopped along with a."""
+    from torchherd.ops.detach import start_detached
+    from torchherd.transport.local import LocalTransport
+
+    cluster, plan = _muted_b_cluster(tmp_path)
     stream = io.StringIO()
     try:
         result = asyncio.run(start_detached(cluster, plan, LocalTransport(cluster), stream))
         assert result.exit_code == 3, stream.getvalue()
         assert "stopping the job on a, b" in stream.getvalue()
-        deadline = time.monotonic() + 10
-        while _tagged(job_id) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert _tagged(job_id) == []
+        _wait_gone(plan.job_id)
+        assert _tagged(plan.job_id) == []
     finally:
-        for pid in _tagged(job_id):
+        for pid in _tagged(plan.job_id):
+            os.kill(pid, 9)
+
+
+def test_a_time_limit_during_a_detached_start_stops_the_job_and_asks_for_a_requeue(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SIGUSR1 while the job starts: herd would leave right after, with nobody to ask the job
+    to save, so it stops the job on every node and exits 5 (saved: requeue me)."""
+    from torchherd.launch import LaunchOptions, Prepared, _start_detached
+    from torchherd.transport.local import LocalTransport
+
+    monkeypatch.setenv("HERD_HOME", str(tmp_path / "home"))
+    cluster, plan = _muted_b_cluster(tmp_path)
+    prepared = Prepared(cluster=cluster, facts={}, secrets={}, plan=plan)
+    stream = io.StringIO()
+
+    def warn_once_started() -> None:  # what Slurm's --signal=B:USR1@T does, mid-start
+        deadline = time.monotonic() + 30
+        while not _tagged(plan.job_id) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGUSR1)
+
+    async def start() -> RunResult:
+        loop = asyncio.get_running_loop()
+        warner = threading.Thread(target=warn_once_started, daemon=True)
+        warner.start()
+        try:
+            return await _start_detached(
+                prepared, LaunchOptions(detach=True), LocalTransport(cluster), stream, loop
+            )
+        finally:
+            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1):
+                loop.remove_signal_handler(sig)
+
+    try:
+        result = asyncio.run(start())
+        assert result.exit_code == 5, stream.getvalue()
+        assert "the time limit is near while the job was starting" in stream.getvalue()
+        _wait_gone(plan.job_id)
+        assert _tagged(plan.job_id) == []
+    finally:
+        for pid in _tagged(plan.job_id):
             os.kill(pid, 9)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import NoReturn
@@ -119,11 +120,31 @@ def teardown(barrier: bool = True) -> None:
     Gloo thread may still need the GIL to release the last collective's tensors: the process
     then hangs on exit (seen with torch 2.13). Pass ``barrier=False`` in error handlers, where
     a peer may be gone.
+
+    After the barrier, Gloo's worker threads still release the finished collectives, and
+    releasing a tensor that Python let go of takes the GIL. If the interpreter is already
+    shutting down by then, CPython 3.11 ends the thread inside a C++ destructor and the
+    process aborts ("terminate called without an active exception", SIGABRT, a few runs in
+    a hundred under load; open upstream as pytorch/pytorch#190489). So the caller waits a
+    moment with the GIL free: the threads finish while the interpreter is whole.
     """
-    if dist.is_available() and dist.is_initialized():
-        if barrier:
-            dist.barrier()
-        dist.destroy_process_group()
+    if _leave_group(barrier):
+        time.sleep(_GLOO_DRAIN_SECONDS)
+
+
+def _leave_group(barrier: bool) -> bool:
+    """Barrier (optionally) and destroy the process group; False when there was none."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return False
+    if barrier:
+        dist.barrier()
+    dist.destroy_process_group()
+    return True
+
+
+# How long ``teardown`` leaves the GIL to Gloo's threads; they need microseconds when the
+# machine is idle, and this covers a loaded one.
+_GLOO_DRAIN_SECONDS = 0.25
 
 
 def teardown_and_exit(code: int = 0) -> NoReturn:
@@ -136,7 +157,7 @@ def teardown_and_exit(code: int = 0) -> NoReturn:
     still finishes its last collective can abort (SIGABRT). The barrier in ``teardown()``
     prevents the second, leaving without running those destructors the first.
     """
-    teardown()
+    _leave_group(barrier=True)  # no interpreter shutdown follows, so nothing to wait for
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
