@@ -257,7 +257,12 @@ async def open_sessions(
 
     async def open_one(node: NodeSpec) -> asyncio.subprocess.Process | None:
         python = cluster.python_for(node)
-        spec = {"python": python, "workdir": cluster.workdir, "job_id": job.job_id}
+        spec = {
+            "python": python,
+            "workdir": cluster.workdir,
+            "job_id": job.job_id,
+            "attempt": job.attempt,
+        }
         try:
             process = await transport.start(node, [python, "-m", "torchherd.agent", "run"])
             assert process.stdin is not None

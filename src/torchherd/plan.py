@@ -19,6 +19,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from .agent.protocol import ATTEMPT_VAR
 from .errors import ConfigError, NodeNotReady
 from .facts import NodeFacts
 from .redact import MASK, redact_argv, redact_env
@@ -254,7 +255,7 @@ def _worker_env(cluster: ClusterSpec, facts: NodeFacts, nproc: int, job: JobSpec
     """
     env = dict(cluster.env)
     # torchrun's TORCHELASTIC_RESTART_COUNT stays 0 (herd restarts, not torchrun): this says.
-    env["HERD_ATTEMPT"] = str(job.attempt)
+    env[ATTEMPT_VAR] = str(job.attempt)
     if facts.gpu_count:
         for name, value in GPU_EVIDENCE.items():
             if name not in env and name not in facts.env:

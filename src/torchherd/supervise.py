@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .agent.protocol import decode, missing_module
+from .agent.protocol import ATTEMPT_VAR, decode, missing_module
 from .errors import EXIT_INTERRUPTED, EXIT_JOB_FAILED, EXIT_NODE_NOT_READY, EXIT_OK, EXIT_SAVED
 from .logs import FLUSH_EVERY, Failure, JobOutput, RunResult
 from .plan import LaunchPlan, NodePlan
@@ -328,7 +328,12 @@ class Supervisor:
         from .ops.remote import call_agent
 
         spec = self.cluster.node(node.plan.host)
-        request = {"job_id": self.plan.job_id, "node": node.plan.name, "grace": self.plan.grace}
+        request = {
+            "job_id": self.plan.job_id,
+            "node": node.plan.name,
+            "grace": self.plan.grace,
+            "attempt": node.plan.env.get(ATTEMPT_VAR),
+        }
         if node.plan.env.get("HERD_HOME"):
             request["herd_home"] = node.plan.env["HERD_HOME"]
         answer = await call_agent(

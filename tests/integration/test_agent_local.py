@@ -55,6 +55,7 @@ def test_a_prewarmed_wrapper_runs_the_job_it_is_handed(tmp_path: Path) -> None:
     )
     assert agent.stdin is not None and agent.stdout is not None
     prewarm = {"python": sys.executable, "workdir": str(SCRIPTS), "job_id": job_id, "node": "n1"}
+    prewarm["attempt"] = 2
     agent.stdin.write(json.dumps({"prewarm": prewarm}).encode() + b"\n")
     agent.stdin.flush()
     deadline = time.monotonic() + 30
@@ -62,6 +63,8 @@ def test_a_prewarmed_wrapper_runs_the_job_it_is_handed(tmp_path: Path) -> None:
         assert time.monotonic() < deadline, "no prewarmed wrapper started"
         time.sleep(0.05)
     (wrapper,) = tagged(job_id)
+    # Tagged with its attempt too: a sweep of a lost earlier attempt leaves it alone.
+    assert b"HERD_ATTEMPT=2" in Path(f"/proc/{wrapper}/environ").read_bytes().split(b"\0")
     argv = [sys.executable, "-m", "torchherd.agent.elastic", "--standalone"]
     argv += ["--nproc-per-node=1", "--max-restarts=0", "--tee=3", "orphans.py"]
     request = {"job_id": job_id, "node": "n1", "workdir": str(SCRIPTS), "argv": argv, "env": {}}

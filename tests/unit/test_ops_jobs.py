@@ -310,3 +310,41 @@ def _environ(pid: str) -> bytes:
         return Path(f"/proc/{pid}/environ").read_bytes()
     except OSError:
         return b""
+
+
+def test_a_sweep_of_one_attempt_spares_the_restarted_attempt(tmp_path: Path) -> None:
+    """The launcher sweeps what a lost agent left (attempt 0) while the restart (attempt 1)
+    may already be starting on the same node: only attempt 0's processes end, and the agent
+    on record, being attempt 1's, is not signalled."""
+    job_id, node = uuid.uuid4().hex, "n1"
+    node_dir = tmp_path / "nodes" / job_id / node
+    node_dir.mkdir(parents=True)
+    env = dict(os.environ, HERD_JOB_ID=job_id, HERD_NODE=node)
+    left = subprocess.Popen(["sleep", "60"], env=dict(env, HERD_ATTEMPT="0"))
+    restarted = subprocess.Popen(["sleep", "60"], env=dict(env, HERD_ATTEMPT="1"))
+    agent = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            (
+                "import time; from torchherd.agent.control import write_agent_record as w; "
+                f"w({str(node_dir)!r}, {job_id!r}, {node!r}, False, attempt='1'); "
+                "print('ready', flush=True); time.sleep(60)"
+            ),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert agent.stdout is not None and agent.stdout.readline().strip() == "ready"
+        result = control.stop(
+            {"job_id": job_id, "node": node, "node_dir": str(node_dir), "grace": 2, "attempt": 0}
+        )
+        assert result["agent"] is None and result["processes"] == 1
+        assert left.wait(timeout=5) is not None
+        assert restarted.poll() is None and agent.poll() is None
+        assert control.live_agent(str(node_dir)) == agent.pid  # `herd stop` still finds it
+    finally:
+        for process in (left, restarted, agent):
+            process.kill()
+            process.wait(timeout=10)

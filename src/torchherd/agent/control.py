@@ -58,7 +58,9 @@ def _start_time(pid: int) -> int | None:
     return int(fields[19])
 
 
-def write_agent_record(node_dir: str, job_id: str, node: str, detached: bool) -> None:
+def write_agent_record(
+    node_dir: str, job_id: str, node: str, detached: bool, attempt: str | None = None
+) -> None:
     """Leave this agent's pid where `stop` and `top` find it; pid + start time name it uniquely."""
     pid = os.getpid()
     record = {
@@ -66,20 +68,24 @@ def write_agent_record(node_dir: str, job_id: str, node: str, detached: bool) ->
         "start": _start_time(pid),
         "job_id": job_id,
         "node": node,
+        "attempt": attempt,
         "detached": detached,
         "started_at": time.time(),
     }
     write_private(os.path.join(node_dir, AGENT_FILE), json.dumps(record))
 
 
-def live_agent(node_dir: str) -> int | None:
-    """The pid of the job's agent on this node while it runs; None once it is gone."""
+def live_agent(node_dir: str, attempt: str | None = None) -> int | None:
+    """The pid of the job's agent on this node while it runs (the agent of ``attempt`` only,
+    when given); None once it is gone."""
     try:
         with open(os.path.join(node_dir, AGENT_FILE)) as handle:
             record = json.load(handle)
         pid, start = int(record["pid"]), record.get("start")
     except (OSError, ValueError, KeyError, TypeError):
         return None
+    if attempt is not None and record.get("attempt") != attempt:
+        return None  # a newer attempt's agent: not ours to end
     now = _start_time(pid)
     # A recycled pid has another start time: never signal a stranger.
     return pid if now is not None and now == start else None
@@ -99,17 +105,22 @@ def _wait_gone(pid: int, timeout: float) -> bool:
 
 
 def stop(request: dict[str, Any]) -> dict[str, Any]:
-    """End one job on this node: ask its agent, then sweep every tagged process; report."""
+    """End one job on this node: ask its agent, then sweep every tagged process; report.
+
+    With an ``attempt`` (the launcher sweeping after a lost agent), only that attempt's agent
+    and processes: a restart's may already be starting here.
+    """
     job_id, node = str(request["job_id"]), str(request["node"])
     grace = float(request.get("grace", 10))
+    attempt = None if request.get("attempt") is None else str(request["attempt"])
     node_dir = node_dir_for(request)
-    found = processes.job_processes(job_id, node)
-    agent = live_agent(node_dir)
+    found = processes.job_processes(job_id, node, attempt)
+    agent = live_agent(node_dir, attempt)
     agent_ended = True
     if agent is not None:
         processes.signal_all([agent], signal.SIGTERM)
         agent_ended = _wait_gone(agent, grace + AGENT_MARGIN)
-    survivors = processes.end_job(job_id, node, grace=0 if agent is not None else grace)
+    survivors = processes.end_job(job_id, node, 0 if agent is not None else grace, attempt)
     if agent is not None and not agent_ended:
         processes.signal_all([agent], signal.SIGKILL)
         agent_ended = _wait_gone(agent, 5)

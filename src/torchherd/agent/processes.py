@@ -13,7 +13,7 @@ import signal
 import time
 from collections.abc import Iterable
 
-from .protocol import JOB_ID_VAR, NODE_VAR
+from .protocol import ATTEMPT_VAR, JOB_ID_VAR, NODE_VAR
 
 _PR_SET_CHILD_SUBREAPER = 36
 
@@ -27,11 +27,13 @@ def become_subreaper() -> None:
         pass
 
 
-def job_processes(job_id: str, node: str | None = None) -> list[int]:
-    """Pids of this user's processes tagged with the job (and node, when given)."""
+def job_processes(job_id: str, node: str | None = None, attempt: str | None = None) -> list[int]:
+    """Pids of this user's processes tagged with the job (and node, and attempt, when given)."""
     wanted = {f"{JOB_ID_VAR}={job_id}".encode()}
     if node is not None:
         wanted.add(f"{NODE_VAR}={node}".encode())
+    if attempt is not None:
+        wanted.add(f"{ATTEMPT_VAR}={attempt}".encode())
     me, uid = os.getpid(), os.getuid()
     found = []
     for entry in os.listdir("/proc"):
@@ -57,22 +59,22 @@ def signal_all(pids: Iterable[int], sig: int) -> None:
             pass
 
 
-def end_job(job_id: str, node: str | None, grace: float) -> list[int]:
+def end_job(job_id: str, node: str | None, grace: float, attempt: str | None = None) -> list[int]:
     """SIGTERM every process of the job, SIGKILL what is left after ``grace``; return survivors.
 
     Exited processes (zombies) have no environment to read, so they no longer count.
     """
-    pids = job_processes(job_id, node)
+    pids = job_processes(job_id, node, attempt)
     signal_all(pids, signal.SIGTERM)
     deadline = time.monotonic() + grace
     while pids and time.monotonic() < deadline:
         time.sleep(0.1)
-        pids = job_processes(job_id, node)
+        pids = job_processes(job_id, node, attempt)
     signal_all(pids, signal.SIGKILL)
     deadline = time.monotonic() + 5
     while pids and time.monotonic() < deadline:
         time.sleep(0.05)
-        pids = job_processes(job_id, node)
+        pids = job_processes(job_id, node, attempt)
     return pids
 
 

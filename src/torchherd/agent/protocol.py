@@ -24,9 +24,11 @@ PROTOCOL_VERSION = 1
 LINE_PREFIX_TEMPLATE = "[herd ${rank} ${local_rank}] "
 LINE_PREFIX = re.compile(r"\[herd (\d+) (\d+)\] ?")
 
-# Variables that tag every process of a job, so teardown finds them by job, never by name.
+# Variables that tag every process of a job, so teardown finds them by job, never by name;
+# the attempt tells a restarted job's processes from those its lost predecessor left.
 JOB_ID_VAR = "HERD_JOB_ID"
 NODE_VAR = "HERD_NODE"
+ATTEMPT_VAR = "HERD_ATTEMPT"
 
 
 def encode(event: dict[str, Any]) -> bytes:

@@ -33,7 +33,7 @@ from ..files import private_dir
 from . import processes, stacks
 from .control import write_agent_record
 from .elastic import FAILURE_FILE_VAR, NODE_DIR_VAR, PREWARM_FLAG
-from .protocol import JOB_ID_VAR, LINE_PREFIX_TEMPLATE, NODE_VAR, RankLines, encode
+from .protocol import ATTEMPT_VAR, JOB_ID_VAR, LINE_PREFIX_TEMPLATE, NODE_VAR, RankLines, encode
 
 Emit = Callable[[dict[str, Any]], None]
 
@@ -69,7 +69,13 @@ class Prewarmed:
         self.workdir = spec.get("workdir")
         cwd = os.path.expanduser(self.workdir) if self.workdir else None
         env = dict(os.environ)
-        env.update({JOB_ID_VAR: str(spec["job_id"]), NODE_VAR: str(spec["node"])})
+        env.update(
+            {
+                JOB_ID_VAR: str(spec["job_id"]),
+                NODE_VAR: str(spec["node"]),
+                ATTEMPT_VAR: str(spec.get("attempt", 0)),
+            }
+        )
         env.setdefault("PYTHONUNBUFFERED", "1")
         processes.become_subreaper()
         self.process = subprocess.Popen(
@@ -144,7 +150,13 @@ class NodeJob:
             os.chdir(path)
         private_dir(self.progress_dir, home=herd_home(dict(self.request.get("env", {}))))
         # Where `herd stop` (from any terminal) finds this agent to end the job cleanly.
-        write_agent_record(self.node_dir, self.job_id, self.node, bool(self.request.get("detach")))
+        write_agent_record(
+            self.node_dir,
+            self.job_id,
+            self.node,
+            bool(self.request.get("detach")),
+            attempt=self.request.get("env", {}).get(ATTEMPT_VAR),
+        )
         processes.become_subreaper()
         try:
             self.process = self._start()
