@@ -443,11 +443,15 @@ async def _start_detached(
     stream: TextIO,
     loop: asyncio.AbstractEventLoop,
 ) -> RunResult:
-    """Start the job detached; Ctrl-C while it starts stops it on every node it may reach.
+    """Start the job detached; Ctrl-C while it starts stops it on every node.
 
     A time-limit warning (SIGUSR1) while it starts stops it too: herd is about to leave, so
     nobody would be there to ask the job to save, and the job has not trained yet. It ends
     with EXIT_SAVED, as before the start, so that the scheduler requeues it.
+
+    The nodes are stopped once each has answered: a start in flight cannot be called back
+    (its agent may start the job a moment after a stop swept the node), so a stop before the
+    answers could leave the job running. A second signal stops waiting.
     """
     from .ops.detach import start_detached
     from .ops.jobctl import stop_nodes
@@ -463,31 +467,40 @@ async def _start_detached(
             banner=banner(plan, cluster),
         )
     )
-    time_limit = False
+    why: str | None = None
 
-    def time_limit_while_starting() -> None:
-        nonlocal time_limit
-        time_limit = True
-        starting.cancel()
-
-    _on_signals(loop, starting.cancel)
-    _on_save_signal(loop, time_limit_while_starting)
-    try:
-        return await starting
-    except asyncio.CancelledError:
-        why = "the time limit is near" if time_limit else "interrupted"
-        stream.write(f"herd: {why} while the job was starting; stopping it on every node\n")
+    def stop_once_answered(reason: str) -> None:
+        nonlocal why
+        if why is not None:
+            starting.cancel()  # asked twice: stop without waiting for the answers
+            return
+        why = reason
+        stream.write(
+            f"herd: {reason} while the job was starting; it will be stopped on every node "
+            "once each has answered (again to stop now)\n"
+        )
         stream.flush()
-        record = new_record(cluster, plan, options.log_dir or job_dir(plan.job_id), state="running")
-        record.detached = True
-        await stop_nodes(record, plan.grace, transport)
-        if time_limit:
-            stream.write("herd: the job was stopped before it trained; its last snapshot stands\n")
-            return RunResult(plan.job_id, EXIT_SAVED, reason="the time limit came first")
-        raise Interrupted(
-            "interrupted while the job was starting; it was stopped on every node",
-            f"nothing of job {plan.job_id} is left; launch it again when ready",
-        ) from None
+
+    _on_signals(loop, lambda: stop_once_answered("interrupted"))
+    _on_save_signal(loop, lambda: stop_once_answered("the time limit is near"))
+    try:
+        result = await starting
+    except asyncio.CancelledError:
+        result = None
+    if why is None and result is not None:
+        return result
+    stream.write("herd: stopping the job on every node\n")
+    stream.flush()
+    record = new_record(cluster, plan, options.log_dir or job_dir(plan.job_id), state="running")
+    record.detached = True
+    await stop_nodes(record, plan.grace, transport)
+    if why == "the time limit is near":
+        stream.write("herd: the job was stopped before it trained; its last snapshot stands\n")
+        return RunResult(plan.job_id, EXIT_SAVED, reason="the time limit came first")
+    raise Interrupted(
+        "interrupted while the job was starting; it was stopped on every node",
+        f"nothing of job {plan.job_id} is left; launch it again when ready",
+    )
 
 
 async def _supervise(

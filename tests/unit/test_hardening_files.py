@@ -16,7 +16,6 @@ import signal
 import stat
 import subprocess
 import sys
-import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -271,25 +270,36 @@ def test_a_time_limit_during_a_detached_start_stops_the_job_and_asks_for_a_reque
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """SIGUSR1 while the job starts: herd would leave right after, with nobody to ask the job
-    to save, so it stops the job on every node and exits 5 (saved: requeue me)."""
+    to save, so it stops the job on every node and exits 5 (saved: requeue me). The signal
+    comes while node a's start is on its way; the stop comes after a answered."""
     from torchherd.launch import LaunchOptions, Prepared, _start_detached
     from torchherd.transport.local import LocalTransport
 
     monkeypatch.setenv("HERD_HOME", str(tmp_path / "home"))
     cluster, plan = _muted_b_cluster(tmp_path)
+    slow = tmp_path / "slow-python"  # a node slow to start the job, not to stop it
+    slow.write_text(
+        f'#!/bin/sh\ncase "$*" in *" run") sleep 1.5 ;; esac\nexec "{sys.executable}" "$@"\n'
+    )
+    slow.chmod(0o755)
+    cluster = cluster.model_copy(
+        update={"nodes": (cluster.nodes[0].model_copy(update={"python": str(slow)}),)}
+    )
+    plan = LaunchPlan(
+        job_id=plan.job_id,
+        rdzv_endpoint=None,
+        world_size=1,
+        nodes=plan.nodes[:1],
+        workdir=None,
+        grace=1.0,
+    )
     prepared = Prepared(cluster=cluster, facts={}, secrets={}, plan=plan)
     stream = io.StringIO()
 
-    def warn_once_started() -> None:  # what Slurm's --signal=B:USR1@T does, mid-start
-        deadline = time.monotonic() + 30
-        while not _tagged(plan.job_id) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        os.kill(os.getpid(), signal.SIGUSR1)
-
     async def start() -> RunResult:
         loop = asyncio.get_running_loop()
-        warner = threading.Thread(target=warn_once_started, daemon=True)
-        warner.start()
+        # What Slurm's --signal=B:USR1@T does, while node a's start is still on its way.
+        loop.call_later(0.3, os.kill, os.getpid(), signal.SIGUSR1)
         try:
             return await _start_detached(
                 prepared, LaunchOptions(detach=True), LocalTransport(cluster), stream, loop
@@ -300,10 +310,11 @@ def test_a_time_limit_during_a_detached_start_stops_the_job_and_asks_for_a_reque
 
     try:
         result = asyncio.run(start())
-        assert result.exit_code == 5, stream.getvalue()
-        assert "the time limit is near while the job was starting" in stream.getvalue()
-        _wait_gone(plan.job_id)
-        assert _tagged(plan.job_id) == []
+        out = stream.getvalue()
+        assert result.exit_code == 5, out
+        assert "the time limit is near while the job was starting" in out, out
+        assert "stopped before it trained" in out, out
+        assert _tagged(plan.job_id) == [], out  # stopped, not merely signalled
     finally:
         for pid in _tagged(plan.job_id):
             os.kill(pid, 9)
