@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import NoReturn
 
 import torch
 import torch.distributed as dist
+
+from torchherd.exit_guard import let_threads_finish
 
 __all__ = ["Context", "setup", "teardown"]
 
@@ -126,10 +127,11 @@ def teardown(barrier: bool = True) -> None:
     shutting down by then, CPython 3.11 ends the thread inside a C++ destructor and the
     process aborts ("terminate called without an active exception", SIGABRT, a few runs in
     a hundred under load; open upstream as pytorch/pytorch#190489). So the caller waits a
-    moment with the GIL free: the threads finish while the interpreter is whole.
+    moment with the GIL free: the threads finish while the interpreter is whole. (herd's
+    workers also wait at exit, ``torchherd.exit_guard``; this covers plain torchrun.)
     """
     if _leave_group(barrier):
-        time.sleep(_GLOO_DRAIN_SECONDS)
+        let_threads_finish()
 
 
 def _leave_group(barrier: bool) -> bool:
@@ -140,11 +142,6 @@ def _leave_group(barrier: bool) -> bool:
         dist.barrier()
     dist.destroy_process_group()
     return True
-
-
-# How long ``teardown`` leaves the GIL to Gloo's threads; they need microseconds when the
-# machine is idle, and this covers a loaded one.
-_GLOO_DRAIN_SECONDS = 0.25
 
 
 def teardown_and_exit(code: int = 0) -> NoReturn:

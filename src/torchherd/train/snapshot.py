@@ -122,6 +122,8 @@ class Snapshotter:
 
         ``state`` may hold tensors, numbers, strings, None, and lists/tuples/dicts of them:
         what ``torch.load(weights_only=True)`` accepts. ``meta`` (JSON-able) goes to the manifest.
+        Its tensors must not change until this returns (another thread's update would make
+        the file mix old and new values, and fail its digest check on load).
         """
         if step < 0:
             raise SnapshotError(f"snapshot step must be >= 0, got {step}")
