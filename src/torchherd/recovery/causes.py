@@ -48,10 +48,10 @@ SIGNATURES: tuple[Signature, ...] = (
     _sig(
         "abort-at-teardown",
         r"terminate called without an active exception",
-        "a worker aborted (SIGABRT) while the process group was being destroyed: a peer was "
-        "still using it",
-        "end the script with dist.barrier() before dist.destroy_process_group() "
-        "(torchherd.train.teardown() does both)",
+        "a worker aborted (SIGABRT) at its end: a thread of the process group still held "
+        "tensors as the interpreter shut down, or a peer still used the group as it was destroyed",
+        "end the script with torchherd.train.teardown() (a barrier, then the group destroyed "
+        "while its threads may finish), or dist.barrier() before dist.destroy_process_group()",
     ),
     _sig(
         "nccl",
