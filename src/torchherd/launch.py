@@ -436,6 +436,10 @@ async def _launch(
         await transport.close()
 
 
+# Why a detached start is stopped when the scheduler's time-limit warning comes.
+_TIME_LIMIT = "the time limit is near"
+
+
 async def _start_detached(
     prepared: Prepared,
     options: LaunchOptions,
@@ -482,7 +486,7 @@ async def _start_detached(
         stream.flush()
 
     _on_signals(loop, lambda: stop_once_answered("interrupted"))
-    _on_save_signal(loop, lambda: stop_once_answered("the time limit is near"))
+    _on_save_signal(loop, lambda: stop_once_answered(_TIME_LIMIT))
     try:
         result = await starting
     except asyncio.CancelledError:
@@ -494,7 +498,7 @@ async def _start_detached(
     record = new_record(cluster, plan, options.log_dir or job_dir(plan.job_id), state="running")
     record.detached = True
     await stop_nodes(record, plan.grace, transport)
-    if why == "the time limit is near":
+    if why == _TIME_LIMIT:
         stream.write("herd: the job was stopped before it trained; its last snapshot stands\n")
         return RunResult(plan.job_id, EXIT_SAVED, reason="the time limit came first")
     raise Interrupted(

@@ -183,6 +183,28 @@ def test_file_emitter_masks_secrets_and_relays_the_first_event(tmp_path: Path) -
     assert all("ts" in json.loads(line) for line in lines)
 
 
+def stand_in_agent(
+    node_dir: Path, job_id: str, node: str, detached: bool, attempt: str | None = None
+) -> subprocess.Popen[str]:
+    """A process that, like a real agent, leaves its record and ends on SIGTERM; returned
+    once the record is written."""
+    agent = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            (
+                "import time; from torchherd.agent.control import write_agent_record as w; "
+                f"w({str(node_dir)!r}, {job_id!r}, {node!r}, {detached!r}, attempt={attempt!r}); "
+                "print('ready', flush=True); time.sleep(60)"
+            ),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert agent.stdout is not None and agent.stdout.readline().strip() == "ready"
+    return agent
+
+
 def test_agent_record_and_stop_verb_end_exactly_the_job(tmp_path: Path) -> None:
     job_id, node = uuid.uuid4().hex, "n1"
     node_dir = tmp_path / "nodes" / job_id / node
@@ -190,22 +212,8 @@ def test_agent_record_and_stop_verb_end_exactly_the_job(tmp_path: Path) -> None:
     env = dict(os.environ, HERD_JOB_ID=job_id, HERD_NODE=node)
     victims = [subprocess.Popen(["sleep", "60"], env=env) for _ in range(2)]
     other = subprocess.Popen(["sleep", "60"], env=dict(env, HERD_NODE="n2"))
-    # A stand-in agent that, like the real one, ends on SIGTERM and leaves its record.
-    agent = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            (
-                "import sys, time; from torchherd.agent.control import write_agent_record as w; "
-                f"w({str(node_dir)!r}, {job_id!r}, {node!r}, True); print('ready', flush=True); "
-                "time.sleep(60)"
-            ),
-        ],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+    agent = stand_in_agent(node_dir, job_id, node, detached=True)
     try:
-        assert agent.stdout is not None and agent.stdout.readline().strip() == "ready"
         assert control.live_agent(str(node_dir)) == agent.pid
         result = control.stop(
             {"job_id": job_id, "node": node, "node_dir": str(node_dir), "grace": 2}
@@ -322,21 +330,8 @@ def test_a_sweep_of_one_attempt_spares_the_restarted_attempt(tmp_path: Path) -> 
     env = dict(os.environ, HERD_JOB_ID=job_id, HERD_NODE=node)
     left = subprocess.Popen(["sleep", "60"], env=dict(env, HERD_ATTEMPT="0"))
     restarted = subprocess.Popen(["sleep", "60"], env=dict(env, HERD_ATTEMPT="1"))
-    agent = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            (
-                "import time; from torchherd.agent.control import write_agent_record as w; "
-                f"w({str(node_dir)!r}, {job_id!r}, {node!r}, False, attempt='1'); "
-                "print('ready', flush=True); time.sleep(60)"
-            ),
-        ],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+    agent = stand_in_agent(node_dir, job_id, node, detached=False, attempt="1")
     try:
-        assert agent.stdout is not None and agent.stdout.readline().strip() == "ready"
         result = control.stop(
             {"job_id": job_id, "node": node, "node_dir": str(node_dir), "grace": 2, "attempt": 0}
         )

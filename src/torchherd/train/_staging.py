@@ -54,7 +54,7 @@ class HostStager:
 
     def _copy_tensor(self, tensor: torch.Tensor) -> torch.Tensor:
         source = tensor.detach()
-        if source.layout != torch.strided or source.is_sparse or not _is_plain(source):
+        if not _is_plain(source):
             return source.to("cpu", copy=True)  # DTensors, sparse: the rare, slow path
         buffer = self._buffer_like(source)
         buffer.copy_(source, non_blocking=buffer.is_pinned())
@@ -87,7 +87,7 @@ def host_storage_spans(state: Any) -> list[tuple[int, int]]:
     while pending:
         value = pending.pop()
         if isinstance(value, torch.Tensor):
-            if value.device.type == "cpu" and value.layout == torch.strided and _is_plain(value):
+            if value.device.type == "cpu" and _is_plain(value):
                 storage = value.untyped_storage()
                 spans.append((storage.data_ptr(), storage.nbytes()))
         elif isinstance(value, dict):
@@ -98,5 +98,7 @@ def host_storage_spans(state: Any) -> list[tuple[int, int]]:
 
 
 def _is_plain(tensor: torch.Tensor) -> bool:
-    # A DTensor or other tensor subclass keeps its own metadata; copy it the generic way.
-    return type(tensor) is torch.Tensor or type(tensor) is torch.nn.Parameter
+    """A dense tensor whose bytes are one storage. A DTensor or other tensor subclass keeps
+    its own metadata, and a sparse one several storages: those take the generic way."""
+    plain_type = type(tensor) is torch.Tensor or type(tensor) is torch.nn.Parameter
+    return plain_type and tensor.layout == torch.strided and not tensor.is_sparse
