@@ -1,16 +1,30 @@
 """Progress and control between a worker and its node agent, through small files (stdlib only).
 
-A worker says "I made progress" with ``beat(step)``; herd's hang watch counts these besides the
-worker's output lines, so a job that prints rarely is not taken for a hung one, and the evidence
-gathered before a kill can say which rank fell behind. Herd asks workers to save a snapshot and
-stop (a scheduler's time limit, a preemption) by a request file that ``save_requested()`` sees.
+A worker tells herd what it is doing; herd's hang watch reads it besides the worker's output
+lines and its process (stacks, CPU, I/O), so a job that prints rarely, compiles for ten minutes
+or saves for five is never taken for a hung one:
 
-    worker  -- beat(step) -->  $HERD_PROGRESS_DIR/rank-R      (step and time, replaced atomically)
-    agent   -- request  ---->  $HERD_PROGRESS_DIR/save-and-stop  (workers save, then exit 0)
+    beat(step)           this rank made progress (the Trainer does every step)
+    with phase("saving snapshot"): ...
+                         a known long phase is under way on this rank (a save, a wait for a
+                         background save, a resume, an upload): the rank counts as working
+    saved(step, where)   a snapshot was committed (a time-limit stop ends with exit 5 only
+                         once a snapshot committed after the request is confirmed)
+    save_requested()     herd asks the workers to save a snapshot and stop (a time limit)
 
-Both are cheap enough to call every step: a beat writes at most twice a second, and the request
-file is looked for at most once a second. Outside herd (no HERD_PROGRESS_DIR) both do nothing,
-so a script that uses them runs unchanged under plain python or torchrun.
+The files live in ``$HERD_PROGRESS_DIR``, a directory the node agent makes on node-local
+storage (a runtime directory or tmpfs, never a shared home: a stalled NFS home must not freeze
+training inside ``beat()``), new for every attempt, so an earlier attempt's beats are never
+taken for fresh progress:
+
+    rank-R          "<step or -> <wall time>"          beat(), replaced atomically
+    rank-R.phase    "<wall time> <name>"               while a phase runs; removed at its end
+    rank-R.saved    "<step> <wall time> <where>"       the last committed snapshot
+    save-and-stop   written by the agent               save_requested() looks for it
+
+Every call is cheap enough for every step: a beat writes at most twice a second, the request
+file is looked for at most once a second. Outside herd (no HERD_PROGRESS_DIR) every call does
+nothing, so a script that uses them runs unchanged under plain python or torchrun.
 
 One line in any training loop::
 
@@ -19,11 +33,17 @@ One line in any training loop::
 
 from __future__ import annotations
 
+import contextlib
 import os
+import threading
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 
 PROGRESS_DIR_VAR = "HERD_PROGRESS_DIR"
 SAVE_REQUEST = "save-and-stop"
+PHASE_SUFFIX = ".phase"
+SAVED_SUFFIX = ".saved"
 # Seconds between writes of a rank's beat file, and between looks for the save request.
 BEAT_EVERY = 0.5
 LOOK_EVERY = 1.0
@@ -31,6 +51,29 @@ LOOK_EVERY = 1.0
 _last_beat = 0.0
 _last_look = 0.0
 _save_seen = False
+_phases: list[str] = []
+_phase_lock = threading.Lock()
+
+
+def _path(suffix: str = "") -> str | None:
+    directory = os.environ.get(PROGRESS_DIR_VAR)
+    if not directory:
+        return None
+    return os.path.join(directory, f"rank-{os.environ.get('RANK', '0')}{suffix}")
+
+
+def _replace(path: str, text: str) -> None:
+    """Write ``text`` to ``path`` atomically; never raise (progress must not break training)."""
+    temporary = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
+    try:
+        with open(temporary, "w") as handle:
+            handle.write(text)
+        os.replace(temporary, path)
+    except OSError:
+        try:
+            os.unlink(temporary)
+        except OSError:
+            pass
 
 
 def beat(step: int | None = None) -> None:
@@ -39,19 +82,50 @@ def beat(step: int | None = None) -> None:
     now = time.monotonic()
     if now - _last_beat < BEAT_EVERY:
         return
-    directory = os.environ.get(PROGRESS_DIR_VAR)
-    if not directory:
+    path = _path()
+    if path is None:
         return
     _last_beat = now
-    rank = os.environ.get("RANK", "0")
-    path = os.path.join(directory, f"rank-{rank}")
-    temporary = f"{path}.{os.getpid()}.tmp"
+    _replace(path, f"{'-' if step is None else int(step)} {time.time():.3f}\n")
+
+
+@contextlib.contextmanager
+def phase(name: str) -> Iterator[None]:
+    """Mark a known long phase of this rank's training loop (a save, a resume, a wait for a
+    background save): while it runs the rank counts as working, whatever its stacks show.
+
+    Phases nest (the outermost one is shown). Use it around code the training loop waits
+    for; a background thread's own work needs none. A rank stopped by a signal or a debugger
+    is still a hang, phase or not. No-op outside herd.
+    """
+    path = _path(PHASE_SUFFIX)
+    if path is None:
+        yield
+        return
+    with _phase_lock:
+        _phases.append(name)
+        outermost = _phases[0]
+        if len(_phases) == 1:
+            _replace(path, f"{time.time():.3f} {_one_line(outermost)}\n")
     try:
-        with open(temporary, "w") as handle:
-            handle.write(f"{'-' if step is None else int(step)} {time.time():.3f}\n")
-        os.replace(temporary, path)
-    except OSError:
-        pass  # progress reports must never break training
+        yield
+    finally:
+        with _phase_lock:
+            _phases.pop()
+            if not _phases:
+                try:
+                    os.unlink(path)
+                except OSError:
+                    pass
+        beat()  # the phase's end is progress too
+
+
+def saved(step: int, where: str = "") -> None:
+    """Tell herd a snapshot at ``step`` was committed (written completely, ``latest`` moved).
+    No-op outside herd."""
+    path = _path(SAVED_SUFFIX)
+    if path is not None:
+        _replace(path, f"{int(step)} {time.time():.3f} {_one_line(where)}\n")
 
 
 def save_requested() -> bool:
@@ -68,28 +142,67 @@ def save_requested() -> bool:
     return _save_seen
 
 
+def _one_line(text: str) -> str:
+    return " ".join(text.split())[:200]
+
+
 # ------------------------------------------------------------------------------------------
 # The agent's side
 
 
-def read_beats(directory: str) -> dict[int, tuple[int | None, float]]:
-    """Every rank's last beat on this node: rank -> (step or None, wall-clock time)."""
-    beats: dict[int, tuple[int | None, float]] = {}
+@dataclass(frozen=True)
+class RankProgress:
+    """What one rank's files say: its last beat, its phase, its last committed snapshot."""
+
+    step: int | None = None
+    beat_at: float | None = None
+    """Wall-clock time of the last beat (None: never beat)."""
+    phase: str | None = None
+    phase_since: float | None = None
+    saved_step: int | None = None
+    saved_at: float | None = None
+    saved_where: str = ""
+
+
+def read_progress(directory: str) -> dict[int, RankProgress]:
+    """Every rank's progress files on this node: rank -> RankProgress."""
+    found: dict[int, dict[str, object]] = {}
     try:
         names = os.listdir(directory)
     except OSError:
-        return beats
+        return {}
     for name in names:
         if not name.startswith("rank-") or name.endswith(".tmp"):
             continue
+        stem, _, suffix = name[5:].partition(".")
         try:
-            rank = int(name[5:])
+            rank = int(stem)
             with open(os.path.join(directory, name)) as handle:
-                step_text, when = handle.read().split()
-            beats[rank] = (None if step_text == "-" else int(step_text), float(when))
+                text = handle.read().strip()
+            fields = found.setdefault(rank, {})
+            if not suffix:
+                step_text, when = text.split()
+                fields["step"] = None if step_text == "-" else int(step_text)
+                fields["beat_at"] = float(when)
+            elif "." + suffix == PHASE_SUFFIX:
+                since, _, label = text.partition(" ")
+                fields["phase_since"], fields["phase"] = float(since), label
+            elif "." + suffix == SAVED_SUFFIX:
+                step_text, when, *where = text.split(" ", 2)
+                fields["saved_step"], fields["saved_at"] = int(step_text), float(when)
+                fields["saved_where"] = where[0] if where else ""
         except (OSError, ValueError):
             continue  # half-written or foreign: the next look gets it
-    return beats
+    return {rank: RankProgress(**fields) for rank, fields in found.items()}  # type: ignore[arg-type]
+
+
+def read_beats(directory: str) -> dict[int, tuple[int | None, float]]:
+    """Every rank's last beat on this node: rank -> (step or None, wall-clock time)."""
+    return {
+        rank: (p.step, p.beat_at)
+        for rank, p in read_progress(directory).items()
+        if p.beat_at is not None
+    }
 
 
 def request_save(directory: str) -> None:
@@ -99,4 +212,14 @@ def request_save(directory: str) -> None:
         handle.write(f"{time.time():.3f}\n")
 
 
-__all__ = ["PROGRESS_DIR_VAR", "beat", "read_beats", "request_save", "save_requested"]
+__all__ = [
+    "PROGRESS_DIR_VAR",
+    "RankProgress",
+    "beat",
+    "phase",
+    "read_beats",
+    "read_progress",
+    "request_save",
+    "save_requested",
+    "saved",
+]
