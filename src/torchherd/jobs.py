@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -48,11 +49,49 @@ class JobRecord:
     """host -> the job's directory on that node (detached jobs: events.jsonl lives there)."""
     restarts: int = 0
     """Times the launcher restarted the whole job after a failure."""
+    attempts: list[dict[str, Any]] = field(default_factory=list)
+    """One entry per attempt, oldest first (see ``attempt_entry``): the job's story, which
+    `herd report` draws as a timeline."""
 
     def save(self) -> None:
         directory = job_dir(self.id)
         private_dir(directory, home=herd_home())
         write_private(directory / "job.json", json.dumps(asdict(self), indent=2))
+
+
+def attempt_entry(
+    number: int,
+    nodes: list[dict[str, Any]],
+    world_size: int,
+    rdzv_endpoint: str | None,
+    *,
+    how: str = "first",
+    why: str = "",
+) -> dict[str, Any]:
+    """A new attempt's entry in ``JobRecord.attempts``. Keys filled while and after it runs:
+
+    ``outcome`` (running, succeeded, failed, hung, lost, stopped, saved, interrupted),
+    ``ended`` (wall time), ``noticed`` (how herd noticed the fault: "a worker exited",
+    "the hang watch", "the node went silent", "the agent's link ended", ...), ``failure``
+    (host, rank, exitcode, signal, message, cause, remedy), ``behind`` (lines naming the ranks
+    that held the others up), ``stacks_dir``, ``max_step`` (highest step beaten).
+    """
+    return {
+        "n": number,
+        "started": time.time(),
+        "ended": None,
+        "nodes": nodes,
+        "world_size": world_size,
+        "rdzv_endpoint": rdzv_endpoint,
+        "how": how,
+        "why": why,
+        "outcome": "running",
+        "noticed": "",
+        "failure": None,
+        "behind": [],
+        "stacks_dir": None,
+        "max_step": None,
+    }
 
 
 def load_record(job_id: str) -> JobRecord | None:

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from . import __version__
 from .agent.protocol import missing_module
@@ -31,7 +31,7 @@ from .errors import (
     NodeNotReady,
 )
 from .facts import NodeFacts
-from .jobs import JobRecord, job_dir
+from .jobs import JobRecord, attempt_entry, job_dir
 from .logs import JobOutput, RunResult, render_summary
 from .ops.jobctl import new_record
 from .plan import JobSpec, LaunchPlan, make_plan
@@ -532,6 +532,9 @@ async def _supervise(
         secrets=secrets,
     )
     record = new_record(prepared.cluster, plan, log_dir, state="running")
+    record.attempts.append(
+        attempt_entry(job.attempt, record.nodes, plan.world_size, plan.rdzv_endpoint)
+    )
     record.save()
     output.note(banner(plan, prepared.cluster))
     started = time.monotonic()
@@ -572,6 +575,8 @@ async def _supervise(
         while True:
             attempt_started = time.monotonic()
             result = await supervisor.run()
+            close_attempt(record.attempts[-1], result, supervisor, secrets)
+            record.save()
             if interrupted or saving or not policy.should_restart(result.exit_code, restarts):
                 break
             seconds = time.monotonic() - attempt_started
@@ -622,6 +627,16 @@ async def _supervise(
             record.nodes = [{"host": n.host, "nproc": n.nproc} for n in plan.nodes]
             record.world_size = plan.world_size
             record.rdzv_endpoint = plan.rdzv_endpoint
+            record.attempts.append(
+                attempt_entry(
+                    job.attempt + restarts,
+                    record.nodes,
+                    plan.world_size,
+                    plan.rdzv_endpoint,
+                    how="new plan",
+                    why=cause,
+                )
+            )
             record.save()
             supervisor = attempt(plan)
     finally:
@@ -631,6 +646,48 @@ async def _supervise(
         output.close()
         finish_record(record, result, secrets)
     return result
+
+
+def close_attempt(
+    entry: dict[str, Any], result: RunResult, supervisor: Any, secrets: list[str]
+) -> None:
+    """Fill an attempt's record entry once it has ended (see jobs.attempt_entry)."""
+    entry["ended"] = time.time()
+    entry["outcome"] = outcome_of(result)
+    entry["noticed"] = supervisor.noticed or ""
+    entry["behind"] = list(result.behind)
+    entry["stacks_dir"] = str(result.stacks_dir) if result.stacks_dir else None
+    entry["max_step"] = result.max_step
+    entry["failure"] = failure_record(result, secrets)
+
+
+def outcome_of(result: RunResult) -> str:
+    if result.exit_code == 0:
+        return "succeeded"
+    if result.exit_code == EXIT_SAVED:
+        return "saved"
+    if result.exit_code == EXIT_INTERRUPTED:
+        return "interrupted"
+    if result.hang:
+        return "hung"
+    if result.lost:
+        return "lost"
+    return "failed"
+
+
+def failure_record(result: RunResult, secrets: list[str]) -> dict[str, Any] | None:
+    failure = result.first_failure
+    if failure is None:
+        return None
+    return {
+        "host": failure.host,
+        "rank": failure.rank,
+        "exitcode": failure.exitcode,
+        "signal": failure.signal,
+        "message": redact_text(failure.message, secrets),
+        "cause": failure.cause,
+        "remedy": failure.remedy,
+    }
 
 
 def job_policy(job: JobSpec, cluster: ClusterSpec) -> RestartPolicy:
@@ -651,14 +708,7 @@ def finish_record(record: JobRecord, result: RunResult, secrets: list[str]) -> N
     record.exit_code = result.exit_code
     record.restarts = result.restarts
     if result.first_failure is not None:
-        failure = result.first_failure
-        record.first_failure = {
-            "host": failure.host,
-            "rank": failure.rank,
-            "exitcode": failure.exitcode,
-            "signal": failure.signal,
-            "message": redact_text(failure.message, secrets),
-        }
+        record.first_failure = failure_record(result, secrets)
     record.save()
 
 

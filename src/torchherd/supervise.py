@@ -93,6 +93,8 @@ class Supervisor:
         self.cause: Failure | None = None
         """Set when herd itself found the cause (a lost node, a hang); wins over workers'."""
         self.hang_found: str | None = None
+        self.noticed: str | None = None
+        """How herd noticed what ended the attempt early, in words (for the job's story)."""
         self._sessions = dict(sessions or {})
         """Agent sessions already open (prewarmed while the launcher planned), by host."""
         self._stacks_wanted: set[str] = set()
@@ -353,6 +355,9 @@ class Supervisor:
     def _on_node_failed(self, node: NodeRun) -> None:
         if not self._ending:
             self.trigger = node.plan.host
+            self.noticed = self.noticed or (
+                "its agent's link ended" if node.state == "lost" else "a worker exited"
+            )
             self.output.note(f"herd: {node.plan.host} failed; stopping the other nodes")
             self.end_with_evidence(except_host=node.plan.host)
 
@@ -369,6 +374,7 @@ class Supervisor:
             hang = self.hang.check()
             if hang is not None:
                 self.hang_found = hang.describe()
+                self.noticed = "the hang watch"
                 self.output.note(f"herd: the job is hung: {self.hang_found}")
                 self.cause = Failure(
                     host="",
@@ -388,6 +394,7 @@ class Supervisor:
         self.liveness.forget(host)
         at = time.strftime("%H:%M:%S", time.localtime(self.liveness.last_heard_wall(host)))
         message = f"{host} stopped answering at {at} (network or machine down)"
+        self.noticed = self.noticed or f"{host} went silent"
         node.error = {
             "message": message,
             "remedy": f"check that {host} is up and on the network (`herd doctor`); with "
