@@ -1,46 +1,38 @@
-"""`herd launch` as a library call: connect, probe, check, plan, supervise, tear down.
+"""`herd launch` as a library call: prepare, then run the job (or only print its plan).
 
-    cluster -> connect every node (one ssh master each, in parallel)
-            -> quick probe (NodeFacts) -> fast preflight -> LaunchPlan -> Supervisor -> RunResult
-Teardown (closing ssh masters) runs in ``finally`` on every path.
+    cluster -> prepare (connect, probe, check, plan: prepare.py)
+            -> --dry-run: the plan | --detach: start and return | JobRun: attempts -> RunResult
+Signals are wired to what runs at the moment (a start, a job); teardown (closing ssh masters)
+runs in ``finally`` on every path.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
-import os
 import signal
 import sys
-import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TextIO
 
-from . import __version__
-from .agent.protocol import missing_module
-from .errors import (
-    EXIT_CRASH_LOOP,
-    EXIT_INTERRUPTED,
-    EXIT_JOB_FAILED,
-    EXIT_SAVED,
-    ConfigError,
-    HerdError,
-    Interrupted,
-    NodeNotReady,
-)
-from .facts import NodeFacts
-from .jobs import JobRecord, attempt_entry, job_dir
-from .logs import JobOutput, RunResult, render_summary
+from .errors import EXIT_SAVED, ConfigError, Interrupted
+from .job import JobRun, banner
+from .jobs import job_dir
+from .logs import RunResult
 from .ops.jobctl import new_record
-from .plan import JobSpec, LaunchPlan, make_plan
-from .recovery import HangWatch, RestartPolicy
-from .recovery.policy import made_progress
-from .redact import redact_text
-from .spec import ClusterSpec, NodeSpec, read_env_file
-from .transport import CommandResult, Transport, for_cluster
-from .transport.base import setup_failure
+from .plan import JobSpec, LaunchPlan
+from .prepare import (
+    Prepared,
+    connect_all,
+    fast_preflight,
+    prepare,
+    probe_all,
+    refuse_public_rendezvous,
+    with_workdir,
+)
+from .spec import ClusterSpec
+from .transport import Transport, for_cluster
 
 Progress = Callable[[str], None]
 
@@ -60,311 +52,12 @@ class LaunchOptions:
     detach: bool = False
     """Return once every node has started; the job runs on without the launcher."""
     hang_timeout: float | None = None
-    """Seconds without progress from any rank that make a hang; None learns the limit from the
-    job (recovery.hang), 0 turns the watch off."""
+    """None judges hangs by evidence only (recovery.hang); S > 0 adds a plain limit of S
+    seconds without progress from any rank; 0 turns the watch off."""
     save_within: float = 60.0
     """On SIGUSR1 (a scheduler's time-limit warning) workers are asked to save a snapshot and
     stop; after this many seconds whatever still runs is stopped. The result's exit code is then
     EXIT_SAVED (5): the job should be requeued."""
-
-
-async def connect_all(cluster: ClusterSpec, transport: Transport) -> None:
-    """Open a link to every node in parallel; NodeNotReady naming each unreachable node."""
-    results = await transport.each(cluster.nodes, transport.connect)
-    failures = [r for r in results if r is not None]
-    if failures:
-        lines = "\n".join(f"  {f.describe()}\n    fix: {f.remedy}" for f in failures)
-        raise NodeNotReady(
-            f"{len(failures)} of {len(cluster.nodes)} node(s) unreachable:\n{lines}",
-            "fix the nodes above, or leave them out of the cluster file",
-            hosts=tuple(f.host for f in failures),
-        )
-
-
-async def probe_all(
-    cluster: ClusterSpec,
-    transport: Transport,
-    *,
-    workdir: str | None = None,
-    entry: dict[str, str] | None = None,
-    port_on_first: int | None = None,
-    full: bool = False,
-    timeout: float = 60,
-) -> dict[str, NodeFacts]:
-    """Run the quick probe on every node in parallel. NodeNotReady when a node cannot answer."""
-
-    async def probe(node: NodeSpec) -> NodeFacts | str:
-        port = port_on_first if node is cluster.rendezvous_node else None
-        return await probe_node(cluster, transport, node, workdir, port, full, timeout, entry)
-
-    results = await transport.each(cluster.nodes, probe)
-    problems = [r for r in results if isinstance(r, str)]
-    if problems:
-        raise NodeNotReady(
-            "some nodes cannot run torchherd:\n" + "\n".join(f"  {p}" for p in problems),
-            "fix each node as said above, then run `herd doctor`",
-            hosts=tuple(p.split(":", 1)[0] for p in problems),
-        )
-    return {facts.host: facts for facts in results if isinstance(facts, NodeFacts)}
-
-
-async def probe_node(
-    cluster: ClusterSpec,
-    transport: Transport,
-    node: NodeSpec,
-    workdir: str | None = None,
-    port: int | None = None,
-    full: bool = False,
-    timeout: float = 60,
-    entry: dict[str, str] | None = None,
-) -> NodeFacts | str:
-    """One node's quick probe: its facts, or one line saying why there are none."""
-    request: dict[str, object] = {"full": full}
-    if workdir:
-        request["workdir"] = workdir
-    if entry:
-        request["entry"] = entry  # is the job's script or module there (checked from workdir)
-    if port is not None:
-        request["port"] = port
-    python = cluster.python_for(node)
-    result = await transport.run(
-        node,
-        [python, "-m", "torchherd.agent", "probe"],
-        input=json.dumps(request).encode(),
-        timeout=timeout,
-    )
-    if result.ok:
-        try:
-            return NodeFacts.from_probe(node.host, json.loads(result.stdout))
-        except (ValueError, TypeError, KeyError):
-            return f"{node.host}: the probe answered with something that is not JSON"
-    return explain_probe_failure(node, python, result)
-
-
-def explain_probe_failure(node: NodeSpec, python: str, result: CommandResult) -> str:
-    """One line (host first) saying why the probe failed on a node, with the fix."""
-    if result.unreachable is not None:
-        return f"{result.unreachable.describe()}; fix: {result.unreachable.remedy}"
-    if result.timed_out:
-        return f"{node.host}: the probe did not answer in time; fix: check the node's load and disk"
-    code, stderr = result.returncode, result.stderr
-    prelude = setup_failure(code, stderr)
-    if prelude is not None:
-        shown = prelude.replace("\n", "\n    ")
-        return (
-            f"{node.host}: the setup commands failed; their output:\n    {shown}\n"
-            "  fix: correct setup in [cluster] (or this [[node]]) of the cluster file"
-        )
-    if code == 127 or ("not found" in stderr and missing_module(stderr) is None):
-        return (
-            f"{node.host}: {python} not found; fix: install Python 3.11+ there or set python "
-            "in [cluster] (or for this [[node]]) to its interpreter's full path"
-        )
-    if missing_module(stderr) == "torchherd":
-        return (
-            f"{node.host}: torchherd is not installed for {python}; fix: pip install torchherd "
-            "there (`herd exec -- python3 -m pip install torchherd`)"
-        )
-    last = stderr.strip().splitlines()[-1] if stderr.strip() else f"exit code {code}"
-    return f"{node.host}: the probe failed: {last}"
-
-
-def fast_preflight(cluster: ClusterSpec, facts: Mapping[str, NodeFacts]) -> list[str]:
-    """The checks that make a launch fail for sure, as problem lines (empty: go ahead)."""
-    from .preflight import Status, fast_checks
-
-    return [r.line() for r in fast_checks(cluster, facts) if r.status is Status.FAIL]
-
-
-@dataclass(frozen=True)
-class Prepared:
-    """Everything a launch learned before starting: enough to plan a restart too."""
-
-    cluster: ClusterSpec
-    """The cluster, its workdir resolved."""
-    facts: dict[str, NodeFacts]
-    secrets: dict[str, str]
-    plan: LaunchPlan
-    sessions: dict[str, asyncio.subprocess.Process] = field(default_factory=dict)
-    """Agent sessions opened while probing (torchrun's wrapper importing torch meanwhile),
-    by host; the first attempt runs in them."""
-
-
-async def prepare(
-    cluster: ClusterSpec,
-    job: JobSpec,
-    transport: Transport,
-    *,
-    preflight: bool = True,
-    progress: Progress | None = None,
-    prewarm: bool = False,
-) -> Prepared:
-    """Connect, probe and check every node, then make the plan. With ``prewarm``, each node's
-    agent session is opened while the probe runs, and starts importing torch at once."""
-    say = progress or (lambda _: None)
-    secrets = read_env_file(cluster.env_file) if cluster.env_file else {}
-    cluster = with_workdir(cluster)
-    say(f"connecting to {len(cluster.nodes)} node(s)")
-    await connect_all(cluster, transport)
-    say("probing nodes")
-    opening = asyncio.create_task(open_sessions(cluster, transport, job)) if prewarm else None
-    try:
-        facts = await probe_all(
-            cluster,
-            transport,
-            workdir=cluster.workdir,
-            entry=job.entry_request(),
-            port_on_first=cluster.rdzv_port or 0,
-        )
-        problems = fast_preflight(cluster, facts)
-        if problems and preflight:
-            raise NodeNotReady(
-                "preflight found problems:\n" + "\n".join(f"  {p}" for p in problems),
-                "fix them, or launch anyway with --no-preflight",
-                hosts=tuple(p.split(":", 1)[0] for p in problems),
-            )
-        plan = make_plan(cluster, job, facts, secrets)
-        refuse_public_rendezvous(cluster, facts, plan)
-    except BaseException:
-        if opening is not None:
-            await close_sessions(await opening)
-        raise
-    sessions = await opening if opening is not None else {}
-    return Prepared(cluster, facts, secrets, plan, sessions)
-
-
-def refuse_public_rendezvous(
-    cluster: ClusterSpec, facts: Mapping[str, NodeFacts], plan: LaunchPlan
-) -> None:
-    """The one check --no-preflight does not skip (and a restart on a new rendezvous host
-    makes again): the c10d store must not listen on a public address unless allowed."""
-    if cluster.transport == "local" or plan.rdzv_endpoint is None:
-        return
-    from .preflight.network_checks import rendezvous_exposure
-
-    first = cluster.rendezvous_node
-    planned = plan.nodes[0].local_addr
-    found = rendezvous_exposure(cluster, first, facts[first.host], planned)
-    if found is not None:
-        raise NodeNotReady(f"{first.host}: {found.summary}", found.remedy, hosts=(first.host,))
-
-
-async def open_sessions(
-    cluster: ClusterSpec, transport: Transport, job: JobSpec
-) -> dict[str, asyncio.subprocess.Process]:
-    """An agent session per node, told to prewarm (start torchrun's wrapper, which imports
-    torch while the launcher plans). A node where this fails simply gets a session later."""
-
-    async def open_one(node: NodeSpec) -> asyncio.subprocess.Process | None:
-        python = cluster.python_for(node)
-        spec = {
-            "python": python,
-            "workdir": cluster.workdir,
-            "job_id": job.job_id,
-            "attempt": job.attempt,
-        }
-        try:
-            process = await transport.start(node, [python, "-m", "torchherd.agent", "run"])
-            assert process.stdin is not None
-            process.stdin.write(json.dumps({"prewarm": spec | {"node": node.name}}).encode())
-            process.stdin.write(b"\n")
-            return process
-        except (OSError, ConnectionError):
-            return None
-
-    opened = await transport.each(cluster.nodes, open_one)
-    return {n.host: p for n, p in zip(cluster.nodes, opened, strict=True) if p is not None}
-
-
-async def close_sessions(sessions: Mapping[str, asyncio.subprocess.Process]) -> None:
-    """End prewarmed sessions that will not run a job (their agents end their wrappers)."""
-    for process in sessions.values():
-        if process.stdin is not None and not process.stdin.is_closing():
-            process.stdin.close()
-
-    async def ended(process: asyncio.subprocess.Process) -> None:
-        try:
-            await asyncio.wait_for(process.wait(), 5)
-        except TimeoutError:
-            try:
-                process.kill()
-            except ProcessLookupError:
-                pass
-            await process.wait()
-
-    await asyncio.gather(*(ended(p) for p in sessions.values()))
-
-
-async def replan(
-    prepared: Prepared,
-    job: JobSpec,
-    transport: Transport,
-    policy: RestartPolicy,
-    suspects: tuple[str, ...] = (),
-    say: Callable[[str], None] = lambda _: None,
-) -> Prepared:
-    """The plan for a restart: a fresh rendezvous id and a port free now, on the nodes that
-    still answer. When ``suspects`` (nodes lost in the last attempt) do not answer again, the
-    job goes on without them if the policy allows, the first live node hosting the rendezvous."""
-    cluster, facts = prepared.cluster, dict(prepared.facts)
-    if suspects and cluster.transport != "local":
-        timeout = cluster.connect_timeout + 5
-        answers = await transport.each(
-            cluster.nodes,
-            lambda node: probe_node(cluster, transport, node, cluster.workdir, timeout=timeout),
-        )
-        alive = [a.host for a in answers if isinstance(a, NodeFacts)]
-        facts.update({a.host: a for a in answers if isinstance(a, NodeFacts)})
-        gone = [n.host for n in cluster.nodes if n.host not in alive]
-        if gone:
-            total = len(prepared.cluster.nodes)
-            if not policy.enough_nodes(len(alive), total):
-                needed = policy.min_nodes or total
-                raise NodeNotReady(
-                    f"{', '.join(gone)} still do(es) not answer: {len(alive)} node(s) left, "
-                    f"{needed} needed",
-                    "bring the node back, or allow going on with fewer nodes "
-                    "(--min-nodes M, or min_nodes in [cluster])",
-                    hosts=tuple(gone),
-                )
-            cluster = cluster.select(alive)
-            say(
-                f"herd: going on without {', '.join(gone)}: {len(alive)} node(s) left, "
-                f"rendezvous now on {cluster.rendezvous_node.host}"
-            )
-    opening = asyncio.create_task(open_sessions(cluster, transport, job))
-    try:
-        if cluster.transport != "local":
-            first = cluster.rendezvous_node
-            fresh = await probe_all(
-                cluster.select([first.host]), transport, port_on_first=cluster.rdzv_port or 0
-            )
-            facts[first.host] = fresh[first.host]
-        plan = make_plan(cluster, job, facts, prepared.secrets)
-        refuse_public_rendezvous(cluster, facts, plan)
-    except BaseException:
-        await close_sessions(await opening)
-        raise
-    return Prepared(cluster, facts, prepared.secrets, plan, await opening)
-
-
-def with_workdir(cluster: ClusterSpec) -> ClusterSpec:
-    """The job runs in [cluster] workdir, or else in the launcher's current directory (the
-    same path on every node: a shared filesystem or a `herd sync`ed copy)."""
-    if cluster.workdir:
-        return cluster
-    return cluster.model_copy(update={"workdir": os.getcwd()})
-
-
-def banner(plan: LaunchPlan, cluster: ClusterSpec) -> str:
-    where = (
-        f"rendezvous {plan.rdzv_endpoint}" if plan.rdzv_endpoint else "standalone on this machine"
-    )
-    nodes = ", ".join(f"{n.host}×{n.nproc}" for n in plan.nodes)
-    return (
-        f"herd {__version__}: job {plan.job_id} on {len(plan.nodes)} node(s) [{nodes}], "
-        f"world size {plan.world_size}, {where}"
-    )
 
 
 def launch(
@@ -514,202 +207,21 @@ async def _supervise(
     options: LaunchOptions,
     stream: TextIO,
     loop: asyncio.AbstractEventLoop,
-    policy: RestartPolicy | None = None,
 ) -> RunResult:
-    """Run the job, restarting it (every node, a fresh rendezvous) as the policy allows."""
-    from .supervise import Supervisor
-
-    plan = prepared.plan
-    policy = policy or job_policy(job, prepared.cluster)
-    log_dir = options.log_dir or job_dir(plan.job_id)
-    secrets = list(plan.secret_env.values())
-    output = JobOutput(
-        log_dir,
-        [n.host for n in plan.nodes],
-        plan.world_size,
+    """Run the job (a sequence of attempts) with the signals wired to it."""
+    run = JobRun(
+        prepared,
+        job,
+        transport,
         stream=stream,
+        hang_timeout=options.hang_timeout,
+        save_within=options.save_within,
+        log_dir=options.log_dir,
         color=options.color,
-        secrets=secrets,
     )
-    record = new_record(prepared.cluster, plan, log_dir, state="running")
-    record.attempts.append(
-        attempt_entry(job.attempt, record.nodes, plan.world_size, plan.rdzv_endpoint)
-    )
-    record.save()
-    output.note(banner(plan, prepared.cluster))
-    started = time.monotonic()
-    restarts = no_progress = 0
-    best_step: int | None = None
-    interrupted = saving = False
-    replanning: asyncio.Task[Prepared] | None = None
-    result = RunResult(plan.job_id, EXIT_JOB_FAILED, log_dir=log_dir)
-
-    def attempt(plan: LaunchPlan) -> Supervisor:
-        return Supervisor(
-            plan,
-            prepared.cluster,
-            transport,
-            output,
-            hang=HangWatch(options.hang_timeout),
-            evidence_dir=log_dir / "stacks" / f"attempt-{job.attempt + restarts}",
-            sessions=prepared.sessions,
-        )
-
-    supervisor = attempt(plan)
-
-    def interrupt() -> None:
-        nonlocal interrupted
-        interrupted = True
-        supervisor.interrupt()
-        if replanning is not None:
-            replanning.cancel()
-
-    def save_and_stop() -> None:
-        nonlocal saving
-        saving = True
-        supervisor.request_save(options.save_within)
-
-    _on_signals(loop, interrupt)
-    _on_save_signal(loop, save_and_stop)
-    try:
-        while True:
-            attempt_started = time.monotonic()
-            result = await supervisor.run()
-            close_attempt(record.attempts[-1], result, supervisor, secrets)
-            record.save()
-            if interrupted or saving or not policy.should_restart(result.exit_code, restarts):
-                break
-            seconds = time.monotonic() - attempt_started
-            if made_progress(best_step, result.max_step, seconds):
-                no_progress = 0
-            elif restarts:  # a restart that got nowhere: the crash loop counts restarts
-                no_progress += 1
-            if result.max_step is not None:
-                best_step = max(best_step or 0, result.max_step)
-            if no_progress >= policy.crash_loop:
-                result.exit_code = EXIT_CRASH_LOOP
-                result.reason = (
-                    f"crash loop: {no_progress} restart(s) in a row failed without step progress "
-                    f"(best step {best_step if best_step is not None else 'none'}); fix the "
-                    "first failure above, restarting will not"
-                )
-                break
-            restarts += 1
-            cause = result.first_failure.headline() if result.first_failure else "a node failed"
-            output.note(
-                f"herd: {cause}; restarting the job (restart {restarts} of {policy.max_restarts})"
-            )
-            replanning = asyncio.create_task(
-                replan(
-                    prepared,
-                    replace(job, attempt=job.attempt + restarts),
-                    transport,
-                    policy,
-                    suspects=result.lost,
-                    say=output.note,
-                )
-            )
-            try:
-                prepared = await replanning
-            except asyncio.CancelledError:
-                result.exit_code = EXIT_INTERRUPTED
-                break
-            except HerdError as exc:
-                output.note(f"herd: cannot restart: {exc.message}\n  fix: {exc.remedy}")
-                result.reason = exc.message
-                break
-            finally:
-                replanning = None
-            if interrupted:
-                result.exit_code = EXIT_INTERRUPTED
-                break
-            plan = prepared.plan
-            record.nodes = [{"host": n.host, "nproc": n.nproc} for n in plan.nodes]
-            record.world_size = plan.world_size
-            record.rdzv_endpoint = plan.rdzv_endpoint
-            record.attempts.append(
-                attempt_entry(
-                    job.attempt + restarts,
-                    record.nodes,
-                    plan.world_size,
-                    plan.rdzv_endpoint,
-                    how="new plan",
-                    why=cause,
-                )
-            )
-            record.save()
-            supervisor = attempt(plan)
-    finally:
-        result.restarts = restarts
-        result.duration = time.monotonic() - started
-        output.note(render_summary(result))
-        output.close()
-        finish_record(record, result, secrets)
-    return result
-
-
-def close_attempt(
-    entry: dict[str, Any], result: RunResult, supervisor: Any, secrets: list[str]
-) -> None:
-    """Fill an attempt's record entry once it has ended (see jobs.attempt_entry)."""
-    entry["ended"] = time.time()
-    entry["outcome"] = outcome_of(result)
-    entry["noticed"] = supervisor.noticed or ""
-    entry["behind"] = list(result.behind)
-    entry["stacks_dir"] = str(result.stacks_dir) if result.stacks_dir else None
-    entry["max_step"] = result.max_step
-    entry["failure"] = failure_record(result, secrets)
-
-
-def outcome_of(result: RunResult) -> str:
-    if result.exit_code == 0:
-        return "succeeded"
-    if result.exit_code == EXIT_SAVED:
-        return "saved"
-    if result.exit_code == EXIT_INTERRUPTED:
-        return "interrupted"
-    if result.hang:
-        return "hung"
-    if result.lost:
-        return "lost"
-    return "failed"
-
-
-def failure_record(result: RunResult, secrets: list[str]) -> dict[str, Any] | None:
-    failure = result.first_failure
-    if failure is None:
-        return None
-    return {
-        "host": failure.host,
-        "rank": failure.rank,
-        "exitcode": failure.exitcode,
-        "signal": failure.signal,
-        "message": redact_text(failure.message, secrets),
-        "cause": failure.cause,
-        "remedy": failure.remedy,
-    }
-
-
-def job_policy(job: JobSpec, cluster: ClusterSpec) -> RestartPolicy:
-    """The restart policy a job asks for (the command line wins over [cluster])."""
-    return RestartPolicy(
-        max_restarts=job.max_restarts,
-        min_nodes=job.min_nodes if job.min_nodes is not None else cluster.min_nodes,
-        crash_loop=job.crash_loop,
-    )
-
-
-def finish_record(record: JobRecord, result: RunResult, secrets: list[str]) -> None:
-    """The job record once the launcher is done: never left "running"."""
-    record.state = {0: "succeeded", EXIT_INTERRUPTED: "stopped", EXIT_SAVED: "saved"}.get(
-        result.exit_code, "failed"
-    )
-    record.ended = time.time()
-    record.exit_code = result.exit_code
-    record.restarts = result.restarts
-    if result.first_failure is not None:
-        record.first_failure = failure_record(result, secrets)
-    record.save()
+    _on_signals(loop, run.interrupt)
+    _on_save_signal(loop, run.save_and_stop)
+    return await run.run()
 
 
 class _Progress:
@@ -760,4 +272,15 @@ def _restore_signals(loop: asyncio.AbstractEventLoop) -> None:
             pass
 
 
-__all__ = ["LaunchOptions", "launch", "prepare", "probe_all", "connect_all", "ConfigError"]
+__all__ = [
+    "ConfigError",
+    "LaunchOptions",
+    "Prepared",
+    "connect_all",
+    "fast_preflight",
+    "launch",
+    "prepare",
+    "probe_all",
+    "refuse_public_rendezvous",
+    "with_workdir",
+]

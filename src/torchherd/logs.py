@@ -6,7 +6,10 @@ parsing, no buffering beyond the line, so thousands of lines per second stay che
 
 from __future__ import annotations
 
+import functools
+import queue
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -82,9 +85,11 @@ class RunResult:
 class JobOutput:
     """Prints prefixed worker lines and keeps one log file per rank (plus one per node).
 
-    The console is written by a thread of its own (console.Console), so a console that stops
-    reading never blocks the supervision; the files are written here. A file that cannot be
-    written (a full disk) is noted once and left; the job goes on.
+    Nothing here blocks the event loop that carries the agents' heartbeats: the console is
+    written by a thread of its own (console.Console), the files by another (LogFiles), so a
+    console that stops reading or a log disk that stalls (an NFS home) never delays a ping or
+    a verdict. A file that cannot be written (a full disk) is noted once and left; the job
+    goes on.
     """
 
     def __init__(
@@ -102,17 +107,12 @@ class JobOutput:
         self.stream = stream or sys.stdout
         self.color = self.stream.isatty() if color is None else color
         self.console = Console(self.stream)
-        self.ranks_seen: set[tuple[str, int]] = set()
-        """(host, rank) of every rank that printed a line."""
-        self._file_problem: str | None = None
         hosts = list(hosts)
         self._colors = {host: _PALETTE[i % len(_PALETTE)] for i, host in enumerate(hosts)}
         self.width = max(len(h) for h in hosts) + 1 + len(str(max(world_size - 1, 0)))
         self._secrets = [s for s in secrets if s]
-        self._files: dict[str, IO[str]] = {}
+        self.files = LogFiles(log_dir, self.console)
         self._flushed = time.monotonic()
-        # Open for the whole job, closed in close(): a with-block cannot span a job.
-        self._merged = open_private(log_dir / "output.log")
 
     def prefix(self, host: str, rank: int | None) -> str:
         label = f"{host}:{rank}" if rank is not None else host
@@ -122,16 +122,14 @@ class JobOutput:
         if self._secrets:
             text = redact_text(text, self._secrets)
         label = self.prefix(host, rank)
-        if rank is not None:
-            self.ranks_seen.add((host, rank))
         if self.color:
             code = self._colors.get(host, "0") if rank is not None else _DIM
             shown = f"\x1b[{code}m{label}\x1b[0m | {text}"
         else:
             shown = f"{label} | {text}"
         self.console.write_line(shown)
-        self._keep(lambda: self._merged.write(f"{label} | {text}\n"))
-        self._keep(lambda: self._file(host, rank).write(text + "\n"))
+        name = f"rank-{rank}.log" if rank is not None else f"node-{host}.log"
+        self.files.write(name, f"{label} | {text}\n", text + "\n")
         if time.monotonic() - self._flushed > FLUSH_EVERY:
             self.flush()
 
@@ -141,44 +139,124 @@ class JobOutput:
             text = redact_text(text, self._secrets)
         self.console.note(text)
         self.console.flush()
-        self._keep(lambda: self._merged.write(text + "\n"))
+        self.files.write(None, text + "\n", None)
 
     def flush(self) -> None:
         self._flushed = time.monotonic()
         self.console.flush()
-        self._keep(self._merged.flush)
-        for handle in self._files.values():
-            self._keep(handle.flush)
+        self.files.flush()
 
-    def _keep(self, write: Callable[[], object]) -> None:
-        """A write to the log files; a failure (disk full) is said once, and the job goes on."""
-        if self._file_problem is not None:
-            return
-        try:
-            write()
-        except (OSError, ValueError) as exc:
-            self._file_problem = str(exc)
-            self.console.note(
-                f"herd: cannot write the job's logs in {self.log_dir}: {exc}; the job goes on, "
-                "its output is shown here only"
-            )
+    def close(self) -> None:
+        self.flush()
+        self.files.close()
+        self.console.close()
 
-    def _file(self, host: str, rank: int | None) -> IO[str]:
-        name = f"rank-{rank}.log" if rank is not None else f"node-{host}.log"
+
+class LogFiles:
+    """The job's log files (``output.log`` and one file per rank), written by a thread.
+
+    ``write`` never blocks: lines wait in a queue for the writer. If the disk is so slow that
+    QUEUE_LINES lines wait, further lines are counted instead of kept (memory stays bounded)
+    and the count is said once the writer catches up; a write that fails (a full disk) is said
+    once, and the files are left alone from then on.
+    """
+
+    QUEUE_LINES = 200_000
+
+    def __init__(self, log_dir: Path, console: Console) -> None:
+        self.log_dir = log_dir
+        self.console = console
+        self.problem: str | None = None
+        self.dropped = 0
+        self._queue: queue.SimpleQueue[tuple[str | None, str, str | None] | None | str] = (
+            queue.SimpleQueue()
+        )
+        self._waiting = 0
+        self._lock = threading.Lock()
+        self._files: dict[str, IO[str]] = {}
+        # Opened here, so a log directory that cannot be written fails the launch at once.
+        self._merged = open_private(log_dir / "output.log")
+        self._thread = threading.Thread(target=self._write, name="herd-logs", daemon=True)
+        self._thread.start()
+
+    def write(self, name: str | None, merged: str, own: str | None) -> None:
+        """One line: ``merged`` for output.log, ``own`` for the file ``name`` (if any)."""
+        with self._lock:
+            if self._waiting >= self.QUEUE_LINES:
+                self.dropped += 1
+                return
+            self._waiting += 1
+        self._queue.put((name, merged, own))
+
+    def flush(self) -> None:
+        self._queue.put("flush")
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Write what waits (for at most ``timeout`` s: a stalled disk must not keep herd
+        from exiting), then close the files."""
+        self._queue.put(None)
+        self._thread.join(timeout)
+
+    def _write(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                self._safely(self._close_all)
+                return
+            if item == "flush":
+                self._safely(self._flush_all)
+                continue
+            assert isinstance(item, tuple)
+            with self._lock:
+                self._waiting -= 1
+                dropped, self.dropped = self.dropped, 0
+            if dropped:
+                self._say(
+                    f"{dropped} line(s) could not wait for the log disk and are not in "
+                    "the job's log files"
+                )
+            self._safely(functools.partial(self._keep, *item))
+
+    def _keep(self, name: str | None, merged: str, own: str | None) -> None:
+        self._merged.write(merged)
+        if name is not None and own is not None:
+            self._file(name).write(own)
+
+    def _file(self, name: str) -> IO[str]:
         handle = self._files.get(name)
         if handle is None:
             handle = open_private(self.log_dir / name)
             self._files[name] = handle
         return handle
 
-    def close(self) -> None:
-        self.flush()
+    def _flush_all(self) -> None:
+        self._merged.flush()
+        for handle in self._files.values():
+            handle.flush()
+
+    def _close_all(self) -> None:
         for handle in [*self._files.values(), self._merged]:
             try:
                 handle.close()
             except OSError:
                 pass
-        self.console.close()
+
+    def _safely(self, action: Callable[[], object]) -> None:
+        """A write to the log files; a failure (disk full) is said once, and the job goes on."""
+        if self.problem is not None:
+            return
+        try:
+            action()
+        except (OSError, ValueError) as exc:
+            self.problem = str(exc)
+            self._say(
+                f"cannot write the job's logs in {self.log_dir}: {exc}; the job goes on, "
+                "its output is shown here only"
+            )
+
+    def _say(self, text: str) -> None:
+        self.console.note(f"herd: {text}")
+        self.console.flush()
 
 
 def render_summary(result: RunResult) -> str:

@@ -139,6 +139,9 @@ class ClusterSpec(BaseModel):
     """Allow a public rendezvous address (the c10d store has no authentication)."""
     min_nodes: int | None = Field(default=None, ge=1)
     """On a restart, go on without lost nodes while at least this many answer (default: all)."""
+    launcher_silence: float = Field(default=90.0, ge=5, le=3600)
+    """Seconds the nodes' agents keep the job running while they hear nothing from the
+    launcher (stopped, suspended, cut off by the network) before they stop it themselves."""
     setup: str | None = None
     """Shell commands run in the shell that starts each node's agent, e.g.
     "module load cuda/12.6 && source ~/venv/bin/activate"; a failure stops the launch."""

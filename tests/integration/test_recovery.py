@@ -153,7 +153,8 @@ def test_node_cut_off_is_noticed_by_the_launcher_and_its_agent(
     clean_faults: Testbed, tmp_path: Path
 ) -> None:
     testbed = clean_faults
-    path, home = cluster(testbed, tmp_path, ["node2", "node3"])
+    # The agents wait 15 s (not the default 90) for a launcher they no longer hear.
+    path, home = cluster(testbed, tmp_path, ["node2", "node3"], launcher_silence=15)
     herd = LiveHerd(["-c", str(path), "--grace", "3", "steps.py"], home)
     herd.wait_for(r"STEPPING rank=1", 120)
     job = job_id(home)

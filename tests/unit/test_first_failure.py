@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from torchherd.plan import NodePlan
-from torchherd.supervise import NodeRun, choose_first_failure
+from torchherd.recovery.failures import NodeRun, choose_first_failure
 
 
 def node(host: str, state: str, failures: list[dict[str, object]] = (), error=None) -> NodeRun:  # type: ignore[assignment]
@@ -90,11 +90,11 @@ def test_nothing_failed() -> None:
 
 
 def supervisor_of(tmp_path, hosts: list[str]):  # type: ignore[no-untyped-def]
-    """A Supervisor over a plan of ``hosts`` (nothing is started: only its judgement runs)."""
+    """An Attempt over a plan of ``hosts`` (nothing is started: only its judgement runs)."""
+    from torchherd.attempt import Attempt
     from torchherd.logs import JobOutput
     from torchherd.plan import LaunchPlan
     from torchherd.spec import ClusterSpec, NodeSpec
-    from torchherd.supervise import Supervisor
     from torchherd.transport.local import LocalTransport
 
     cluster = ClusterSpec(nodes=tuple(NodeSpec(host=h) for h in hosts))
@@ -104,12 +104,12 @@ def supervisor_of(tmp_path, hosts: list[str]):  # type: ignore[no-untyped-def]
         plans.append(plan.__class__(**{**plan.__dict__, "local_addr": f"10.0.0.{index + 1}"}))
     launch_plan = LaunchPlan("job", "10.0.0.1:29500", len(hosts), tuple(plans), None, 1.0)
     output = JobOutput(tmp_path, hosts, len(hosts), stream=open(tmp_path / "out", "w"))  # noqa: SIM115
-    return Supervisor(launch_plan, cluster, LocalTransport(cluster), output), output
+    return Attempt(launch_plan, cluster, LocalTransport(cluster), output, {}), output
 
 
 def test_a_rendezvous_timeout_names_the_nodes_that_never_joined(tmp_path) -> None:  # type: ignore[no-untyped-def]
     supervisor, output = supervisor_of(tmp_path, ["n1", "n2", "n3"])
-    output.line("n1", 0, "hello")
+    supervisor.ranks_seen.add(("n1", 0))
     timeout = {"error": "RendezvousTimeoutError", "message": "", "last_stderr": []}
     supervisor.nodes["n1"].error = dict(timeout, message="rendezvous timed out")
     supervisor.nodes["n1"].state = "failed"

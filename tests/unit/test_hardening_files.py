@@ -135,10 +135,10 @@ def test_node_directory_and_agent_files_are_private(tmp_path: Path) -> None:
     agent.wait(timeout=30)
     assert events[-1]["e"] == "exit" and events[-1]["code"] == 0, events
     node_dir = home / "nodes" / job_id / "n1"
-    for path in (home, home / "nodes", home / "nodes" / job_id, node_dir):
+    for path in (home, home / "nodes", home / "nodes" / job_id, node_dir, node_dir / "attempt-0"):
         assert mode(path) == 0o700, path
     assert mode(node_dir / "agent.json") == 0o600
-    assert mode(node_dir / "failure.json") == 0o600
+    assert mode(node_dir / "attempt-0" / "failure.json") == 0o600
 
 
 # ---- item 10: damaged job records, node text in tables ------------------------------------------

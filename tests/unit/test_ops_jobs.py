@@ -18,7 +18,6 @@ from torchherd.agent import control
 from torchherd.agent.detach import FileEmitter
 from torchherd.errors import ConfigError
 from torchherd.jobs import JobRecord, load_record
-from torchherd.logs import JobOutput
 from torchherd.ops.detach import detach_request
 from torchherd.ops.jobctl import (
     apply_status,
@@ -30,7 +29,6 @@ from torchherd.ops.joblogs import format_event
 from torchherd.ops.remote import AgentAnswer
 from torchherd.plan import LaunchPlan, NodePlan
 from torchherd.spec import parse_host_list
-from torchherd.supervise import Supervisor
 
 
 @pytest.fixture(autouse=True)
@@ -152,10 +150,7 @@ def test_detach_request_is_the_supervisors_request_plus_detach(tmp_path: Path) -
         grace=7.0,
         secret_env={"TOKEN": "t0ps3cret"},
     )
-    cluster = parse_host_list("bob@gpu2")
-    output = JobOutput(tmp_path / "logs", ["bob@gpu2"], 1, stream=io.StringIO())
-    supervisor = Supervisor(plan, cluster, None, output)  # type: ignore[arg-type]
-    request = detach_request(supervisor, node)
+    request = detach_request(plan, node)
     # Written out from the plan above, not computed by the code under test. No heartbeat:
     # a detached agent has nobody to hear from.
     assert request == {

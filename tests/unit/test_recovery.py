@@ -1,13 +1,14 @@
-"""Recovery's parts alone: the hang watch and node liveness on a test clock, the causes table
-on recorded failure output, the evidence judge on recorded py-spy dumps, the restart policy."""
+"""Recovery's parts alone: node liveness on a test clock, the causes table on recorded failure
+output, the evidence judge on recorded py-spy dumps, the restart policy (the hang watch has
+tests of its own: test_hang.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from torchherd.recovery import HangWatch, NodeLiveness, RankStack, RestartPolicy, explain
+from torchherd.recovery import NodeLiveness, RankStack, RestartPolicy, explain
 from torchherd.recovery.evidence import judge
-from torchherd.recovery.hang import FLOOR
+from torchherd.recovery.liveness import STALL, LauncherClock
 from torchherd.recovery.policy import PROGRESS_BY_TIME, made_progress
 
 
@@ -20,94 +21,6 @@ class Clock:
 
     def advance(self, seconds: float) -> None:
         self.now += seconds
-
-
-# ---------------------------------------------------------------------------------------------
-# hang watch
-
-
-def test_nothing_is_judged_before_the_first_signal() -> None:
-    clock = Clock()
-    watch = HangWatch(timeout=5, clock=clock)
-    clock.advance(3600)  # an hour of start-up: importing, rendezvous, loading data
-    assert watch.check() is None
-
-
-def test_fixed_timeout_counts_from_the_last_signal_of_any_rank() -> None:
-    clock = Clock()
-    watch = HangWatch(timeout=5, clock=clock)
-    watch.signal(0)
-    clock.advance(4)
-    watch.signal(1)
-    clock.advance(4.9)
-    assert watch.check() is None
-    clock.advance(0.2)
-    hang = watch.check()
-    assert hang is not None and hang.limit == 5 and "--hang-timeout" in hang.how
-
-
-def test_zero_turns_the_watch_off() -> None:
-    clock = Clock()
-    watch = HangWatch(timeout=0, clock=clock)
-    watch.signal(0)
-    clock.advance(10**6)
-    assert watch.check() is None
-
-
-def test_torchruns_own_lines_are_no_progress() -> None:
-    clock = Clock()
-    watch = HangWatch(timeout=5, clock=clock)
-    watch.signal(None)
-    clock.advance(100)
-    assert watch.check() is None  # never armed: no rank said anything
-
-
-def test_learned_limit_waits_for_the_jobs_rhythm_then_uses_the_floor() -> None:
-    clock = Clock()
-    watch = HangWatch(clock=clock)
-    for _ in range(2):  # two signs: not yet a rhythm
-        watch.signal(0)
-        clock.advance(10)
-    clock.advance(500)
-    assert watch.check() is None
-    watch.signal(0)  # the third sign arms the watch; the longest gap was 510 s
-    limit = watch.limit()
-    assert limit is not None and limit[0] == pytest.approx(1530.0)
-
-
-def test_a_script_that_prints_once_an_hour_is_not_killed() -> None:
-    clock = Clock()
-    watch = HangWatch(clock=clock)
-    for _ in range(3):
-        watch.signal(0)
-        clock.advance(3600)
-        assert watch.check() is None
-    limit = watch.limit()
-    assert limit is not None and limit[0] == pytest.approx(3 * 3600)
-
-
-def test_a_steady_job_that_stops_is_hung_after_the_floor() -> None:
-    clock = Clock()
-    watch = HangWatch(clock=clock)
-    for step in range(20):
-        watch.signal(0, step)
-        watch.signal(1, step)
-        clock.advance(2)
-    clock.advance(FLOOR - 3)  # a second short of the floor since the last signal
-    assert watch.check() is None
-    clock.advance(2)
-    hang = watch.check()
-    assert hang is not None and hang.limit == FLOOR and "floor" in hang.how
-    assert watch.steps == {0: 19, 1: 19} and watch.max_step == 19
-
-
-def test_a_burst_of_lines_is_one_sign() -> None:
-    clock = Clock()
-    watch = HangWatch(clock=clock)
-    for _ in range(50):  # 50 ranks say hello at once
-        watch.signal(0)
-        clock.advance(0.001)
-    assert watch.limit() is None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -127,6 +40,37 @@ def test_a_node_is_silent_only_while_watched_and_after_the_limit() -> None:
     assert liveness.silent() == ["a"]
     liveness.forget("a")
     assert liveness.silent() == []
+
+
+def test_a_stalled_launcher_blames_no_node() -> None:
+    """The launcher did not run for 15 s (SIGSTOP, a suspend): on its return every node looks
+    silent, with its events still waiting in the pipes. Excused, none is silent; a node that
+    stays silent after the excuse is judged again from then."""
+    clock = Clock()
+    liveness = NodeLiveness(["a", "b"], silence=10, clock=clock)
+    liveness.watch("a")
+    liveness.watch("b")
+    clock.advance(15)
+    assert liveness.silent() == ["a", "b"]  # what a launcher without the excuse would say
+    liveness.excuse()
+    assert liveness.silent() == []
+    clock.advance(5)
+    liveness.heard("a")
+    clock.advance(6)
+    assert liveness.silent() == ["b"]
+
+
+def test_the_launcher_clock_measures_its_own_stalls_only() -> None:
+    clock = Clock()
+    watch = LauncherClock(every=1.0, clock=clock)
+    clock.advance(1.2)
+    assert watch.tick() == 0.0  # a little late: not a stall
+    clock.advance(1.0 + STALL - 0.1)
+    assert watch.tick() == 0.0
+    clock.advance(16.0)
+    assert watch.tick() == pytest.approx(15.0)
+    clock.advance(1.0)
+    assert watch.tick() == 0.0  # on time again
 
 
 # ---------------------------------------------------------------------------------------------

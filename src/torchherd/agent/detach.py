@@ -110,9 +110,9 @@ def _read_until_closed(fd: int, timeout: float) -> bytes:
 
 def _daemon(request: dict[str, Any], relay_fd: int) -> None:
     """In the daemon: run the job to its end with events going to the node directory."""
-    from .runner import NodeJob, herd_home
+    from .attempt import NodeAttempt, herd_home
 
-    job = NodeJob(request, lambda _event: None)
+    job = NodeAttempt(request, lambda _event: None)
     code = 1
     try:
         private_dir(job.node_dir, home=herd_home(dict(request.get("env", {}))))
@@ -130,7 +130,7 @@ def _daemon(request: dict[str, Any], relay_fd: int) -> None:
         job.emit = FileEmitter(os.path.join(job.node_dir, EVENTS_FILE), relay_fd, secrets)
 
         def stop(*_: object) -> None:
-            job.request_stop()
+            job.request_stop("signal")
 
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, stop)

@@ -81,7 +81,7 @@ def end_job(job_id: str, node: str | None, grace: float, attempt: str | None = N
 def zombie_children(parent: int) -> list[int]:
     """Pids of ``parent``'s children that have exited and wait to be reaped."""
     found = []
-    for pid in _children(parent):
+    for pid in children(parent):
         try:
             with open(f"/proc/{pid}/stat") as handle:
                 state = handle.read().rsplit(")", 1)[-1].split()[0]
@@ -92,7 +92,8 @@ def zombie_children(parent: int) -> list[int]:
     return found
 
 
-def _children(parent: int) -> list[int]:
+def children(parent: int) -> list[int]:
+    """Pids of ``parent``'s direct children (every thread's)."""
     try:
         tasks = os.listdir(f"/proc/{parent}/task")
     except OSError:

@@ -95,8 +95,9 @@ def launch_command(
         120.0,
         "--time-grace",
         min=1,
-        help="Inside PBS: ask the workers to save and stop this many seconds before the "
-        "walltime (Slurm: #SBATCH --signal=B:USR1@SECONDS does it).",
+        help="Seconds between the time-limit warning and the end: the workers get this less "
+        "--grace and 10 s to save. Inside PBS herd warns itself this long before the "
+        "walltime; under Slurm give #SBATCH --signal=B:USR1@SECONDS the same value.",
     ),
 ) -> int:
     """Run SCRIPT [ARGS...] (or -m MODULE [ARGS...]) with torchrun on every node.
@@ -153,7 +154,7 @@ def launch_command(
         log_dir=log_dir,
         preflight=not no_preflight,
         detach=detach,
-        save_within=max(5.0, min(60.0, time_grace / 2)),
+        save_within=save_window(time_grace, grace),
         hang_timeout=hang_timeout,
     )
     deadline = None if dry_run or detach else pbs_deadline(cluster, time_grace)
@@ -168,6 +169,17 @@ def launch_command(
     if result.exit_code == EXIT_SAVED:
         print(requeue_after_save(cluster, max_requeues), file=sys.stderr, flush=True)
     return result.exit_code
+
+
+# Seconds kept at the end of a time-limit warning after the save window: herd stops what
+# still runs (SIGTERM, the grace period, SIGKILL) and requeues the job within them.
+SAVE_MARGIN = 10.0
+
+
+def save_window(warning: float, grace: float) -> float:
+    """Seconds the workers get to save after a time-limit warning ``warning`` seconds before
+    the end: the warning less the stop (``grace``) and a margin, never under 5 s."""
+    return max(5.0, warning - grace - SAVE_MARGIN)
 
 
 def check_log_dir(path: Path) -> None:

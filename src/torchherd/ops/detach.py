@@ -17,13 +17,13 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from ..agent.protocol import decode
+from ..attempt import agent_request
 from ..errors import EXIT_NODE_NOT_READY, EXIT_OK
 from ..jobs import JobRecord, job_dir
 from ..logs import Failure, JobOutput, RunResult
 from ..plan import LaunchPlan, NodePlan
 from ..redact import redact_text
 from ..spec import ClusterSpec, NodeSpec
-from ..supervise import Supervisor
 from ..transport import Transport
 from .jobctl import new_record, stop_nodes
 from .remote import agent_argv
@@ -41,10 +41,10 @@ def may_have_started(events: dict[str, dict[str, Any]]) -> list[str]:
     return [h for h, e in events.items() if e.get("e") == "started" or e.get(MAYBE_STARTED)]
 
 
-def detach_request(supervisor: Supervisor, node: NodePlan) -> dict[str, Any]:
-    """The Supervisor's job request with ``detach`` set (and no heartbeat or silence limit:
-    nobody will ping)."""
-    request = supervisor.agent_request(node) | {"detach": True}
+def detach_request(plan: LaunchPlan, node: NodePlan) -> dict[str, Any]:
+    """An attempt's request with ``detach`` set (and no heartbeat or silence limit: nobody
+    will ping)."""
+    request = agent_request(plan, node) | {"detach": True}
     request.pop("heartbeat", None)
     request.pop("silence", None)
     return request
@@ -129,13 +129,12 @@ async def start_detached(
     )
     output.note(banner)  # the launcher's side of the job directory says what was started
     output.close()
-    supervisor = Supervisor(plan, cluster, transport, output)
 
     async def start(node: NodeSpec) -> dict[str, Any]:
         # Never raise: the other nodes' starts would be cancelled half-way, and a subprocess
         # cancelled while it is being created can hang asyncio's shutdown.
         try:
-            return await start_node(transport, node, detach_request(supervisor, plans[node.host]))
+            return await start_node(transport, node, detach_request(plan, plans[node.host]))
         except Exception as exc:
             return {"e": "error", "message": f"{node.host}: {type(exc).__name__}: {exc}"}
 

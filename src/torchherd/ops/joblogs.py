@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -200,7 +201,8 @@ def show_stacks(record: JobRecord, rank: int | None, stream: TextIO) -> None:
         for reason in sorted(set(summary.get("reasons", {}).values())):
             stream.write(f"taken: {reason}\n")
         for behind in summary.get("behind", []):
-            stream.write(f"behind: {behind['host']} rank {behind['rank']}: {behind['why']}\n")
+            where = f"{behind['host']} rank {behind['rank']}: " if behind.get("host") else ""
+            stream.write(f"behind: {where}{behind['why']}\n")
         for path in sorted(attempt.glob("*-rank-*.txt"), key=_rank_of):
             if rank is not None and _rank_of(path) != rank:
                 continue
@@ -210,7 +212,7 @@ def show_stacks(record: JobRecord, rank: int | None, stream: TextIO) -> None:
 
 
 def _rank_of(path: Path) -> int:
-    try:
-        return int(path.stem.rsplit("-", 1)[1])
-    except (IndexError, ValueError):
-        return -1
+    """The rank a stacks file belongs to (``<host>-rank-R.txt``, its children's
+    ``<host>-rank-R-child-PID.txt`` too)."""
+    found = re.search(r"-rank-(\d+)", path.name)
+    return int(found.group(1)) if found else -1

@@ -4,9 +4,11 @@
                hang.HangWatch          no progress signal from any rank for too long is a hang
     evidence   evidence.Evidence       every rank's stacks (py-spy), who is behind and why
                causes.explain          known failure signatures -> a cause and a fix, in words
+               failures.choose_first_failure   the failure that caused the others
     decisions  policy.RestartPolicy    restart, go on with fewer nodes, or give up (crash loop)
 
-The Supervisor is given these objects (and a clock), so each can be tested alone and swapped.
+An Attempt (attempt.py) is given these objects (and a clock), so each can be tested alone and
+swapped.
 """
 
 from .causes import Cause, explain

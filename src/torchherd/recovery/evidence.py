@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +43,8 @@ class RankStack:
     state: str
     stack: str | None = None
     error: str | None = None
+    children: tuple[dict[str, Any], ...] = ()
+    """The rank's child processes (DataLoader workers...): pid, state, stack or error."""
 
     @property
     def main_frames(self) -> list[str]:
@@ -114,6 +116,13 @@ def judge(stacks: Iterable[RankStack], steps: Mapping[int, int] | None = None) -
     return []
 
 
+def _behind_fields(line: str) -> dict[str, Any]:
+    match = re.match(r"(\S+) rank (\d+): (.*)$", line)
+    if match is None:
+        return {"host": "", "rank": None, "why": line}
+    return {"host": match.group(1), "rank": int(match.group(2)), "why": match.group(3)}
+
+
 class Evidence:
     """Stacks of one attempt, as they arrive from the agents, and where they are kept."""
 
@@ -137,6 +146,9 @@ class Evidence:
                         state=str(worker.get("state", "?")),
                         stack=worker.get("stack"),
                         error=worker.get("error"),
+                        children=tuple(
+                            c for c in worker.get("children") or () if isinstance(c, dict)
+                        ),
                     )
                 )
             except (KeyError, TypeError, ValueError):
@@ -144,8 +156,9 @@ class Evidence:
             if worker.get("error"):
                 self.problems.append(f"{host} rank {worker.get('rank')}: {worker['error']}")
 
-    def save(self, behind: list[Behind]) -> Path | None:
-        """Write every rank's stacks and a summary; the directory, or None with nothing kept."""
+    def save(self, behind: list[str]) -> Path | None:
+        """Write every rank's stacks and a summary (``behind``: "host rank R: why" lines);
+        the directory, or None with nothing kept."""
         if not self.stacks:
             return None
         private_dir(self.directory)
@@ -154,9 +167,17 @@ class Evidence:
             header = f"# {item.host} rank {item.rank} (local {item.local_rank}) pid {item.pid} "
             header += f"state {item.state}\n"
             write_private(self.directory / f"{item.host}-rank-{item.rank}.txt", header + text)
+            for child in item.children:
+                pid = int(child.get("pid", 0))
+                said = child.get("stack") or f"no stacks: {child.get('error')}\n"
+                write_private(
+                    self.directory / f"{item.host}-rank-{item.rank}-child-{pid}.txt",
+                    f"# {item.host} rank {item.rank}: child process {pid} of {item.pid} "
+                    f"state {child.get('state', '?')}\n{said}",
+                )
         summary = {
             "reasons": self.reasons,
-            "behind": [asdict(b) for b in behind],
+            "behind": [_behind_fields(line) for line in behind],
             "ranks": [
                 {
                     "host": s.host,

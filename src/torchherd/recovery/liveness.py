@@ -1,8 +1,16 @@
-"""Node liveness as the launcher sees it: every event from a node's agent is a sign of life.
+"""Node liveness as the launcher sees it, and the launcher's own stalls.
 
-Agents say {"e": "alive"} every 2 s besides their output, so a node that says nothing for
-``silence`` seconds has lost its link or its machine. ssh would notice later (ServerAlive: 15 s
-and more) and only as "ssh failed"; herd says when the node stopped answering and what it means.
+Agents say {"e": "alive"} every 2 s besides their output, for as long as they run (stopping
+included), so a node that says nothing for ``silence`` seconds has lost its link or its
+machine. ssh would notice later (ServerAlive: 15 s and more) and only as "ssh failed"; herd
+says when the node stopped answering and what it means.
+
+Silence is only evidence when the launcher itself was there to hear. A launcher that was
+stopped (Ctrl-Z, SIGSTOP), suspended (a laptop lid), starved or blocked hears nothing from
+anyone, and on its return finds every node "silent" with their events still waiting in the
+pipes. ``LauncherClock`` notices such a gap (on CLOCK_BOOTTIME, which runs through a suspend),
+and ``NodeLiveness.excuse`` starts every node's silence afresh: a stalled launcher never
+blames the nodes.
 """
 
 from __future__ import annotations
@@ -12,6 +20,32 @@ from collections.abc import Callable, Iterable
 
 # Seconds without a word from a node's agent before herd calls the node lost.
 SILENCE = 10.0
+# Seconds the launcher's watch may wake up late before herd calls it a stall of its own.
+STALL = 3.0
+
+
+def boot_clock() -> float:
+    """Seconds since boot, suspend included (Linux); monotonic time elsewhere."""
+    try:
+        return time.clock_gettime(time.CLOCK_BOOTTIME)
+    except (AttributeError, OSError):
+        return time.monotonic()
+
+
+class LauncherClock:
+    """Measures how long this process did not run between two ticks of a periodic watch."""
+
+    def __init__(self, every: float, clock: Callable[[], float] = boot_clock) -> None:
+        self.every = every
+        self._clock = clock
+        self._last = clock()
+
+    def tick(self) -> float:
+        """Seconds this tick came later than expected (0 when on time, within STALL)."""
+        now = self._clock()
+        late = now - self._last - self.every
+        self._last = now
+        return late if late > STALL else 0.0
 
 
 class NodeLiveness:
@@ -44,6 +78,13 @@ class NodeLiveness:
     def heard(self, host: str) -> None:
         self._heard[host] = self._clock()
         self._wall_heard[host] = self._wall()
+
+    def excuse(self) -> None:
+        """The launcher did not run for a while: every node's silence starts again now
+        (what they said meanwhile is still in the pipes and comes next)."""
+        now = self._clock()
+        for host in self._heard:
+            self._heard[host] = now
 
     def silent(self) -> list[str]:
         """Watched nodes not heard from for longer than ``silence``."""

@@ -100,6 +100,12 @@ def _launch_line(spec: SubmitSpec) -> str:
     return "exec " + shlex.join(argv)
 
 
+def handles_node_loss(launch_args: tuple[str, ...]) -> bool:
+    """Whether the job goes on without a lost node (``--min-nodes``): then Slurm must not end
+    the whole job when a node fails (``--no-kill``)."""
+    return any(a == "--min-nodes" or a.startswith("--min-nodes=") for a in launch_args)
+
+
 def render_slurm(spec: SubmitSpec, limit: int) -> str:
     options = [
         f"--job-name={spec.name}",
@@ -121,11 +127,20 @@ def render_slurm(spec: SubmitSpec, limit: int) -> str:
         "--open-mode=append",
         f"--output={spec.output or 'herd-%j.out'}",
     ]
+    goes_on_without_nodes = handles_node_loss(spec.launch_args)
+    if goes_on_without_nodes:
+        options.append("--no-kill")
     lines = ["#!/bin/bash", *(f"#SBATCH {option}" for option in options)]
     lines += [
         "# Rendered by `herd submit`: herd runs on the first node and starts one agent per node",
         "# with srun. USR1 comes before the time limit: herd saves a snapshot, stops the",
         "# workers and requeues this job, which resumes from the snapshot.",
+        "# A lost node: "
+        + (
+            "--no-kill keeps the allocation, and herd goes on without the node (--min-nodes)."
+            if goes_on_without_nodes
+            else "Slurm ends the job and requeues it (herd needs every node)."
+        ),
         f"cd {shlex.quote(spec.workdir)}",
         _launch_line(spec),
     ]

@@ -1,0 +1,127 @@
+"""A look at the job's ranks on this node, for the launcher's hang watch (never pauses them).
+
+When a job has gone quiet, the launcher asks every agent to look. For each rank a look says:
+
+    state      the kernel's state letter (T: stopped by a signal or a debugger)
+    cpu        CPU ticks of the rank's whole process tree so far (DataLoader workers too)
+    io         bytes its tree read and wrote so far (None where the kernel does not say)
+    frames     the main thread's Python frames, innermost first ("function (file:line)"),
+               from ``py-spy dump --nonblocking`` (which reads memory without stopping the
+               process); None when they could not be taken, with ``error`` saying why
+    active     py-spy's word on whether the main thread was running on a CPU
+    phase      the known long phase the rank declared (torchherd.progress.phase), if any
+
+Counters are cumulative: the launcher judges the difference between two looks (recovery.hang).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from .. import progress
+from . import workers as procs
+from .stacks import PTRACE_HINT, py_spy
+
+# Seconds one non-blocking dump may take (it reads memory; it never waits for the process).
+LOOK_TIMEOUT = 10.0
+# Frames kept per rank: enough to see the collective and the user's line that called it.
+FRAMES_KEPT = 12
+
+
+def main_frames(dump: list[dict[str, Any]]) -> tuple[list[str], bool | None]:
+    """The main thread's frames ("function (file:line)", innermost first) and whether it was
+    active, from ``py-spy dump --json`` output."""
+    threads = [t for t in dump if isinstance(t, dict)]
+    main = next((t for t in threads if t.get("thread_name") == "MainThread"), None)
+    if main is None and threads:
+        main = threads[0]
+    if main is None:
+        return [], None
+    frames = []
+    for frame in main.get("frames") or []:
+        name = frame.get("name", "?")
+        where = frame.get("short_filename") or frame.get("filename") or "?"
+        frames.append(f"{name} ({where}:{frame.get('line', '?')})")
+    active = main.get("active")
+    return frames[:FRAMES_KEPT], active if isinstance(active, bool) else None
+
+
+def frames_of(pid: int, tool: str | None) -> dict[str, Any]:
+    """One process's main-thread frames without pausing it, or why there are none."""
+    if tool is None:
+        return {"frames": None, "error": "py-spy is not installed on this node"}
+    argv = [tool, "dump", "--nonblocking", "--json", "--pid", str(pid)]
+    try:
+        done = subprocess.run(
+            argv, capture_output=True, text=True, timeout=LOOK_TIMEOUT, stdin=subprocess.DEVNULL
+        )
+    except subprocess.TimeoutExpired:
+        return {"frames": None, "error": f"py-spy took longer than {LOOK_TIMEOUT:g} s"}
+    except OSError as exc:
+        return {"frames": None, "error": f"cannot run py-spy: {exc}"}
+    if done.returncode != 0:
+        reason = (done.stderr.strip().splitlines() or [f"exit code {done.returncode}"])[0]
+        if "ermission" in done.stderr or "ptrace" in done.stderr.lower():
+            reason += PTRACE_HINT
+        return {"frames": None, "error": reason}
+    try:
+        frames, active = main_frames(json.loads(done.stdout))
+    except ValueError:
+        return {"frames": None, "error": "py-spy answered with something that is not JSON"}
+    return {"frames": frames, "active": active}
+
+
+def look(
+    job_id: str,
+    node: str,
+    attempt: str | None,
+    progress_dir: str | None,
+    with_frames: bool = True,
+) -> list[dict[str, Any]]:
+    """One observation per rank of the attempt on this node (see the module docstring)."""
+    found = procs.find_workers(job_id, node, attempt)
+    if not found:
+        return []
+    declared = progress.read_progress(progress_dir) if progress_dir else {}
+    tool = py_spy() if with_frames else None
+
+    def observe(worker: procs.Worker) -> dict[str, Any]:
+        seen: dict[str, Any] = {
+            "rank": worker.rank,
+            "local_rank": worker.local_rank,
+            "pid": worker.pid,
+            "state": procs.process_state(worker.pid),
+            "cpu": procs.cpu_ticks(worker.tree),
+            "io": procs.io_bytes(worker.tree),
+            "children": len(worker.children),
+        }
+        if with_frames:
+            seen |= frames_of(worker.pid, tool)
+        mine = declared.get(worker.rank)
+        if mine is not None and mine.phase:
+            seen["phase"] = mine.phase
+            seen["phase_since"] = mine.phase_since
+        return seen
+
+    with ThreadPoolExecutor(max_workers=min(16, len(found))) as pool:
+        return list(pool.map(observe, found))
+
+
+def look_event(
+    job_id: str, node: str, attempt: str | None, progress_dir: str | None
+) -> dict[str, Any]:
+    """The {"e": "look"} event an agent sends when the launcher asks."""
+    started = time.time()
+    ranks = look(job_id, node, attempt, progress_dir)
+    return {
+        "e": "look",
+        "host": node,
+        "a": attempt,
+        "at": started,
+        "ticks": procs.CLOCK_TICKS,
+        "ranks": ranks,
+    }

@@ -1,0 +1,751 @@
+"""One attempt of a job: a plan run on its nodes through their agent links, watched, ended.
+
+Node states (recovery.failures.NodeRun):
+              starting -> running -> succeeded | failed | stopped | lost
+              starting -> not started            (the agent could not start the attempt)
+
+The attempt is over when every node is done with it: its agent reported the attempt's exit,
+or its link ended, or herd cut it off. What ends it early:
+  - a node fails (its workers failed) or its agent's link ends: the others are stopped, since
+    their workers would wait in a collective or a rendezvous that can never complete;
+  - a node goes silent (not even its 2-s "alive" for NodeLiveness.silence, while this launcher
+    was there to hear): it is lost ("stopped answering at ..."), its link is cut;
+  - a hang (recovery.hang: silence makes herd look at the ranks; the evidence decides);
+  - ``interrupt()`` (Ctrl-C, SIGTERM, SIGHUP) or a time limit (``request_save``).
+Before herd stops workers that are not ending by themselves it takes their stacks: every node's
+agent dumps its workers, then stops them (for a hang, every node's stacks first, then the
+stop). A stopping node keeps saying "alive"; one whose agent has not reported the attempt's
+end within the grace period plus the agent's teardown budget is cut off and then swept (an
+attempt-scoped stop run through a new session), so no process of this attempt outlives it
+unnoticed and the next attempt never meets it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .agent.attempt import TEARDOWN_BUDGET
+from .agent.protocol import ATTEMPT_VAR, missing_module
+from .errors import EXIT_INTERRUPTED, EXIT_JOB_FAILED, EXIT_NODE_NOT_READY, EXIT_OK, EXIT_SAVED
+from .links import AgentLink
+from .logs import FLUSH_EVERY, Failure, JobOutput, RunResult
+from .plan import LaunchPlan, NodePlan
+from .recovery import Evidence, HangWatch, NodeLiveness, explain
+from .recovery.evidence import judge
+from .recovery.failures import NodeRun, choose_first_failure
+from .recovery.liveness import SILENCE, LauncherClock
+from .spec import ClusterSpec
+from .transport import Transport
+
+# Seconds between pings to each agent.
+HEARTBEAT_INTERVAL = 2.0
+# Seconds of silence from the launcher after which an agent ends its attempt (by default;
+# [cluster] launcher_silence): a launcher that was stopped, suspended or blocked for up to a
+# minute finds its job still running.
+AGENT_SILENCE = 90.0
+# Seconds beyond the grace period and the agent's own teardown budget before a stopping
+# node's link is cut.
+STOP_MARGIN = 5.0
+# Seconds herd waits for every node's stacks before it stops a hung job.
+EVIDENCE_TIMEOUT = 30.0
+# Seconds between looks for silent nodes, stalls, deadlines and hangs.
+WATCH_EVERY = 1.0
+# Seconds beyond the grace period a sweep of a node (an attempt-scoped stop) may take.
+SWEEP_MARGIN = 15.0
+# Seconds a second Ctrl-C waits for the agents to kill their workers before cutting them off.
+KILL_WAIT = 5.0
+
+
+def agent_request(plan: LaunchPlan, node: NodePlan, silence: float = AGENT_SILENCE) -> dict:
+    """The request an agent runs an attempt from; `herd launch --detach` sends it too.
+    ``silence``: seconds without a word from the launcher before the agent stops the job."""
+    return {
+        "job_id": plan.job_id,
+        "node": node.name,
+        "workdir": plan.workdir,
+        "argv": list(node.argv),
+        "env": dict(node.env),
+        "secret_env": dict(plan.secret_env),
+        "grace": plan.grace,
+        "heartbeat": HEARTBEAT_INTERVAL,
+        "silence": silence,
+    }
+
+
+@dataclass
+class AttemptResult(RunResult):
+    """A RunResult, plus what the job needs to decide the next attempt."""
+
+    number: int = 0
+    reusable: tuple[str, ...] = ()
+    """Nodes whose agent link is alive and reported this attempt's end: the next attempt can
+    run there in place."""
+    unconfirmed: tuple[str, ...] = ()
+    """Nodes where the end of this attempt could not be confirmed (cut off and not swept):
+    no attempt may start there until a sweep confirms it."""
+    stopped_by_agents: bool = False
+    """Every node's agent ended the attempt because this launcher had gone silent."""
+    saved: bool = False
+    """A snapshot committed after the time-limit request was reported."""
+    noticed: str = ""
+    ranks_seen: frozenset[tuple[str, int]] = field(default_factory=frozenset)
+
+
+class Attempt:
+    def __init__(
+        self,
+        plan: LaunchPlan,
+        cluster: ClusterSpec,
+        transport: Transport,
+        output: JobOutput,
+        links: dict[str, AgentLink],
+        *,
+        number: int = 0,
+        hang: HangWatch | None = None,
+        silence: float = SILENCE,
+        evidence_dir: Path | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        prewarm_next: bool = False,
+    ) -> None:
+        self.plan = plan
+        self.cluster = cluster
+        self.transport = transport
+        self.output = output
+        self.links = links
+        """The job's links by host, shared: new ones are added, ended ones stay (ended)."""
+        self.number = number
+        self.nodes = {p.host: NodeRun(p) for p in plan.nodes}
+        self.hang = hang if hang is not None else HangWatch(clock=clock)
+        self.hang.world_size = plan.world_size
+        self.liveness = NodeLiveness(self.nodes, silence=silence, clock=clock)
+        self.silence = silence
+        self.evidence = Evidence(evidence_dir or output.log_dir / "stacks" / f"attempt-{number}")
+        self.prewarm_next = prewarm_next
+        """Warm a wrapper for the next attempt on every node while this one stops."""
+        self.cause: Failure | None = None
+        """Set when herd itself found the cause (a lost node, a hang); wins over workers'."""
+        self.hang_found: str | None = None
+        self.behind: tuple[str, ...] = ()
+        self.noticed: str | None = None
+        """How herd noticed what ended the attempt early, in words (for the job's story)."""
+        self.trigger: str | None = None
+        """The node whose failure made the attempt stop the others."""
+        self.ranks_seen: set[tuple[str, int]] = set()
+        self.stopping = False
+        self.interrupted = False
+        self.killing = False
+        self.saving = False
+        self._save_asked_at: float | None = None
+        self._saved_before: dict[int, float] = {}
+        self.saved_after_request = False
+        self._ending = False
+        self._deadlines: dict[str, float] = {}
+        self._sweeps: dict[str, asyncio.Task[bool]] = {}
+        self._stacks_wanted: set[str] = set()
+        self._stacks_arrived = asyncio.Event()
+        self._done = asyncio.Event()
+        self._clock = clock
+
+    # -- running --------------------------------------------------------------------------------
+
+    async def run(self) -> AttemptResult:
+        started = time.monotonic()
+        openers = [asyncio.create_task(self._start_node(node)) for node in self.nodes.values()]
+        helpers = [
+            asyncio.create_task(self._ping_agents()),
+            asyncio.create_task(self._flush_output()),
+            asyncio.create_task(self._watch()),
+        ]
+        try:
+            await asyncio.gather(*openers)
+            self._check_done()
+            await self._done.wait()
+            if self._sweeps:
+                await asyncio.wait(
+                    self._sweeps.values(), timeout=self.plan.grace + SWEEP_MARGIN + 5
+                )
+        finally:
+            for task in [*helpers, *openers]:
+                task.cancel()
+            for node in self.nodes.values():
+                link = self.links.get(node.host)
+                if link is not None and link.on_event is not None:
+                    link.on_event = None
+                    link.on_text = None
+        return await asyncio.to_thread(self._result, time.monotonic() - started)
+
+    async def _start_node(self, node: NodeRun) -> None:
+        link = self.links.get(node.host)
+        if link is None or not link.alive:
+            try:
+                link = await AgentLink.open(
+                    self.transport, self.cluster, self.cluster.node(node.host)
+                )
+            except OSError as exc:
+                node.error = {"message": f"cannot start the agent: {exc}", "remedy": ""}
+                self._set_state(node, "not started")
+                self._mark_done(node)
+                return
+            self.links[node.host] = link
+        link.on_event = lambda event, n=node: self._handle(n, event)
+        link.on_text = lambda text, n=node: self.output.line(n.host, None, text)
+        link.start_reading()
+        link.run(agent_request(self.plan, node.plan, self.cluster.launcher_silence))
+        if self.stopping:
+            self._tell_stop(node)
+        asyncio.create_task(self._watch_link(node, link))
+
+    async def _watch_link(self, node: NodeRun, link: AgentLink) -> None:
+        await link.ended.wait()
+        if not node.done:
+            node.exit_code = link.exit_code
+            node.stderr.extend(link.stderr)
+            node.ended_at = time.monotonic()
+            self._link_lost(node, link)
+
+    # -- control --------------------------------------------------------------------------------
+
+    def interrupt(self) -> None:
+        """Ctrl-C or SIGTERM: stop every node; a second one kills every worker at once."""
+        if self.interrupted:
+            self.kill_all()
+            return
+        self.interrupted = True
+        self.output.note("herd: stopping the job on every node (Ctrl-C again to kill it now)")
+        self.stop_all()
+
+    def kill_all(self) -> None:
+        """Kill every worker now (no grace, no stacks); cut the links that do not confirm."""
+        if self.killing:
+            return
+        self.killing = True
+        self._ending = True
+        self.stopping = True
+        self.output.note("herd: killing the job on every node")
+        deadline = self._clock() + KILL_WAIT
+        for node in self.nodes.values():
+            link = self.links.get(node.host)
+            if link is not None and not node.done:
+                link.command("kill")
+                self._deadlines[node.host] = min(self._deadlines.get(node.host, deadline), deadline)
+
+    def request_save(self, within: float) -> None:
+        """Ask every worker to save a snapshot and stop (torchherd.train does at its next log
+        step); whatever still runs after ``within`` seconds is stopped."""
+        if self.saving or self.stopping:
+            return
+        self.saving = True
+        self._save_asked_at = time.time()
+        self.output.note(
+            f"herd: asking every worker to save a snapshot and stop (stopping in {within:g} s "
+            "at the latest)"
+        )
+        for node in self.nodes.values():
+            link = self.links.get(node.host)
+            if link is not None:
+                link.command("save")
+        asyncio.get_running_loop().call_later(within, self.stop_all)
+
+    def stop_all(self, except_host: str | None = None, *, stacks: bool = False) -> None:
+        """Stop every node (with ``stacks``, each takes its workers' stacks first)."""
+        self._ending = True
+        self.stopping = True
+        for host, node in self.nodes.items():
+            if host != except_host:
+                self._tell_stop(node, stacks=stacks)
+
+    def _tell_stop(self, node: NodeRun, stacks: bool = False) -> None:
+        link = self.links.get(node.host)
+        if link is None or node.done or node.host in self._deadlines:
+            return
+        fields: dict[str, Any] = {"stacks": stacks}
+        if self.prewarm_next:
+            fields["next"] = self.number + 1
+        link.command("stop", **fields)
+        self._deadlines[node.host] = self._clock() + self.plan.grace + TEARDOWN_BUDGET + STOP_MARGIN
+
+    def end_with_evidence(self, except_host: str | None = None, *, gather: bool = False) -> None:
+        """Stop every node after its workers' stacks are taken: each node's own before its
+        stop (a failure, a lost node), or every node's before any stop (``gather``: a hang,
+        where the stacks must show the job as it hung)."""
+        if self._ending:
+            return
+        self._ending = True
+        if not gather:
+            self.output.note("herd: taking the workers' stacks as the other nodes stop")
+            self.stop_all(except_host, stacks=True)
+            return
+        asyncio.get_running_loop().create_task(self._gather_then_stop(except_host))
+
+    async def _gather_then_stop(self, except_host: str | None) -> None:
+        try:
+            await self.gather_stacks()
+        finally:
+            self.stop_all(except_host)
+
+    async def gather_stacks(self, timeout: float = EVIDENCE_TIMEOUT) -> None:
+        """Ask every running agent for its workers' stacks; wait for them (at most timeout)."""
+        live = [n for n in self.nodes.values() if n.state == "running" and not n.done]
+        self._stacks_wanted = {n.host for n in live}
+        if not live:
+            return
+        self.output.note(
+            f"herd: taking the workers' stacks on {len(live)} node(s) before stopping the job"
+        )
+        self._stacks_arrived.clear()
+        for node in live:
+            link = self.links.get(node.host)
+            if link is not None:
+                link.command("stacks")
+        try:
+            await asyncio.wait_for(self._stacks_arrived.wait(), timeout)
+        except TimeoutError:
+            missing = ", ".join(sorted(self._stacks_wanted))
+            self.evidence.problems.append(f"no stacks from {missing} within {timeout:g} s")
+
+    # -- events ---------------------------------------------------------------------------------
+
+    def _handle(self, node: NodeRun, event: dict[str, Any]) -> None:
+        kind = event.get("e")
+        host = node.host
+        if node.state != "lost":
+            self.liveness.heard(host)
+        if "a" in event and str(event["a"]) != str(self.number):
+            return  # a late word about another attempt (never expected; never acted on)
+        if kind == "line":
+            rank = event.get("r")
+            self.output.line(host, rank, event.get("t", ""))
+            if rank is not None:
+                self.ranks_seen.add((host, rank))
+            self.hang.signal(rank)
+        elif kind == "beat":
+            self.hang.signal(event.get("r"), event.get("step"))
+        elif kind == "phase":
+            self.hang.phase(event.get("r"), event.get("name"))
+        elif kind == "saved":
+            self._saved(event)
+        elif kind == "look":
+            self.hang.looked(host, event)
+        elif kind == "stacks":
+            self.evidence.add(host, event)
+            self._no_more_stacks_from(host)
+        elif kind == "started":
+            self._set_state(node, "running")
+            self.liveness.watch(host)
+            self.hang.started()
+        elif kind == "error":
+            node.error = event
+            self._set_state(node, "not started")
+            self._mark_done(node)
+            self._on_node_failed(node)
+        elif kind == "exit":
+            self._exited(node, event)
+
+    def _exited(self, node: NodeRun, event: dict[str, Any]) -> None:
+        host = node.host
+        self.liveness.forget(host)
+        self._no_more_stacks_from(host)  # an agent that ended sends none
+        node.failures = list(event.get("failures", []))
+        node.why_stopped = str(event.get("why") or "")
+        node.ended_at = time.monotonic()
+        if event.get("error"):
+            node.error = event["error"] | {"last_stderr": event.get("last_stderr", [])}
+        if event.get("code") == 0:
+            self._set_state(node, "succeeded")
+        elif event.get("stopped"):
+            self._set_state(node, "stopped")
+            if node.why_stopped == "launcher-silent" and not self._ending:
+                self._agents_stopped_for_silence(node)
+        else:
+            if not node.failures and node.error is None:
+                # torchrun ended badly without a worker failure to show: say how it ended.
+                how = event.get("signal") or f"exit code {event.get('code')}"
+                node.error = {
+                    "message": f"torchrun on {host} ended with {how} and no worker failure",
+                    "remedy": f"see {host}'s own lines above, and its torchrun logs in "
+                    f"{event.get('node_dir') or 'the job directory on the node'}",
+                    "last_stderr": event.get("last_stderr", []),
+                }
+            self._set_state(node, "failed")
+            self._on_node_failed(node)
+        self._mark_done(node)
+
+    def _saved(self, event: dict[str, Any]) -> None:
+        rank, at = event.get("r"), event.get("at")
+        if not isinstance(rank, int) or not isinstance(at, int | float):
+            return
+        if self._save_asked_at is None:
+            self._saved_before[rank] = float(at)
+        elif float(at) != self._saved_before.get(rank):
+            self.saved_after_request = True
+            self.output.note(
+                f"herd: a snapshot of step {event.get('step')} was committed"
+                + (f" ({event['where']})" if event.get("where") else "")
+            )
+
+    def _agents_stopped_for_silence(self, node: NodeRun) -> None:
+        self.noticed = self.noticed or "the agents heard nothing from this launcher"
+        self.output.note(
+            f"herd: {node.host}'s agent stopped the job: it heard nothing from this launcher "
+            f"for {self.cluster.launcher_silence:g} s (this launcher was stopped, suspended or "
+            "starved)"
+        )
+        self.stop_all()
+
+    def _link_lost(self, node: NodeRun, link: AgentLink) -> None:
+        """The node's link ended before the agent reported the attempt's end."""
+        stderr = "\n".join(node.stderr)
+        spec = self.cluster.node(node.host)
+        unreachable = self.transport.classify_failure(spec, node.exit_code or 0, stderr)
+        self.liveness.forget(node.host)
+        self._no_more_stacks_from(node.host)
+        if missing_module(stderr) == "torchherd":
+            node.error = {
+                "message": f"torchherd is not installed for {node.plan.python} on {node.host}",
+                "remedy": "install it there (`herd exec -- pip install torchherd`), "
+                "or point python at an environment that has it",
+            }
+            self._set_state(node, "not started")
+        elif link.cut_off:
+            if node.state != "lost":
+                self._set_state(node, "stopped")
+            self._sweep_later(node)
+        elif self.stopping and node.state == "starting":
+            self._set_state(node, "stopped")
+        else:
+            detail = (
+                unreachable.describe() if unreachable else f"agent exited with {node.exit_code}"
+            )
+            node.error = {
+                "message": f"lost contact with {node.host} ({detail})",
+                "remedy": unreachable.remedy if unreachable else "see the node's lines above",
+                "last_stderr": list(node.stderr),
+            }
+            self._set_state(node, "stopped" if self.stopping and not unreachable else "lost")
+            if unreachable is None:
+                # The agent died but the node answers: end what it left behind there.
+                self._sweep_later(node)
+        self._mark_done(node)
+        self._on_node_failed(node)
+
+    def _sweep_later(self, node: NodeRun) -> None:
+        if node.host not in self._sweeps:
+            self._sweeps[node.host] = asyncio.create_task(self._sweep(node))
+
+    async def _sweep(self, node: NodeRun) -> bool:
+        """The `stop` verb of this attempt on a node whose agent is gone or cut off (its
+        processes, by job id and attempt); True once the node is confirmed clean."""
+        from .ops.remote import call_agent
+
+        spec = self.cluster.node(node.host)
+        request = {
+            "job_id": self.plan.job_id,
+            "node": node.plan.name,
+            "grace": 0 if self.killing else self.plan.grace,
+            "attempt": node.plan.env.get(ATTEMPT_VAR),
+        }
+        if node.plan.env.get("HERD_HOME"):
+            request["herd_home"] = node.plan.env["HERD_HOME"]
+        answer = await call_agent(
+            self.transport, spec, "stop", request, timeout=self.plan.grace + SWEEP_MARGIN
+        )
+        if not answer.ok or answer.data is None:
+            self.output.note(f"herd: could not sweep {node.host}: {answer.error}")
+            return False
+        if answer.data.get("processes"):
+            self.output.note(
+                f"herd: ended {answer.data['processes']} process(es) of the attempt left on "
+                f"{node.host}"
+            )
+        return not answer.data.get("survivors") and not answer.data.get("agent_left")
+
+    def _no_more_stacks_from(self, host: str) -> None:
+        self._stacks_wanted.discard(host)
+        if not self._stacks_wanted:
+            self._stacks_arrived.set()
+
+    def _on_node_failed(self, node: NodeRun) -> None:
+        if not self._ending:
+            self.trigger = node.host
+            self.noticed = self.noticed or (
+                "its agent's link ended" if node.state == "lost" else "a worker exited"
+            )
+            self.output.note(f"herd: {node.host} failed; stopping the other nodes")
+            self.end_with_evidence(except_host=node.host)
+
+    def _mark_done(self, node: NodeRun) -> None:
+        node.done = True
+        self._deadlines.pop(node.host, None)
+        self._check_done()
+
+    def _check_done(self) -> None:
+        if all(n.done for n in self.nodes.values()):
+            self._done.set()
+
+    def _set_state(self, node: NodeRun, state: str) -> None:
+        node.state = state
+
+    # -- watching -------------------------------------------------------------------------------
+
+    async def _watch(self) -> None:
+        """Every WATCH_EVERY s: this launcher's own stalls, silent nodes, stop deadlines,
+        looks at a silent job and hangs."""
+        clock = LauncherClock(WATCH_EVERY)
+        while True:
+            await asyncio.sleep(WATCH_EVERY)
+            stalled = clock.tick()
+            if stalled:
+                self._stalled(stalled)
+                continue
+            for host in self.liveness.silent():
+                self._silent(self.nodes[host])
+            self._cut_overdue()
+            if self._ending:
+                continue
+            if self.hang.wants_look():
+                for node in self.nodes.values():
+                    link = self.links.get(node.host)
+                    if link is not None and node.state == "running" and not node.done:
+                        link.command("look")
+            hang = self.hang.check()
+            if hang is not None:
+                self._hung(hang)
+
+    def _stalled(self, seconds: float) -> None:
+        """This launcher did not run for ``seconds``: nothing it failed to hear is evidence."""
+        self.output.note(
+            f"herd: this launcher did not run for {seconds:.0f} s (stopped, suspended or "
+            "starved); the nodes are judged again from now"
+        )
+        self.liveness.excuse()
+        self.hang.excuse(seconds)
+        for host in list(self._deadlines):
+            self._deadlines[host] += seconds
+
+    def _hung(self, hang: Any) -> None:
+        self.hang_found = hang.describe()
+        self.behind = hang.behind
+        self.noticed = "the hang watch"
+        self.output.note(f"herd: the job is hung: {self.hang_found}")
+        self.cause = Failure(
+            host="",
+            rank=None,
+            exitcode=None,
+            signal=None,
+            message=f"hung: {self.hang_found}",
+            remedy="see the stacks below for the rank that holds the others up; if the job is "
+            "only quiet, have it print or call torchherd.progress.beat(step) (or wrap a long "
+            "phase in torchherd.progress.phase(...)); --hang-timeout 0 turns the watch off",
+        )
+        self.end_with_evidence(gather=True)
+
+    def _silent(self, node: NodeRun) -> None:
+        """A node that said nothing for too long: lost (its machine or its network)."""
+        host = node.host
+        self.liveness.forget(host)
+        at = time.strftime("%H:%M:%S", time.localtime(self.liveness.last_heard_wall(host)))
+        message = f"{host} stopped answering at {at} (network or machine down)"
+        self.noticed = self.noticed or f"{host} went silent"
+        node.error = {
+            "message": message,
+            "remedy": f"check that {host} is up and on the network (`herd doctor`); with "
+            "--min-nodes the job goes on without it",
+        }
+        node.ended_at = time.monotonic()
+        self._set_state(node, "lost")
+        link = self.links.get(host)
+        if link is not None:
+            link.cut()  # its link is dead or dying: do not wait for ssh to say so
+        if self.cause is None and not self._ending:
+            self.cause = Failure(host, None, None, None, message, remedy=node.error["remedy"])
+        self.output.note(f"herd: {message}; stopping the other nodes")
+        self._mark_done(node)
+        self.end_with_evidence(except_host=host)
+
+    def _cut_overdue(self) -> None:
+        """Cut off nodes whose agents have not ended the attempt in time after a stop."""
+        now = self._clock()
+        for host, deadline in list(self._deadlines.items()):
+            if now <= deadline:
+                continue
+            del self._deadlines[host]
+            node = self.nodes[host]
+            link = self.links.get(host)
+            if node.done or link is None:
+                continue
+            waited = (
+                "the kill"
+                if self.killing
+                else (
+                    f"the stop (grace {self.plan.grace:g} s + the agent's teardown "
+                    f"{TEARDOWN_BUDGET:g} s)"
+                )
+            )
+            self.output.note(
+                f"herd: {host}'s agent had not ended its share after {waited}; cutting it off "
+                "and sweeping what it left"
+            )
+            link.cut()
+
+    async def _flush_output(self) -> None:
+        while True:
+            await asyncio.sleep(FLUSH_EVERY)
+            self.output.flush()
+
+    async def _ping_agents(self) -> None:
+        while True:
+            await asyncio.sleep(HEARTBEAT_INTERVAL)
+            for node in self.nodes.values():
+                link = self.links.get(node.host)
+                if link is not None and not node.done:
+                    link.command("ping")
+
+    # -- the result -----------------------------------------------------------------------------
+
+    def _result(self, duration: float) -> AttemptResult:
+        behind = list(self.behind) or [
+            b.line() for b in judge(self.evidence.stacks, self.hang.steps)
+        ]
+        stacks_dir = self.evidence.save(behind)
+        status = {host: node.state for host, node in self.nodes.items()}
+        stopped_by_agents = (
+            not self.stopping
+            and all(
+                n.why_stopped == "launcher-silent"
+                for n in self.nodes.values()
+                if n.state == "stopped"
+            )
+            and any(n.why_stopped == "launcher-silent" for n in self.nodes.values())
+        )
+        # Every agent ended its job on request, and not this launcher's: `herd stop` did it.
+        stopped_elsewhere = (
+            not self.stopping
+            and not stopped_by_agents
+            and all(s == "stopped" for s in status.values())
+        )
+        finished = all(s in ("succeeded", "stopped") for s in status.values())
+        reason = ""
+        if self.saving and finished and self.saved_after_request:
+            code = EXIT_SAVED
+        elif all(state == "succeeded" for state in status.values()):
+            code = EXIT_OK
+        elif self.interrupted or stopped_elsewhere:
+            code = EXIT_INTERRUPTED
+        elif any(state == "not started" for state in status.values()):
+            code = EXIT_NODE_NOT_READY
+        else:
+            code = EXIT_JOB_FAILED
+            if self.saving and not self.saved_after_request:
+                reason = (
+                    "the time limit came and no snapshot was reported committed after it "
+                    "(a script saves with torchherd.train, or reports its own save with "
+                    "torchherd.progress.saved(step, where)); the last snapshot stands"
+                )
+        failure = None
+        if code not in (EXIT_OK, EXIT_SAVED) and not stopped_elsewhere:
+            failure = self.first_failure()
+            if failure is not None and self.hang_found and failure.rank is None:
+                named = _first_named(behind)
+                if named is not None:
+                    host, rank = named
+                    failure = Failure(
+                        host, rank, None, None, failure.message, remedy=failure.remedy
+                    )
+        reusable = tuple(
+            host
+            for host, node in self.nodes.items()
+            if node.state in ("succeeded", "failed", "stopped")
+            and (link := self.links.get(host)) is not None
+            and link.alive
+        )
+        unconfirmed = tuple(
+            host
+            for host, task in self._sweeps.items()
+            if not (task.done() and not task.cancelled() and task.result())
+        )
+        return AttemptResult(
+            job_id=self.plan.job_id,
+            exit_code=code,
+            node_status=status,
+            first_failure=failure,
+            duration=duration,
+            log_dir=self.output.log_dir,
+            behind=tuple(behind),
+            stacks_dir=stacks_dir,
+            evidence_problems=tuple(self.evidence.problems),
+            hang=self.hang_found,
+            lost=tuple(h for h, s in status.items() if s == "lost"),
+            max_step=self.hang.max_step,
+            reason=reason,
+            number=self.number,
+            reusable=reusable,
+            unconfirmed=unconfirmed,
+            stopped_by_agents=stopped_by_agents,
+            saved=self.saved_after_request,
+            noticed=self.noticed or "",
+            ranks_seen=frozenset(self.ranks_seen),
+        )
+
+    def first_failure(self) -> Failure | None:
+        """The failure that caused the others: herd's own finding (a lost node, a hang), else
+        the workers' (see ``choose_first_failure``), with its cause in words when known."""
+        failure = self.cause or choose_first_failure(list(self.nodes.values()), self.trigger)
+        if failure is None:
+            return None
+        text = "\n".join((failure.message, *failure.last_stderr))
+        found = explain(text)
+        if found is None or failure.cause:
+            return failure
+        cause = found.cause
+        if found.kind == "rendezvous-timeout":
+            absent = self._never_joined()
+            if absent:
+                cause += f"; never joined: {', '.join(absent)}"
+        elif found.kind == "peer-connection":
+            peer = self._peer_named_in(text)
+            if peer is not None:
+                cause += f"; the peer is {peer}"
+        return Failure(
+            failure.host,
+            failure.rank,
+            failure.exitcode,
+            failure.signal,
+            failure.message,
+            failure.last_stderr,
+            remedy=failure.remedy or found.fix,
+            cause=cause,
+        )
+
+    def _never_joined(self) -> list[str]:
+        """Nodes whose workers never started in this attempt (no rank spoke there) and that
+        did not time out waiting in the rendezvous themselves: the ones the others waited for."""
+        spoke = {host for host, _ in self.ranks_seen}
+        waited = {
+            host
+            for host, node in self.nodes.items()
+            if node.error
+            and "Rendezvous" in f"{node.error.get('error', '')} {node.error.get('message', '')}"
+        }
+        return [host for host in self.nodes if host not in spoke and host not in waited]
+
+    def _peer_named_in(self, text: str) -> str | None:
+        """The node whose address a connection error names."""
+        for node in self.plan.nodes:
+            if node.local_addr and re.search(rf"\b{re.escape(node.local_addr)}\b", text):
+                return node.host
+        return None
+
+
+def _first_named(behind: list[str]) -> tuple[str, int] | None:
+    """(host, rank) of the first "host rank R: ..." line."""
+    for line in behind:
+        match = re.match(r"(\S+) rank (\d+):", line)
+        if match:
+            return match.group(1), int(match.group(2))
+    return None

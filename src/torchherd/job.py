@@ -1,0 +1,363 @@
+"""A job is a sequence of attempts: run one, decide the next, until the job is over.
+
+    attempt 0 (the launch's plan)
+      -> ended: succeeded | failed | hung | lost node | stopped by its agents | interrupted | saved
+      -> the decision (recovery.policy): stop, or restart
+      -> the next attempt's nodes (recovery.nodes): the same nodes in place (their agents kept,
+         a warm wrapper waiting), or a new plan without lost nodes
+      -> attempt n+1, after every node confirmed attempt n ended (or was swept)
+
+An attempt never starts on a node before the previous attempt there has ended: attempts
+never overlap. Signals: Ctrl-C, SIGTERM or SIGHUP stop the job (a second one kills it at once);
+SIGUSR1 (a scheduler's time-limit warning) asks the workers to save a snapshot and stop, and
+no attempt starts after it. The job record keeps one entry per attempt (jobs.attempt_entry).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import replace
+from typing import Any, TextIO
+
+from .attempt import Attempt, AttemptResult
+from .errors import EXIT_CRASH_LOOP, EXIT_INTERRUPTED, EXIT_JOB_FAILED, EXIT_SAVED, HerdError
+from .jobs import JobRecord, attempt_entry, job_dir
+from .links import AgentLink
+from .logs import JobOutput, RunResult, render_summary
+from .ops.jobctl import new_record
+from .plan import JobSpec, make_plan
+from .prepare import Prepared, close_links, replan
+from .recovery import HangWatch, RestartPolicy
+from .recovery.policy import made_progress
+from .redact import redact_text
+from .spec import ClusterSpec
+from .transport import Transport
+
+# Restarts after the agents stopped the job for a silent launcher (this launcher was stopped
+# or suspended): not the job's fault, so not counted against --max-restarts, but bounded.
+STALL_RESTARTS = 3
+
+
+def banner(plan: Any, cluster: ClusterSpec) -> str:
+    from . import __version__
+
+    where = (
+        f"rendezvous {plan.rdzv_endpoint}" if plan.rdzv_endpoint else "standalone on this machine"
+    )
+    nodes = ", ".join(f"{n.host}×{n.nproc}" for n in plan.nodes)
+    return (
+        f"herd {__version__}: job {plan.job_id} on {len(plan.nodes)} node(s) [{nodes}], "
+        f"world size {plan.world_size}, {where}"
+    )
+
+
+class JobRun:
+    """Runs a prepared job to its end: attempts, restarts, signals, the record, the summary."""
+
+    def __init__(
+        self,
+        prepared: Prepared,
+        job: JobSpec,
+        transport: Transport,
+        *,
+        stream: TextIO,
+        hang_timeout: float | None = None,
+        save_within: float = 60.0,
+        log_dir: Any = None,
+        color: bool | None = None,
+        policy: RestartPolicy | None = None,
+    ) -> None:
+        self.prepared = prepared
+        self.job = job
+        self.transport = transport
+        self.hang_timeout = hang_timeout
+        self.save_within = save_within
+        self.policy = policy or job_policy(job, prepared.cluster)
+        self.full_cluster = prepared.cluster
+        """Every node the job may use (the plan may use fewer after a loss)."""
+        plan = prepared.plan
+        self.log_dir = log_dir or job_dir(plan.job_id)
+        self.secrets = list(plan.secret_env.values())
+        self.output = JobOutput(
+            self.log_dir,
+            [n.host for n in self.full_cluster.nodes],
+            plan.world_size,
+            stream=stream,
+            color=color,
+            secrets=self.secrets,
+        )
+        self.links: dict[str, AgentLink] = dict(prepared.links)
+        self.record: JobRecord = new_record(prepared.cluster, plan, self.log_dir, state="running")
+        self.number = job.attempt
+        self.restarts = 0
+        self.stall_restarts = 0
+        self.current: Attempt | None = None
+        self.replanning: asyncio.Task[Prepared] | None = None
+        self.interrupted = False
+        self.time_limit = False
+
+    # -- signals --------------------------------------------------------------------------------
+
+    def interrupt(self) -> None:
+        """Ctrl-C, SIGTERM, SIGHUP: stop the job (a second time: kill it now)."""
+        first = not self.interrupted
+        self.interrupted = True
+        if self.current is not None:
+            self.current.interrupt()
+        elif first:
+            self.output.note("herd: stopping the job")
+        if self.replanning is not None:
+            self.replanning.cancel()
+
+    def save_and_stop(self) -> None:
+        """SIGUSR1, a time limit is near: save and stop now; no attempt starts after it."""
+        if self.time_limit:
+            return
+        self.time_limit = True
+        if self.current is not None:
+            self.current.request_save(self.save_within)
+        if self.replanning is not None:
+            self.replanning.cancel()
+
+    # -- the attempts ---------------------------------------------------------------------------
+
+    async def run(self) -> RunResult:
+        plan = self.prepared.plan
+        self.record.attempts.append(
+            attempt_entry(self.number, self.record.nodes, plan.world_size, plan.rdzv_endpoint)
+        )
+        await asyncio.to_thread(self.record.save)
+        self.output.note(banner(plan, self.prepared.cluster))
+        started = time.monotonic()
+        best_step: int | None = None
+        no_progress = 0
+        result: RunResult = RunResult(plan.job_id, EXIT_JOB_FAILED, log_dir=self.log_dir)
+        try:
+            while True:
+                attempt = self._attempt()
+                self.current = attempt
+                attempt_started = time.monotonic()
+                result = outcome = await attempt.run()
+                self.current = None
+                self._close_entry(outcome)
+                await asyncio.to_thread(self.record.save)
+                if self.time_limit or self.interrupted:
+                    result = self._stopped_between(outcome)
+                    break
+                if outcome.stopped_by_agents and self.stall_restarts < STALL_RESTARTS:
+                    self.stall_restarts += 1
+                    why = "the agents stopped the job while this launcher was not running"
+                elif not self.policy.should_restart(outcome.exit_code, self.restarts):
+                    break
+                else:
+                    seconds = time.monotonic() - attempt_started
+                    if made_progress(best_step, outcome.max_step, seconds):
+                        no_progress = 0
+                    elif self.restarts:  # a restart that got nowhere: the crash loop counts
+                        no_progress += 1
+                    if outcome.max_step is not None:
+                        best_step = max(best_step or 0, outcome.max_step)
+                    if no_progress >= self.policy.crash_loop:
+                        result.exit_code = EXIT_CRASH_LOOP
+                        result.reason = (
+                            f"crash loop: {no_progress} restart(s) in a row failed without step "
+                            f"progress (best step {best_step if best_step is not None else 'none'})"
+                            "; fix the first failure above, restarting will not"
+                        )
+                        break
+                    self.restarts += 1
+                    cause = outcome.first_failure.headline() if outcome.first_failure else ""
+                    why = cause or "a node failed"
+                    self.output.note(
+                        f"herd: {why}; restarting the job (restart {self.restarts} of "
+                        f"{self.policy.max_restarts})"
+                    )
+                if not await self._next(outcome, why):
+                    result = (
+                        self._stopped_between(outcome)
+                        if (self.time_limit or self.interrupted)
+                        else outcome
+                    )
+                    break
+        finally:
+            await self._close_links()
+            result.restarts = self.restarts
+            result.duration = time.monotonic() - started
+            self.output.note(render_summary(result))
+            self.output.close()
+            finish_record(self.record, result, self.secrets)
+        return result
+
+    def _attempt(self) -> Attempt:
+        plan = self.prepared.plan
+        return Attempt(
+            plan,
+            self.full_cluster,
+            self.transport,
+            self.output,
+            self.links,
+            number=self.number,
+            hang=HangWatch(self.hang_timeout),
+            evidence_dir=self.log_dir / "stacks" / f"attempt-{self.number}",
+            prewarm_next=self.restarts < self.policy.max_restarts,
+        )
+
+    async def _next(self, outcome: AttemptResult, why: str) -> bool:
+        """Plan the next attempt (in place when every node is still there); False when the
+        job cannot go on (the reason is in the output and the result)."""
+        self.number += 1
+        job = replace(self.job, attempt=self.number)
+        current = [n.host for n in self.prepared.plan.nodes]
+        lost = set(outcome.lost) | set(outcome.unconfirmed)
+        in_place = not lost and set(current) <= set(outcome.reusable)
+        if in_place:
+            prepared = self.prepared
+            plan = make_plan(prepared.cluster, job, prepared.facts, prepared.secrets)
+            self.prepared = Prepared(prepared.cluster, prepared.facts, prepared.secrets, plan)
+            how = "in place"
+        else:
+            self.replanning = asyncio.create_task(
+                replan(
+                    self.prepared,
+                    job,
+                    self.transport,
+                    self.policy,
+                    nodes=current,
+                    suspects=tuple(sorted(lost)),
+                    links={h: link for h, link in self.links.items() if h not in lost},
+                    total=len(self.full_cluster.nodes),
+                    say=self.output.note,
+                )
+            )
+            try:
+                fresh = await self.replanning
+            except asyncio.CancelledError:
+                return False
+            except HerdError as exc:
+                self.output.note(f"herd: cannot restart: {exc.message}\n  fix: {exc.remedy}")
+                outcome.reason = exc.message
+                return False
+            finally:
+                self.replanning = None
+            self.links.update(fresh.links)
+            self.prepared = Prepared(self.full_cluster, fresh.facts, fresh.secrets, fresh.plan)
+            how = "new plan"
+        if self.time_limit or self.interrupted:
+            return False
+        plan = self.prepared.plan
+        await self._drop_links_outside(plan)
+        self.record.nodes = [{"host": n.host, "nproc": n.nproc} for n in plan.nodes]
+        self.record.world_size = plan.world_size
+        self.record.rdzv_endpoint = plan.rdzv_endpoint
+        self.record.restarts = self.restarts
+        self.record.attempts.append(
+            attempt_entry(
+                self.number,
+                self.record.nodes,
+                plan.world_size,
+                plan.rdzv_endpoint,
+                how=how,
+                why=why,
+            )
+        )
+        await asyncio.to_thread(self.record.save)
+        if how == "in place":
+            self.output.note(
+                f"herd: attempt {self.number} in place on the same {len(plan.nodes)} node(s)"
+            )
+        return True
+
+    async def _drop_links_outside(self, plan: Any) -> None:
+        """Close the links of nodes the next attempt does not use."""
+        wanted = {n.host for n in plan.nodes}
+        dropped = {h: link for h, link in self.links.items() if h not in wanted}
+        for host in dropped:
+            del self.links[host]
+        if dropped:
+            await close_links(dropped)
+
+    async def _close_links(self) -> None:
+        links, self.links = dict(self.links), {}
+        if links:
+            await close_links(links)
+
+    def _stopped_between(self, outcome: AttemptResult) -> RunResult:
+        """The job ends for a signal that came during or after an attempt."""
+        if self.interrupted and outcome.exit_code not in (0, EXIT_SAVED):
+            outcome.exit_code = EXIT_INTERRUPTED
+            return outcome
+        if self.time_limit and outcome.exit_code != EXIT_SAVED and outcome.exit_code != 0:
+            if not outcome.reason:
+                outcome.reason = (
+                    "the time limit came while the job was restarting; no attempt was started "
+                    "after it and no snapshot was committed after it: the last snapshot stands"
+                )
+            self.output.note(f"herd: {outcome.reason}")
+        return outcome
+
+    def _close_entry(self, result: AttemptResult) -> None:
+        entry = self.record.attempts[-1]
+        entry["ended"] = time.time()
+        entry["outcome"] = outcome_of(result)
+        entry["noticed"] = result.noticed
+        entry["behind"] = list(result.behind)
+        entry["stacks_dir"] = str(result.stacks_dir) if result.stacks_dir else None
+        entry["max_step"] = result.max_step
+        entry["failure"] = failure_record(result, self.secrets)
+
+
+def outcome_of(result: RunResult) -> str:
+    if result.exit_code == 0:
+        return "succeeded"
+    if result.exit_code == EXIT_SAVED:
+        return "saved"
+    if result.exit_code == EXIT_INTERRUPTED:
+        return "interrupted"
+    if result.hang:
+        return "hung"
+    if result.lost:
+        return "lost"
+    if isinstance(result, AttemptResult) and result.stopped_by_agents:
+        return "stopped by its agents"
+    return "failed"
+
+
+def failure_record(result: RunResult, secrets: list[str]) -> dict[str, Any] | None:
+    failure = result.first_failure
+    if failure is None:
+        return None
+    return {
+        "host": failure.host,
+        "rank": failure.rank,
+        "exitcode": failure.exitcode,
+        "signal": failure.signal,
+        "message": redact_text(failure.message, secrets),
+        "cause": failure.cause,
+        "remedy": failure.remedy,
+    }
+
+
+def job_policy(job: JobSpec, cluster: ClusterSpec) -> RestartPolicy:
+    """The restart policy a job asks for (the command line wins over [cluster])."""
+    return RestartPolicy(
+        max_restarts=job.max_restarts,
+        min_nodes=job.min_nodes if job.min_nodes is not None else cluster.min_nodes,
+        crash_loop=job.crash_loop,
+    )
+
+
+def finish_record(record: JobRecord, result: RunResult, secrets: list[str]) -> None:
+    """The job record once the launcher is done: never left "running"."""
+    record.state = {0: "succeeded", EXIT_INTERRUPTED: "stopped", EXIT_SAVED: "saved"}.get(
+        result.exit_code, "failed"
+    )
+    record.ended = time.time()
+    record.exit_code = result.exit_code
+    record.restarts = result.restarts
+    if result.first_failure is not None:
+        record.first_failure = failure_record(result, secrets)
+    record.save()
+
+
+__all__ = ["JobRun", "banner", "finish_record", "job_policy"]

@@ -1,0 +1,166 @@
+"""Links to node agents: one session per node (ssh, srun or a local process), kept for the job.
+
+A link carries JSON lines both ways (agent.protocol): the launcher's commands on the agent's
+stdin, the agent's events on its stdout. It outlives attempts: a restart with every node still
+answering runs the next attempt through the same links, so it costs no new session, no new
+agent and no cold torch import. Each attempt hands the link its own event handler.
+
+A link ends when its process does (the agent exited, ssh lost its connection, or herd cut it):
+``ended`` is then set, and the link is never used again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import json
+from collections.abc import Callable
+from typing import Any
+
+from .agent.protocol import decode
+from .spec import ClusterSpec, NodeSpec
+from .transport import Transport
+
+EventHandler = Callable[[dict[str, Any]], None]
+TextHandler = Callable[[str], None]
+
+
+class AgentLink:
+    """One node's agent session."""
+
+    def __init__(self, node: NodeSpec, process: asyncio.subprocess.Process, *, fresh: bool):
+        self.node = node
+        self.host = node.host
+        self.process = process
+        self.fresh = fresh
+        """Nothing beyond a prewarm line was sent: the next job request goes as it is."""
+        self.on_event: EventHandler | None = None
+        self.on_text: TextHandler | None = None
+        """Lines that are not events (a shell's motd, the agent's own error output)."""
+        self.stderr: collections.deque[str] = collections.deque(maxlen=30)
+        self.exit_code: int | None = None
+        self.ended = asyncio.Event()
+        self.cut_off = False
+        """True once herd killed the session itself (``cut``)."""
+        self._readers: list[asyncio.Task[None]] = []
+
+    @classmethod
+    async def open(
+        cls,
+        transport: Transport,
+        cluster: ClusterSpec,
+        node: NodeSpec,
+        prewarm: dict[str, Any] | None = None,
+    ) -> AgentLink:
+        """Start the node's agent; with ``prewarm`` (a spec), it warms torchrun's wrapper at
+        once, while the launcher is still busy. OSError when the session cannot start."""
+        python = cluster.python_for(node)
+        process = await transport.start(node, [python, "-m", "torchherd.agent", "run"])
+        link = cls(node, process, fresh=True)
+        if prewarm is not None:
+            link.write({"prewarm": prewarm | {"node": node.name}})
+        return link
+
+    def start_reading(self) -> None:
+        if not self._readers:
+            stderr = asyncio.create_task(self._read_stderr())
+            self._readers = [asyncio.create_task(self._read_events(stderr)), stderr]
+
+    @property
+    def alive(self) -> bool:
+        return not self.ended.is_set() and self.process.returncode is None
+
+    def write(self, message: dict[str, Any]) -> bool:
+        """Send one JSON line; False when the link cannot take it (closed or broken)."""
+        stdin = self.process.stdin
+        if stdin is None or stdin.is_closing() or not self.alive:
+            return False
+        try:
+            stdin.write(json.dumps(message).encode() + b"\n")
+        except (ConnectionError, OSError, RuntimeError):
+            return False
+        return True
+
+    def command(self, cmd: str, **fields: Any) -> bool:
+        return self.write({"cmd": cmd, **fields})
+
+    def run(self, request: dict[str, Any]) -> bool:
+        """Ask the agent to run an attempt."""
+        if self.fresh:
+            self.fresh = False
+            return self.write(request)
+        return self.command("run", request=request)
+
+    def close(self) -> None:
+        """Tell the agent to end what runs and exit (its stdin closes)."""
+        stdin = self.process.stdin
+        if stdin is not None and not stdin.is_closing():
+            try:
+                stdin.close()
+            except (ConnectionError, OSError, RuntimeError):
+                pass
+
+    def cut(self) -> None:
+        """Kill the session itself: its agent sees its stdin close (if it still can)."""
+        self.cut_off = True
+        if self.process.returncode is None:
+            try:
+                self.process.kill()
+            except ProcessLookupError:
+                pass
+
+    async def wait_ended(self, timeout: float) -> bool:
+        try:
+            await asyncio.wait_for(self.ended.wait(), timeout)
+        except TimeoutError:
+            return False
+        return True
+
+    async def finish(self, timeout: float = 5.0) -> None:
+        """Close the link and wait for its session to end (killing it after ``timeout``)."""
+        self.close()
+        if not await self.wait_ended(timeout):
+            self.cut()
+            await self.wait_ended(5.0)
+        for task in self._readers:
+            task.cancel()
+
+    async def _read_events(self, stderr: asyncio.Task[None]) -> None:
+        assert self.process.stdout is not None
+        try:
+            async for raw in lines(self.process.stdout):
+                event = decode(raw)
+                if event is None:
+                    if self.on_text is not None:
+                        self.on_text(raw.decode(errors="replace").rstrip())
+                    continue
+                if self.on_event is not None:
+                    self.on_event(event)
+        finally:
+            # Its last words on stderr (why ssh failed, a traceback) come with its end.
+            await asyncio.wait([stderr], timeout=2.0)
+            self.exit_code = await self.process.wait()
+            self.ended.set()
+
+    async def _read_stderr(self) -> None:
+        assert self.process.stderr is not None
+        async for raw in lines(self.process.stderr):
+            text = raw.decode(errors="replace").rstrip()
+            self.stderr.append(text)
+            if self.on_text is not None:
+                self.on_text(text)
+
+
+async def lines(stream: asyncio.StreamReader) -> Any:
+    """Lines of a stream; a line longer than the reader's limit comes in pieces, never as an
+    error that would end the supervision (agents split long lines, other output may not)."""
+    while True:
+        try:
+            raw = await stream.readuntil(b"\n")
+        except asyncio.IncompleteReadError as exc:
+            if exc.partial:
+                yield exc.partial
+            return
+        except asyncio.LimitOverrunError as exc:
+            raw = await stream.readexactly(exc.consumed)
+        yield raw

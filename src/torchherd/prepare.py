@@ -1,0 +1,314 @@
+"""Before a job runs: connect to every node, probe it, check it, plan the job.
+
+    cluster -> connect every node (one ssh master each, in parallel)
+            -> quick probe (NodeFacts) -> fast preflight -> LaunchPlan
+Agent sessions can be opened while this runs (``prewarm``), so torchrun's wrapper imports torch
+meanwhile. ``replan`` makes the plan of a restart on the nodes that still answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from .agent.protocol import missing_module
+from .errors import NodeNotReady
+from .facts import NodeFacts
+from .links import AgentLink
+from .plan import JobSpec, LaunchPlan, make_plan
+from .recovery import RestartPolicy
+from .spec import ClusterSpec, NodeSpec, read_env_file
+from .transport import CommandResult, Transport
+from .transport.base import setup_failure
+
+Progress = Callable[[str], None]
+
+
+async def connect_all(cluster: ClusterSpec, transport: Transport) -> None:
+    """Open a link to every node in parallel; NodeNotReady naming each unreachable node."""
+    results = await transport.each(cluster.nodes, transport.connect)
+    failures = [r for r in results if r is not None]
+    if failures:
+        lines = "\n".join(f"  {f.describe()}\n    fix: {f.remedy}" for f in failures)
+        raise NodeNotReady(
+            f"{len(failures)} of {len(cluster.nodes)} node(s) unreachable:\n{lines}",
+            "fix the nodes above, or leave them out of the cluster file",
+            hosts=tuple(f.host for f in failures),
+        )
+
+
+async def probe_all(
+    cluster: ClusterSpec,
+    transport: Transport,
+    *,
+    workdir: str | None = None,
+    entry: dict[str, str] | None = None,
+    port_on_first: int | None = None,
+    full: bool = False,
+    timeout: float = 60,
+) -> dict[str, NodeFacts]:
+    """Run the quick probe on every node in parallel. NodeNotReady when a node cannot answer."""
+
+    async def probe(node: NodeSpec) -> NodeFacts | str:
+        port = port_on_first if node is cluster.rendezvous_node else None
+        return await probe_node(cluster, transport, node, workdir, port, full, timeout, entry)
+
+    results = await transport.each(cluster.nodes, probe)
+    problems = [r for r in results if isinstance(r, str)]
+    if problems:
+        raise NodeNotReady(
+            "some nodes cannot run torchherd:\n" + "\n".join(f"  {p}" for p in problems),
+            "fix each node as said above, then run `herd doctor`",
+            hosts=tuple(p.split(":", 1)[0] for p in problems),
+        )
+    return {facts.host: facts for facts in results if isinstance(facts, NodeFacts)}
+
+
+async def probe_node(
+    cluster: ClusterSpec,
+    transport: Transport,
+    node: NodeSpec,
+    workdir: str | None = None,
+    port: int | None = None,
+    full: bool = False,
+    timeout: float = 60,
+    entry: dict[str, str] | None = None,
+) -> NodeFacts | str:
+    """One node's quick probe: its facts, or one line saying why there are none."""
+    request: dict[str, object] = {"full": full}
+    if workdir:
+        request["workdir"] = workdir
+    if entry:
+        request["entry"] = entry  # is the job's script or module there (checked from workdir)
+    if port is not None:
+        request["port"] = port
+    python = cluster.python_for(node)
+    result = await transport.run(
+        node,
+        [python, "-m", "torchherd.agent", "probe"],
+        input=json.dumps(request).encode(),
+        timeout=timeout,
+    )
+    if result.ok:
+        try:
+            return NodeFacts.from_probe(node.host, json.loads(result.stdout))
+        except (ValueError, TypeError, KeyError):
+            return f"{node.host}: the probe answered with something that is not JSON"
+    return explain_probe_failure(node, python, result)
+
+
+def explain_probe_failure(node: NodeSpec, python: str, result: CommandResult) -> str:
+    """One line (host first) saying why the probe failed on a node, with the fix."""
+    if result.unreachable is not None:
+        return f"{result.unreachable.describe()}; fix: {result.unreachable.remedy}"
+    if result.timed_out:
+        return f"{node.host}: the probe did not answer in time; fix: check the node's load and disk"
+    code, stderr = result.returncode, result.stderr
+    prelude = setup_failure(code, stderr)
+    if prelude is not None:
+        shown = prelude.replace("\n", "\n    ")
+        return (
+            f"{node.host}: the setup commands failed; their output:\n    {shown}\n"
+            "  fix: correct setup in [cluster] (or this [[node]]) of the cluster file"
+        )
+    if code == 127 or ("not found" in stderr and missing_module(stderr) is None):
+        return (
+            f"{node.host}: {python} not found; fix: install Python 3.11+ there or set python "
+            "in [cluster] (or for this [[node]]) to its interpreter's full path"
+        )
+    if missing_module(stderr) == "torchherd":
+        return (
+            f"{node.host}: torchherd is not installed for {python}; fix: pip install torchherd "
+            "there (`herd exec -- python3 -m pip install torchherd`)"
+        )
+    last = stderr.strip().splitlines()[-1] if stderr.strip() else f"exit code {code}"
+    return f"{node.host}: the probe failed: {last}"
+
+
+def fast_preflight(cluster: ClusterSpec, facts: Mapping[str, NodeFacts]) -> list[str]:
+    """The checks that make a launch fail for sure, as problem lines (empty: go ahead)."""
+    from .preflight import Status, fast_checks
+
+    return [r.line() for r in fast_checks(cluster, facts) if r.status is Status.FAIL]
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """Everything a launch learned before starting: enough to plan a restart too."""
+
+    cluster: ClusterSpec
+    """The cluster the plan runs on, its workdir resolved."""
+    facts: dict[str, NodeFacts]
+    secrets: dict[str, str]
+    plan: LaunchPlan
+    links: dict[str, AgentLink] = field(default_factory=dict)
+    """Agent links opened while probing or planning (torchrun's wrapper importing torch
+    meanwhile), by host; the attempt runs in them."""
+
+
+async def prepare(
+    cluster: ClusterSpec,
+    job: JobSpec,
+    transport: Transport,
+    *,
+    preflight: bool = True,
+    progress: Progress | None = None,
+    prewarm: bool = False,
+) -> Prepared:
+    """Connect, probe and check every node, then make the plan. With ``prewarm``, each node's
+    agent link is opened while the probe runs, and starts importing torch at once."""
+    say = progress or (lambda _: None)
+    secrets = read_env_file(cluster.env_file) if cluster.env_file else {}
+    cluster = with_workdir(cluster)
+    say(f"connecting to {len(cluster.nodes)} node(s)")
+    await connect_all(cluster, transport)
+    say("probing nodes")
+    opening = asyncio.create_task(open_links(cluster, transport, job)) if prewarm else None
+    try:
+        facts = await probe_all(
+            cluster,
+            transport,
+            workdir=cluster.workdir,
+            entry=job.entry_request(),
+            port_on_first=cluster.rdzv_port or 0,
+        )
+        problems = fast_preflight(cluster, facts)
+        if problems and preflight:
+            raise NodeNotReady(
+                "preflight found problems:\n" + "\n".join(f"  {p}" for p in problems),
+                "fix them, or launch anyway with --no-preflight",
+                hosts=tuple(p.split(":", 1)[0] for p in problems),
+            )
+        plan = make_plan(cluster, job, facts, secrets)
+        refuse_public_rendezvous(cluster, facts, plan)
+    except BaseException:
+        if opening is not None:
+            await close_links(await opening)
+        raise
+    links = await opening if opening is not None else {}
+    return Prepared(cluster, facts, secrets, plan, links)
+
+
+def refuse_public_rendezvous(
+    cluster: ClusterSpec, facts: Mapping[str, NodeFacts], plan: LaunchPlan
+) -> None:
+    """The one check --no-preflight does not skip (and a restart on a new rendezvous host
+    makes again): the c10d store must not listen on a public address unless allowed."""
+    if cluster.transport == "local" or plan.rdzv_endpoint is None:
+        return
+    from .preflight.network_checks import rendezvous_exposure
+
+    first = cluster.rendezvous_node
+    planned = plan.nodes[0].local_addr
+    found = rendezvous_exposure(cluster, first, facts[first.host], planned)
+    if found is not None:
+        raise NodeNotReady(f"{first.host}: {found.summary}", found.remedy, hosts=(first.host,))
+
+
+async def open_links(
+    cluster: ClusterSpec,
+    transport: Transport,
+    job: JobSpec,
+    nodes: list[NodeSpec] | None = None,
+) -> dict[str, AgentLink]:
+    """An agent link per node (every node of the cluster, or ``nodes``), told to prewarm:
+    start torchrun's wrapper for the job's attempt, which imports torch while the launcher
+    plans. A node where this fails simply gets a link when its attempt starts."""
+
+    async def open_one(node: NodeSpec) -> AgentLink | None:
+        spec = {
+            "python": cluster.python_for(node),
+            "workdir": cluster.workdir,
+            "job_id": job.job_id,
+            "attempt": job.attempt,
+        }
+        try:
+            return await AgentLink.open(transport, cluster, node, prewarm=spec)
+        except (OSError, ConnectionError):
+            return None
+
+    chosen = list(cluster.nodes if nodes is None else nodes)
+    opened = await transport.each(chosen, open_one)
+    return {n.host: link for n, link in zip(chosen, opened, strict=True) if link is not None}
+
+
+async def close_links(links: Mapping[str, AgentLink]) -> None:
+    """End links (their agents end what runs there and exit), waiting for each."""
+    for link in links.values():
+        link.start_reading()
+    await asyncio.gather(*(link.finish() for link in links.values()))
+
+
+async def replan(
+    prepared: Prepared,
+    job: JobSpec,
+    transport: Transport,
+    policy: RestartPolicy,
+    *,
+    nodes: list[str],
+    suspects: tuple[str, ...] = (),
+    links: Mapping[str, AgentLink] | None = None,
+    total: int | None = None,
+    say: Callable[[str], None] = lambda _: None,
+) -> Prepared:
+    """The plan of a restart on ``nodes`` (hosts of the full cluster, in order): a fresh
+    rendezvous id and a port free now on the first. ``suspects`` (nodes lost in the last
+    attempt) are probed again and left out if they still do not answer, when the policy
+    allows going on with fewer (of ``total``) nodes; the first node left hosts the
+    rendezvous. Nodes with a live link (``links``) need no probe and no new link."""
+    full, facts = prepared.cluster, dict(prepared.facts)
+    links = links or {}
+    total = total or len(nodes)
+    chosen = [h for h in nodes]
+    suspects = tuple(h for h in suspects if h in chosen)
+    if suspects and full.transport != "local":
+        timeout = full.connect_timeout + 5
+        answers = await transport.each(
+            [full.node(h) for h in suspects],
+            lambda node: probe_node(full, transport, node, full.workdir, timeout=timeout),
+        )
+        facts.update({a.host: a for a in answers if isinstance(a, NodeFacts)})
+        gone = [h for h, a in zip(suspects, answers, strict=True) if not isinstance(a, NodeFacts)]
+        if gone:
+            alive = [h for h in chosen if h not in gone]
+            if not policy.enough_nodes(len(alive), total):
+                needed = policy.min_nodes or total
+                raise NodeNotReady(
+                    f"{', '.join(gone)} still do(es) not answer: {len(alive)} node(s) left, "
+                    f"{needed} needed",
+                    "bring the node back, or allow going on with fewer nodes "
+                    "(--min-nodes M, or min_nodes in [cluster])",
+                    hosts=tuple(gone),
+                )
+            chosen = alive
+            say(
+                f"herd: going on without {', '.join(gone)}: {len(alive)} node(s) left, "
+                f"rendezvous now on {chosen[0]}"
+            )
+    cluster = full.select(chosen)
+    without_link = [n for n in cluster.nodes if n.host not in links or not links[n.host].alive]
+    opening = asyncio.create_task(open_links(cluster, transport, job, without_link))
+    try:
+        if cluster.transport != "local":
+            first = cluster.rendezvous_node
+            fresh = await probe_all(
+                cluster.select([first.host]), transport, port_on_first=cluster.rdzv_port or 0
+            )
+            facts[first.host] = fresh[first.host]
+        plan = make_plan(cluster, job, facts, prepared.secrets)
+        refuse_public_rendezvous(cluster, facts, plan)
+    except BaseException:
+        await close_links(await opening)
+        raise
+    return Prepared(full, facts, prepared.secrets, plan, await opening)
+
+
+def with_workdir(cluster: ClusterSpec) -> ClusterSpec:
+    """The job runs in [cluster] workdir, or else in the launcher's current directory (the
+    same path on every node: a shared filesystem or a `herd sync`ed copy)."""
+    if cluster.workdir:
+        return cluster
+    return cluster.model_copy(update={"workdir": os.getcwd()})

@@ -1,0 +1,177 @@
+"""Record real looks (agent.look) at jobs in known states, for the hang watch's unit tests.
+
+Each scenario starts a real 2-rank torchrun job on this machine (Gloo, CPU), tagged the way a
+node agent tags its job, brings it into a known state (a rank stopped, a rank blocked, every
+rank computing in silence, rank 0 saving while the other waits, ...), then takes looks every
+few seconds with the agent's own code and writes them to ``<scenario>.json``:
+
+    {"scenario": ..., "world_size": 2, "looks": [{"t": seconds since the first look,
+                                                   "event": the agent's look event}, ...]}
+
+The unit tests replay these on a test clock. Run again after changing agent.look:
+
+    python tests/unit/looks/record.py [SCENARIO...]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from torchherd.agent.look import look_event
+from torchherd.agent.processes import end_job
+
+HERE = Path(__file__).resolve().parent
+JOB, NODE = "looks", "node1"
+
+# The worker: prints READY with its pid once the scenario's state begins.
+WORKER = r"""
+import os, sys, time, threading, torch, torch.distributed as dist
+scenario = sys.argv[1]
+rank = int(os.environ["RANK"])
+def ready():
+    print(f"READY rank={rank} pid={os.getpid()}", flush=True)
+if scenario == "stopped-before-init":
+    ready()
+    time.sleep(2)
+dist.init_process_group("gloo")
+v = torch.ones(1)
+for _ in range(5):
+    dist.all_reduce(v)
+if scenario in ("stopped-mid-run", "stopped-before-init"):
+    if scenario == "stopped-mid-run":
+        ready()
+    while True:
+        dist.all_reduce(v)
+        time.sleep(0.05)
+elif scenario == "blocked-rank":
+    ready()
+    if rank == 1:
+        lock = threading.Lock(); lock.acquire(); lock.acquire()
+    dist.all_reduce(v)
+elif scenario == "silent-compute":
+    ready()
+    x = torch.randn(400, 400)
+    end = time.time() + 600
+    while time.time() < end:
+        x = torch.tanh(x @ x / 400)
+elif scenario == "silent-save":
+    ready()
+    if rank == 0:
+        path = os.path.join(os.environ["SAVE_DIR"], "big.bin")
+        block = os.urandom(1 << 20)
+        with open(path, "wb") as out:
+            for _ in range(2000):  # about 20 MB/s: a save to a slow disk, in silence
+                out.write(block)
+                os.fsync(out.fileno())
+                time.sleep(0.05)
+    dist.barrier()
+elif scenario == "all-waiting":
+    ready()
+    # Each rank waits for the other to send first: every rank waits, forever.
+    dist.recv(v, src=1 - rank)
+elif scenario == "dataloader-wait":
+    ready()
+    from torch.utils.data import DataLoader, Dataset
+    class Slow(Dataset):
+        def __len__(self): return 1000
+        def __getitem__(self, i):
+            end = time.time() + 2
+            x = 0.0
+            while time.time() < end:
+                x += 1.0
+            return torch.ones(1)
+    for batch in DataLoader(Slow(), batch_size=8, num_workers=1):
+        dist.all_reduce(batch)
+"""
+
+SCENARIOS = {
+    # name: (what to do to which rank once READY, looks to take)
+    "stopped-mid-run": ("stop", 1, 4),
+    "stopped-before-init": ("stop", 1, 4),
+    "blocked-rank": (None, None, 5),
+    "silent-compute": (None, None, 4),
+    "silent-save": (None, None, 4),
+    "all-waiting": (None, None, 4),
+    "dataloader-wait": (None, None, 4),
+}
+LOOK_EVERY = 5.0
+
+
+def record(name: str) -> None:
+    action, victim, looks = SCENARIOS[name]
+    attempt = name  # each scenario's processes are its own
+    with tempfile.TemporaryDirectory() as tmp:
+        script = Path(tmp) / "worker.py"
+        script.write_text(WORKER)
+        env = dict(
+            os.environ,
+            HERD_JOB_ID=JOB,
+            HERD_NODE=NODE,
+            HERD_ATTEMPT=attempt,
+            SAVE_DIR=tmp,
+            OMP_NUM_THREADS="1",
+            PYTHONUNBUFFERED="1",
+        )
+        job = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                "--nproc-per-node",
+                "2",
+                str(script),
+                name,
+            ],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+        try:
+            pids: dict[int, int] = {}
+            assert job.stdout is not None
+            for line in job.stdout:
+                if line.startswith("READY"):
+                    fields = dict(item.split("=") for item in line.split()[1:])
+                    pids[int(fields["rank"])] = int(fields["pid"])
+                    if len(pids) == 2:
+                        break
+            if action == "stop":
+                os.kill(pids[victim], signal.SIGSTOP)
+            time.sleep(3)
+            taken = []
+            start = time.monotonic()
+            for _ in range(looks):
+                event = look_event(JOB, NODE, attempt, None)
+                taken.append({"t": round(time.monotonic() - start, 2), "event": event})
+                time.sleep(LOOK_EVERY)
+            for pid in pids.values():
+                try:
+                    os.kill(pid, signal.SIGCONT)
+                except ProcessLookupError:
+                    pass
+        finally:
+            # Workers run in sessions of their own: end every process of the scenario by tag.
+            end_job(JOB, NODE, 0, attempt)
+            job.wait()
+    out = {"scenario": name, "world_size": 2, "looks": taken}
+    (HERE / f"{name}.json").write_text(json.dumps(out, indent=1) + "\n")
+    kinds = [
+        [(r["rank"], r["state"], (r.get("frames") or ["-"])[0]) for r in t["event"]["ranks"]]
+        for t in taken
+    ]
+    print(name, kinds[-1], flush=True)
+
+
+if __name__ == "__main__":
+    for chosen in sys.argv[1:] or list(SCENARIOS):
+        record(chosen)

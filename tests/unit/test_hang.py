@@ -1,0 +1,345 @@
+"""The hang watch on a test clock: silence makes it look, and the looks decide.
+
+Its verdicts are replayed on real looks recorded from real jobs (tests/unit/looks/*.json, made
+by tests/unit/looks/record.py with the agent's own code): a rank stopped before and after the
+first collective, a rank blocked on a lock while the other waits, every rank computing in
+silence, rank 0 saving while the other waits in a barrier, every rank waiting for the other,
+and ranks waiting for their DataLoader workers.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from torchherd.recovery.hang import (
+    ALL_STUCK,
+    ALL_WAITING,
+    CONFIRM,
+    LOOK_AFTER,
+    LOOK_EVERY,
+    LOOK_EVERY_MAX,
+    HangWatch,
+    RankLook,
+    activity,
+)
+
+LOOKS = Path(__file__).parent / "looks"
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def recorded(name: str) -> dict[str, Any]:
+    return json.loads((LOOKS / f"{name}.json").read_text())
+
+
+def replay(name: str, repeat_last_for: float = 0.0) -> tuple[HangWatch, Clock, list[Any]]:
+    """Feed a recording to a fresh watch, as the launcher would: workers start, the job goes
+    silent, looks come every few seconds. With ``repeat_last_for``, the last look is given
+    again every LOOK_EVERY s for that long (nothing moved meanwhile). The verdict after each
+    look is returned."""
+    data = recorded(name)
+    clock = Clock()
+    watch = HangWatch(clock=clock, world_size=data["world_size"])
+    watch.started()
+    clock.advance(LOOK_AFTER)
+    start = clock.now
+    verdicts = []
+    looks = data["looks"]
+    for taken in looks:
+        clock.now = start + taken["t"]
+        watch.looked("node1", taken["event"])
+        verdicts.append(watch.check())
+    waited = 0.0
+    while waited < repeat_last_for:
+        clock.advance(LOOK_EVERY)
+        waited += LOOK_EVERY
+        watch.looked("node1", looks[-1]["event"])
+        verdicts.append(watch.check())
+    return watch, clock, verdicts
+
+
+def first_hang(verdicts: list[Any]) -> tuple[int, Any]:
+    for index, verdict in enumerate(verdicts):
+        if verdict is not None:
+            return index, verdict
+    raise AssertionError("no hang found")
+
+
+# ---------------------------------------------------------------------------------------------
+# hangs found
+
+
+@pytest.mark.parametrize("name", ["stopped-mid-run", "stopped-before-init"])
+def test_a_stopped_rank_is_a_hang_once_confirmed(name: str) -> None:
+    _, _, verdicts = replay(name)
+    index, hang = first_hang(verdicts)
+    looks = recorded(name)["looks"]
+    # Not on the first look, and not before the rank has been stopped for CONFIRM seconds.
+    assert index >= 1 and looks[index]["t"] - looks[0]["t"] >= CONFIRM - 0.5
+    assert "node1 rank 1 stopped" in hang.reason
+    assert len(hang.behind) == 1 and hang.behind[0].startswith("node1 rank 1: stopped")
+
+
+def test_a_rank_stopped_before_the_first_collective_is_named_where_it_stopped() -> None:
+    _, _, verdicts = replay("stopped-before-init")
+    _, hang = first_hang(verdicts)
+    assert "worker.py" in hang.behind[0]  # its own line, not the others' init_process_group
+
+
+def test_a_blocked_rank_while_the_other_waits_is_a_hang() -> None:
+    _, _, verdicts = replay("blocked-rank")
+    _, hang = first_hang(verdicts)
+    assert "node1 rank 1 idle" in hang.reason and "all_reduce" in hang.reason
+    assert hang.behind[0].startswith("node1 rank 1: blocked at <module> (worker.py:")
+
+
+def test_every_rank_waiting_is_a_hang_only_after_its_long_limit() -> None:
+    _, _, verdicts = replay("all-waiting", repeat_last_for=ALL_WAITING + 2 * LOOK_EVERY)
+    index, hang = first_hang(verdicts)
+    looks = recorded("all-waiting")["looks"]
+    waited = looks[-1]["t"] - looks[0]["t"] + (index - len(looks) + 1) * LOOK_EVERY
+    assert waited >= ALL_WAITING - LOOK_EVERY
+    assert "no rank has worked" in hang.reason
+
+
+# ---------------------------------------------------------------------------------------------
+# busy jobs are not hung
+
+
+@pytest.mark.parametrize("name", ["silent-compute", "silent-save", "dataloader-wait"])
+def test_a_busy_job_is_not_hung(name: str) -> None:
+    _, _, verdicts = replay(name)
+    assert verdicts == [None] * len(verdicts)
+
+
+def test_the_saving_rank_works_while_the_other_waits_in_its_barrier() -> None:
+    looks = [
+        RankLook.from_event("node1", t["event"], t["t"]) for t in recorded("silent-save")["looks"]
+    ]
+    before, after = ({look.rank: look for look in group} for group in looks[-2:])
+    assert activity(before[0], after[0]) == "working"  # bytes to the disk, no collective
+    assert activity(before[1], after[1]) == "waiting"
+    assert after[1].collective is not None and "barrier" in after[1].collective
+
+
+def test_ranks_waiting_for_their_dataloader_work_through_their_children() -> None:
+    looks = [
+        RankLook.from_event("node1", t["event"], t["t"])
+        for t in recorded("dataloader-wait")["looks"]
+    ]
+    before, after = ({look.rank: look for look in group} for group in looks[-2:])
+    assert after[0].collective is None  # waiting on a queue, not on another rank
+    assert activity(before[0], after[0]) == "working"  # its DataLoader worker computes
+
+
+# ---------------------------------------------------------------------------------------------
+# the rules on made-up looks (long limits, the plain limit, phases, stalls)
+
+
+def look(
+    rank: int,
+    at: float,
+    *,
+    state: str = "S",
+    cpu: int = 0,
+    io: int = 0,
+    frames: tuple[str, ...] | None = ("f (train.py:1)",),
+    phase: str | None = None,
+    pid: int | None = None,
+) -> dict[str, Any]:
+    return {
+        "rank": rank,
+        "pid": pid or 100 + rank,
+        "state": state,
+        "cpu": cpu,
+        "io": io,
+        "frames": None if frames is None else list(frames),
+        "phase": phase,
+    }
+
+
+def event(*ranks: dict[str, Any]) -> dict[str, Any]:
+    return {"e": "look", "ticks": 100, "ranks": list(ranks)}
+
+
+def test_every_rank_spinning_at_the_same_place_is_a_hang_after_the_longest_limit() -> None:
+    """Ranks busy-waiting on a GPU that never finishes: CPU used, frames and I/O frozen."""
+    clock = Clock()
+    watch = HangWatch(clock=clock, world_size=2)
+    watch.started()
+    cpu = 0
+    found = None
+    elapsed = 0.0
+    while found is None and elapsed < ALL_STUCK + 60:
+        clock.advance(LOOK_EVERY)
+        elapsed += LOOK_EVERY
+        cpu += int(100 * LOOK_EVERY)  # a whole core
+        frames = ("item (train.py:40)",)
+        watch.looked(
+            "n", event(look(0, 0, cpu=cpu, frames=frames), look(1, 0, cpu=cpu, frames=frames))
+        )
+        found = watch.check()
+    assert found is not None and "same place" in found.reason
+    assert elapsed >= ALL_STUCK
+
+
+def test_moving_frames_keep_a_silent_job_alive() -> None:
+    clock = Clock()
+    watch = HangWatch(clock=clock, world_size=1)
+    watch.started()
+    for step in range(200):  # 1,000 s of silence, the frames moving every look
+        clock.advance(LOOK_EVERY)
+        watch.looked("n", event(look(0, 0, frames=(f"eval (train.py:{step % 7})",))))
+        assert watch.check() is None
+
+
+def test_a_declared_phase_counts_as_work_but_a_stopped_rank_is_still_a_hang() -> None:
+    clock = Clock()
+    watch = HangWatch(clock=clock, world_size=2)
+    watch.started()
+    watch.phase(0, "saving snapshot")
+    for _ in range(int(ALL_STUCK / LOOK_EVERY) + 5):  # rank 0 "saves" with nothing moving
+        clock.advance(LOOK_EVERY)
+        watch.looked(
+            "n",
+            event(
+                look(0, 0, phase="saving snapshot"),
+                look(1, 0, frames=("barrier (torch/distributed/x.py:1)",)),
+            ),
+        )
+        assert watch.check() is None
+    for _ in range(int(CONFIRM / LOOK_EVERY) + 2):
+        clock.advance(LOOK_EVERY)
+        watch.looked(
+            "n",
+            event(
+                look(0, 0, state="T", phase="saving snapshot"),
+                look(1, 0, frames=("barrier (torch/distributed/x.py:1)",)),
+            ),
+        )
+    hang = watch.check()
+    assert hang is not None and "rank 0 stopped" in hang.reason
+
+
+def test_nothing_is_judged_while_a_rank_is_missing() -> None:
+    """Ranks not seen yet (a node's workers respawning): only a stopped rank is judged."""
+    clock = Clock()
+    watch = HangWatch(clock=clock, world_size=3)
+    watch.started()
+    for _ in range(int(ALL_WAITING / LOOK_EVERY) + 5):
+        clock.advance(LOOK_EVERY)
+        watch.looked(
+            "n",
+            event(
+                look(0, 0, frames=("all_reduce (torch/distributed/c.py:1)",)),
+                look(1, 0, frames=("f (train.py:3)",)),
+            ),
+        )
+        assert watch.check() is None
+
+
+def test_a_new_process_for_a_rank_starts_its_story_afresh() -> None:
+    clock = Clock()
+    watch = HangWatch(clock=clock, world_size=1)
+    watch.started()
+    clock.advance(LOOK_EVERY)
+    watch.looked("n", event(look(0, 0, state="T", pid=7)))
+    clock.advance(CONFIRM - 1)
+    watch.looked("n", event(look(0, 0, state="T", pid=8)))  # same rank, another process
+    clock.advance(2)
+    watch.looked("n", event(look(0, 0, state="T", pid=8)))
+    assert watch.check() is None  # stopped for 2 s only, as far as pid 8 goes
+
+
+def test_the_plain_limit_counts_from_the_first_signal() -> None:
+    clock = Clock()
+    watch = HangWatch(timeout=5, clock=clock)
+    watch.started()
+    clock.advance(3600)  # start-up: importing, the rendezvous, loading data
+    assert watch.check() is None
+    watch.signal(0)
+    clock.advance(4)
+    watch.signal(1)
+    clock.advance(4.9)
+    assert watch.check() is None
+    clock.advance(0.2)
+    hang = watch.check()
+    assert hang is not None and "limit 5 s, set by --hang-timeout" in hang.reason
+
+
+def test_beats_alone_keep_a_job_alive_under_the_plain_limit() -> None:
+    clock = Clock()
+    watch = HangWatch(timeout=5, clock=clock)
+    watch.started()
+    for step in range(100):
+        watch.signal(0, step)
+        clock.advance(2)
+        assert watch.check() is None
+    assert watch.steps == {0: 99} and watch.max_step == 99
+
+
+def test_zero_turns_the_watch_off() -> None:
+    clock = Clock()
+    watch = HangWatch(timeout=0, clock=clock, world_size=1)
+    watch.started()
+    watch.signal(0)
+    clock.advance(10**6)
+    watch.looked("n", event(look(0, 0, state="T")))
+    assert watch.check() is None and not watch.wants_look()
+
+
+def test_torchruns_own_lines_are_no_progress() -> None:
+    clock = Clock()
+    watch = HangWatch(timeout=5, clock=clock)
+    watch.started()
+    watch.signal(None)
+    clock.advance(100)
+    assert watch.check() is None  # no rank has spoken: the plain limit is not armed
+
+
+def test_looks_come_after_silence_and_thin_out_while_everyone_works() -> None:
+    clock = Clock()
+    watch = HangWatch(clock=clock, world_size=1)
+    watch.started()
+    clock.advance(LOOK_AFTER - 1)
+    assert not watch.wants_look()
+    clock.advance(1)
+    assert watch.wants_look() and not watch.wants_look()  # one look, then wait
+    gaps = []
+    last = clock.now
+    for step in range(40):
+        clock.advance(1)
+        if watch.wants_look():
+            gaps.append(clock.now - last)
+            last = clock.now
+            watch.looked("n", event(look(0, 0, cpu=step * 1000)))  # busy: working
+    assert gaps[0] == LOOK_EVERY and gaps[-1] > gaps[0] and max(gaps) <= LOOK_EVERY_MAX
+    watch.signal(0)  # progress: silence starts again
+    clock.advance(LOOK_AFTER - 1)
+    assert not watch.wants_look()
+
+
+def test_a_stalled_launcher_does_not_count_its_own_absence_as_silence() -> None:
+    clock = Clock()
+    watch = HangWatch(timeout=30, clock=clock)
+    watch.started()
+    watch.signal(0)
+    clock.advance(25)
+    clock.advance(60)  # herd itself was stopped for a minute
+    watch.excuse(60)
+    assert watch.check() is None
+    clock.advance(6)
+    assert watch.check() is not None
