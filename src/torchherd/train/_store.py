@@ -294,23 +294,22 @@ class RemoteStore:
     def read_manifest(self, name: str) -> bytes:
         return bytes(self.fs.cat_file(self._path(name, MANIFEST)))
 
-    def _open(self, name: str, file: str) -> Any:
-        # Large blocks (few requests), read ahead by nobody: the reader asks for chunks in
-        # order, and a cache of the whole object is what this must never build.
-        return self.fs.open(
-            self._path(name, file), "rb", block_size=DOWNLOAD_BLOCK_BYTES, cache_type="none"
-        )
-
     def digest(self, name: str, file: str, chunk_bytes: int) -> Digest:
-        with self._open(name, file) as source:
+        # Large blocks (few requests), no read-ahead cache: the object is never held whole.
+        with self.fs.open(
+            self._path(name, file), "rb", block_size=DOWNLOAD_BLOCK_BYTES, cache_type="none"
+        ) as source:
             return digest_stream(source, chunk_bytes)
 
     def local_path(self, name: str, file: str) -> str | None:
         return None
 
     def download(self, name: str, file: str, target: Path, chunk_bytes: int) -> Digest:
-        with self._open(name, file) as source, open(target, "xb") as out:
-            return digest_stream(source, chunk_bytes, copy_to=out)
+        # One streamed GET straight to the file (ranged reads cost a request each, and some
+        # servers read the whole object for every range); hashed from the page cache after.
+        target.touch(exist_ok=False)
+        self.fs.get_file(self._path(name, file), str(target))
+        return digest_of(target, chunk_bytes)
 
     def write(
         self,
