@@ -9,7 +9,9 @@ The state is a dict of float32 tensors (like a model's). Three ratios, rounds in
    be faster than memory, so the ratio cannot go below (copy time / storage time): the bench
    prints that floor, a bare ``copy_`` of the state over a plain write of its bytes, and, as
    the reference the target comes from, PyTorch's own async checkpointing (DCP) measured on
-   the same state and disk.
+   the same state and disk twice: with a fresh stager per call, and with one persistent
+   stager that reuses its buffers (``cache_staged_state_dict=True``), as ours does. The
+   README's comparison is judged against the faster of the two. The state is on the CPU.
 2. disk: the baseline serialises the state once in memory and times one ``write`` + ``fsync``
    of those bytes; ``Snapshotter.save`` streams torch.save to a temporary folder with SHA-256
    on the way, fsyncs file, manifest and folder, renames, moves ``latest`` and prunes.
@@ -49,6 +51,8 @@ from torchherd.train.dist import Context  # noqa: E402
 STALL_TARGET = 0.1
 DISK_TARGET = 0.8
 S3_TARGET = 0.8
+# README: the stall is "a quarter or less" of DCP's, judged against DCP's faster figure.
+README_CLAIM = 0.25
 
 
 def make_state(megabytes: int) -> dict[str, torch.Tensor]:
@@ -98,15 +102,23 @@ def bare_copy(state: dict[str, torch.Tensor], buffers: list[torch.Tensor]) -> fl
     return time.perf_counter() - started
 
 
-def measure_dcp(state: dict[str, torch.Tensor], scratch: str, rounds: int) -> tuple[float, float]:
-    """Median (sync save, async_save stall) of torch.distributed.checkpoint on this disk."""
+def measure_dcp(
+    state: dict[str, torch.Tensor], scratch: str, rounds: int
+) -> tuple[float, float, float]:
+    """Median (sync save, async_save stall with a fresh stager per call, async_save stall with
+    one persistent stager that keeps its host buffers, ``cache_staged_state_dict=True``) of
+    torch.distributed.checkpoint on this disk. The last is DCP's own buffer reuse, the like
+    for like reference of ours."""
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.staging import BlockingAsyncStager
 
     dist.init_process_group("gloo", init_method=f"file://{scratch}/dcp-store", rank=0, world_size=1)
     try:
         syncs: list[float] = []
         stalls: list[float] = []
+        reused: list[float] = []
+        stager = BlockingAsyncStager(cache_staged_state_dict=True)
         for index in range(rounds + 1):  # the first round warms DCP up, like ours
             started = time.perf_counter()
             dcp.save(state, checkpoint_id=f"{scratch}/dcp-sync-{index}")
@@ -115,7 +127,17 @@ def measure_dcp(state: dict[str, torch.Tensor], scratch: str, rounds: int) -> tu
             future = dcp.async_save(state, checkpoint_id=f"{scratch}/dcp-async-{index}")
             stalls.append(time.perf_counter() - started)
             future.result()
-        return statistics.median(syncs[1:]), statistics.median(stalls[1:])
+            started = time.perf_counter()
+            future = dcp.async_save(
+                state, checkpoint_id=f"{scratch}/dcp-reuse-{index}", async_stager=stager
+            )
+            reused.append(time.perf_counter() - started)
+            future.result()
+        return (
+            statistics.median(syncs[1:]),
+            statistics.median(stalls[1:]),
+            statistics.median(reused[1:]),
+        )
     finally:
         dist.destroy_process_group()
 
@@ -145,20 +167,21 @@ def measure_disk(args: argparse.Namespace, state: dict[str, torch.Tensor], paylo
         assert snaps.load_latest() is not None
         snaps.close()
         try:
-            dcp_sync, dcp_stall = measure_dcp(state, scratch, args.rounds)
+            dcp_sync, dcp_stall, dcp_reused = measure_dcp(state, scratch, args.rounds)
         except Exception as exc:  # noqa: BLE001 - a reference only; say why it is missing
-            dcp_sync = dcp_stall = float("nan")
+            dcp_sync = dcp_stall = dcp_reused = float("nan")
             print(f"DCP reference: skipped ({exc.__class__.__name__}: {exc})")
 
     size_gb = len(payload) / 1e9
     base, snap, stall, copy = (statistics.median(x) for x in (baseline, ours, stalls, copies))
-    print(f"state: {len(state)} tensors, {len(payload) / 2**20:.0f} MiB serialised")
+    print(f"CPU state: {len(state)} tensors, {len(payload) / 2**20:.0f} MiB serialised")
     print(f"plain write+fsync:    median {base:.3f}s ({size_gb / base:.2f} GB/s)")
     print(f"Snapshotter.save:     median {snap:.3f}s ({size_gb / snap:.2f} GB/s)")
     print(f"save_async stall:     median {stall:.3f}s (copy to host memory)")
     print(f"bare copy_ of state:  median {copy:.3f}s (the floor of any stall)")
     print(f"DCP save:             median {dcp_sync:.3f}s (torch.distributed.checkpoint)")
-    print(f"DCP async_save stall: median {dcp_stall:.3f}s")
+    print(f"DCP async_save stall: median {dcp_stall:.3f}s (a fresh stager per call)")
+    print(f"DCP async_save stall: median {dcp_reused:.3f}s (one stager, cache_staged_state_dict)")
     verdict(
         f"stall ratio, disk = async_stall / sync_save = {stall / snap:.3f}",
         stall / snap <= STALL_TARGET,
@@ -166,7 +189,12 @@ def measure_disk(args: argparse.Namespace, state: dict[str, torch.Tensor], paylo
     )
     print(f"  floor on this machine = bare_copy / plain_write = {copy / base:.3f}")
     print(f"  reference: DCP async_stall / DCP sync save = {dcp_stall / dcp_sync:.3f}")
-    print(f"  our stall / DCP's stall = {stall / dcp_stall:.3f}")
+    faster = min(dcp_stall, dcp_reused)
+    verdict(
+        f"  README claim, CPU state: our stall / DCP's faster stall = {stall / faster:.3f}",
+        stall / faster <= README_CLAIM,
+        f"<= {README_CLAIM}",
+    )
     verdict(
         f"disk ratio = snapshot_throughput / plain_write_throughput = {base / snap:.3f}",
         base / snap >= DISK_TARGET,

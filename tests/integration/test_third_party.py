@@ -1,7 +1,7 @@
 """Third-party training scripts run unchanged under `herd launch` on the testbed's GPU-less
-nodes and become one distributed job: Accelerate's own test script, and a Hugging Face Trainer
-script. Both only treat torchrun's environment as multi-CPU when ACCELERATE_USE_CPU is set,
-which herd's plan sets on nodes without a GPU."""
+nodes and become one distributed job: Accelerate's own test script, a Hugging Face Trainer
+script and a Lightning script. The first two only treat torchrun's environment as multi-CPU
+when ACCELERATE_USE_CPU is set, which herd's plan sets on nodes without a GPU."""
 
 from __future__ import annotations
 
@@ -57,5 +57,27 @@ def test_hf_trainer_script_trains_one_model_on_three_nodes(
     }
     assert sorted(found) == [0, 1, 2], run.stdout[-4000:]
     assert {world for world, _ in found.values()} == {"3"}, found
+    # Each rank trained on its own data: equal weights only if gradients were averaged.
+    assert len({weights for _, weights in found.values()}) == 1, found
+
+
+def test_lightning_script_trains_one_model_on_two_nodes(testbed: Testbed, tmp_path: Path) -> None:
+    pytest.importorskip("lightning", reason="needs lightning: pip install -e '.[dev]'")
+    path = testbed.write_cluster_file(
+        tmp_path / "herd.toml",
+        nodes=["node1", "node2"],
+        workdir=str(SCRIPTS),
+        env={"HERD_HOME": str(tmp_path / "home")},
+    )
+    run = herd(
+        ["launch", "-c", str(path), "lightning_world.py"], tmp_path / "home", SCRIPTS, timeout=400
+    )
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
+    found = {
+        int(m.group(1)): (m.group(2), m.group(3))
+        for m in re.finditer(r"RESULT rank=(\d+) world=(\d+) weights=(\S+)", run.stdout)
+    }
+    assert sorted(found) == [0, 1], run.stdout[-4000:]
+    assert {world for world, _ in found.values()} == {"2"}, found
     # Each rank trained on its own data: equal weights only if gradients were averaged.
     assert len({weights for _, weights in found.values()}) == 1, found

@@ -272,8 +272,14 @@ def digest_of(path: Path, chunk_bytes: int = CHUNK_BYTES) -> Digest:
         return digest_stream(handle, chunk_bytes)
 
 
-def digest_stream(handle: IO[bytes], chunk_bytes: int = CHUNK_BYTES) -> Digest:
-    """The chunked SHA-256 digest of everything left to read in ``handle``."""
+def digest_stream(
+    handle: IO[bytes], chunk_bytes: int = CHUNK_BYTES, copy_to: IO[bytes] | None = None
+) -> Digest:
+    """The chunked SHA-256 digest of everything left to read in ``handle``.
+
+    ``copy_to``: also write the bytes there as they are read (a download kept on local disk:
+    one pass over the network, and never more than a few chunks in memory).
+    """
     size = 0
     with ThreadPoolExecutor(_hash_workers()) as pool:
         pipeline = _ChunkPipeline(pool, chunk_bytes)
@@ -288,6 +294,8 @@ def digest_stream(handle: IO[bytes], chunk_bytes: int = CHUNK_BYTES) -> Digest:
                 length += more
             if length == 0 and size:
                 break
+            if copy_to is not None and length:
+                copy_to.write(memoryview(buffer)[:length])
             pipeline.submit(buffer, length)
             size += length
             if length < chunk_bytes:

@@ -30,6 +30,7 @@ __all__ = [
     "optimizer_state",
     "load_optimizer_state",
     "check_compatible",
+    "own_tensors",
 ]
 
 
@@ -162,3 +163,15 @@ def check_compatible(model: nn.Module, saved: dict[str, Any], where: str = "snap
         unexpected=unexpected,
         shape_differences=shapes,
     )
+
+
+def own_tensors(state: Any) -> None:
+    """Replace every tensor in the dicts of ``state`` (an optimizer's ``state``) by a copy
+    in memory of its own, one at a time: loaded tensors map the snapshot file, whose pages
+    must not stay mapped (a pruned snapshot's space would never be freed)."""
+    if isinstance(state, dict):
+        for key, value in state.items():
+            if isinstance(value, torch.Tensor):
+                state[key] = value.clone()
+            else:
+                own_tensors(value)

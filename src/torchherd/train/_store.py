@@ -61,6 +61,8 @@ _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 # temporary file; those are uploaded in parts this big.
 SPOOL_BYTES = 2 << 30
 UPLOAD_PART_BYTES = 64 << 20
+# Snapshots are downloaded in requests of this size, straight to a local file.
+DOWNLOAD_BLOCK_BYTES = 32 << 20
 
 Produce = Callable[[io.RawIOBase], object]
 
@@ -117,11 +119,16 @@ class SnapshotStore(Protocol):
         ...
 
     def digest(self, name: str, file: str, chunk_bytes: int) -> Digest:
-        """The digest of ``name/file`` as stored now; FileNotFoundError when missing."""
+        """The digest of ``name/file`` as stored now, read as a stream; FileNotFoundError
+        when missing."""
         ...
 
-    def source(self, name: str, file: str) -> str | IO[bytes]:
-        """Something ``torch.load`` reads ``name/file`` from (after ``digest``)."""
+    def local_path(self, name: str, file: str) -> str | None:
+        """``name/file`` as a local path (to memory-map it), or None for a remote store."""
+        ...
+
+    def download(self, name: str, file: str, target: Path, chunk_bytes: int) -> Digest:
+        """Stream ``name/file`` into the local file ``target``; its digest on the way."""
         ...
 
     def write(
@@ -194,8 +201,15 @@ class LocalStore:
     def digest(self, name: str, file: str, chunk_bytes: int) -> Digest:
         return digest_of(self.directory / name / file, chunk_bytes)
 
-    def source(self, name: str, file: str) -> str | IO[bytes]:
+    def local_path(self, name: str, file: str) -> str | None:
         return str(self.directory / name / file)
+
+    def download(self, name: str, file: str, target: Path, chunk_bytes: int) -> Digest:
+        with (
+            open(self.directory / name / file, "rb", buffering=0) as source,
+            open(target, "xb") as out,
+        ):
+            return digest_stream(source, chunk_bytes, copy_to=out)
 
     def write(
         self,
@@ -252,7 +266,6 @@ class RemoteStore:
     def __init__(self, url: str) -> None:
         self.location = url.rstrip("/")
         self.fs, self.root = filesystem(url)
-        self._fetched: dict[tuple[str, str], bytes] = {}
         self._memory = io.BytesIO()  # the last upload's bytes, overwritten by the next save
 
     def _path(self, *parts: str) -> str:
@@ -282,16 +295,21 @@ class RemoteStore:
         return bytes(self.fs.cat_file(self._path(name, MANIFEST)))
 
     def digest(self, name: str, file: str, chunk_bytes: int) -> Digest:
-        # One download serves both the check and the load that follows it.
-        data = bytes(self.fs.cat_file(self._path(name, file)))
-        self._fetched = {(name, file): data}
-        return digest_stream(io.BytesIO(data), chunk_bytes)
+        # Large blocks (few requests), no read-ahead cache: the object is never held whole.
+        with self.fs.open(
+            self._path(name, file), "rb", block_size=DOWNLOAD_BLOCK_BYTES, cache_type="none"
+        ) as source:
+            return digest_stream(source, chunk_bytes)
 
-    def source(self, name: str, file: str) -> str | IO[bytes]:
-        data = self._fetched.pop((name, file), None)
-        if data is None:
-            data = bytes(self.fs.cat_file(self._path(name, file)))
-        return io.BytesIO(data)
+    def local_path(self, name: str, file: str) -> str | None:
+        return None
+
+    def download(self, name: str, file: str, target: Path, chunk_bytes: int) -> Digest:
+        # One streamed GET straight to the file (ranged reads cost a request each, and some
+        # servers read the whole object for every range); hashed from the page cache after.
+        target.touch(exist_ok=False)
+        self.fs.get_file(self._path(name, file), str(target))
+        return digest_of(target, chunk_bytes)
 
     def write(
         self,

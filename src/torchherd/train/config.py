@@ -77,6 +77,8 @@ class TrainerConfig:
     """Experiment trackers, comma-separated: wandb, mlflow (rank 0; keys from the environment)."""
     tracker_project: str = "torchherd"
     """W&B project / MLflow experiment that the job's run goes to."""
+    upload_every: float = 30.0
+    """Seconds between uploads of metrics and TensorBoard files to a URL run_dir (background)."""
 
     def __post_init__(self) -> None:
         problems = []
@@ -92,6 +94,8 @@ class TrainerConfig:
         for name in ("eval_every", "snapshot_every", "snapshot_every_seconds", "num_workers"):
             if getattr(self, name) < 0:
                 problems.append(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.upload_every <= 0:
+            problems.append(f"upload_every must be > 0, got {self.upload_every}")
         if self.max_grad_norm is not None and self.max_grad_norm <= 0:
             problems.append(f"max_grad_norm must be > 0, got {self.max_grad_norm}")
         for name, allowed in (

@@ -33,7 +33,6 @@ from torch.utils.data import DataLoader, Dataset
 from torchherd import progress
 from torchherd.train import _state
 from torchherd.train._batches import batch_len, to_device
-from torchherd.train._store import is_url
 from torchherd.train.config import TrainerConfig
 from torchherd.train.data import ResumableSampler
 from torchherd.train.dist import Context, setup
@@ -41,7 +40,7 @@ from torchherd.train.errors import ConfigInvalid, SnapshotMismatch, TrainError
 from torchherd.train.metrics import MetricsLogger
 from torchherd.train.rng import get_rng_state, seed_everything, set_rng_state
 from torchherd.train.snapshot import Snapshotter
-from torchherd.train.trackers import Tracker, open_trackers, parse_trackers
+from torchherd.train.trackers import check_installed, parse_trackers
 
 __all__ = ["Trainer", "FitResult", "LossFn"]
 
@@ -133,7 +132,10 @@ class Trainer:
             tokens_per_sample=tokens_per_sample or _reported(raw, "tokens_per_sample"),
             flops_per_sample=flops_per_sample or _reported(raw, "flops_per_sample"),
             tensorboard=config.tensorboard,
-            trackers=self._open_trackers() if self.ctx.is_main else (),
+            trackers=self._tracker_names() if self.ctx.is_main else (),
+            tracker_project=config.tracker_project,
+            tracker_config=self._tracker_settings(),
+            upload_every=config.upload_every,
         )
         self.step = 0
         self.epoch = 0
@@ -178,15 +180,15 @@ class Trainer:
             fully_shard(model)
         return model
 
-    def _open_trackers(self) -> list[Tracker]:
+    def _tracker_names(self) -> list[str]:
         names = parse_trackers(self.config.trackers)
-        if not names:
-            return []
-        run_dir = self.config.run_dir
-        local = None if is_url(run_dir) and not run_dir.startswith("file://") else run_dir
+        check_installed(names)  # before training: the runs themselves open in the background
+        return names
+
+    def _tracker_settings(self) -> dict[str, Any]:
         settings = {k: v for k, v in asdict(self.config).items() if v is not None}
         settings["world_size"] = self.ctx.world_size
-        return open_trackers(names, self.config.tracker_project, settings, local)
+        return settings
 
     def _build_optimizer(self, optimizer: Optimizer | OptimizerFactory) -> Optimizer:
         if isinstance(optimizer, Optimizer):
@@ -239,6 +241,7 @@ class Trainer:
         """Resume if a snapshot exists, then train until max_steps or max_epochs."""
         if self.config.resume:
             self.resume()
+        self.metrics.begin(resumed=self.resumed_from is not None)
         self.metrics.restart_window()
         while not self._done():
             self.sampler.set_epoch(self.epoch)
@@ -398,9 +401,10 @@ class Trainer:
             and not self.stopped_for_save
         ):
             self.evaluate()
-        if self.config.snapshots_enabled and self._snapshot_step != self.step and self.step > 0:
-            self.save_snapshot()
-        self.snapshotter.wait()  # a background save must be committed before fit() returns
+        with progress.phase("saving the last snapshot"):
+            if self.config.snapshots_enabled and self._snapshot_step != self.step and self.step:
+                self.save_snapshot()
+            self.snapshotter.wait()  # a background save must be committed before fit() returns
         self._completed = not self.stopped_for_save
         summary = {"step": self.step, "epoch": self.epoch, "loss": self._last_loss}
         if self._last_eval is not None:
@@ -474,6 +478,9 @@ class Trainer:
         _state.load_model_state(self.model, state["model"], sharded)
         try:
             _state.load_optimizer_state(self.model, self.optimizer, state["optimizer"], sharded)
+            # A loaded state's tensors map the snapshot file; the optimizer keeps what it is
+            # given and updates it in place, so it gets copies of its own (one at a time).
+            _state.own_tensors(self.optimizer.state)
         except (ValueError, KeyError, RuntimeError) as exc:
             raise SnapshotMismatch(
                 f"the snapshot's optimizer state does not fit this optimizer: {exc}",
@@ -503,14 +510,16 @@ class Trainer:
     def save_snapshot(self) -> None:
         """Save a snapshot of the current step now (a collective). With ``snapshot_async``
         this returns once the state is copied to host memory; the write goes on behind."""
-        state = self.state_dict()
-        meta = {"epoch": self.epoch}
-        if self.config.snapshot_async:
-            self.snapshotter.save_async(self.step, state, meta, on_saved=self._saved)
-        else:
-            path = self.snapshotter.save(self.step, state, meta=meta)
-            if path is not None:
-                self._saved(path)
+        with progress.phase("saving snapshot"):
+            state = self.state_dict()
+            meta = {"epoch": self.epoch}
+            if self.config.snapshot_async:
+                self.snapshotter.save_async(self.step, state, meta, on_saved=self._saved)
+            else:
+                path = self.snapshotter.save(self.step, state, meta=meta)
+                if path is not None:
+                    self._saved(path)
+            del state
         self._snapshot_step = self.step
         self._snapshot_time = time.monotonic()
         self.metrics.restart_window()
@@ -520,11 +529,13 @@ class Trainer:
 
     def resume(self) -> int | None:
         """Load the latest usable snapshot, if any; returns its step."""
-        found = self.snapshotter.load_latest()
-        if found is None:
-            return None
-        step, state = found
-        self.load_state_dict(state)
+        with progress.phase("resuming from a snapshot"):
+            found = self.snapshotter.load_latest()
+            if found is None:
+                return None
+            step, state = found
+            self.load_state_dict(state)
+            del found, state  # the file's pages are let go
         self.resumed_from = step
         self._snapshot_step = step
         self.metrics.truncate_after(step)

@@ -7,9 +7,11 @@ return there only garbles the log. Every step becomes one JSON line in ``metrics
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -17,9 +19,11 @@ from typing import IO, Any
 
 import torch
 
+from torchherd import progress
+from torchherd.train._courier import Courier
 from torchherd.train._mirror import RunDirMirror
 from torchherd.train._store import is_url
-from torchherd.train.trackers import Tracker
+from torchherd.train.trackers import RECORD, job_identity, open_tracker, read_record, write_record
 
 __all__ = ["MetricsLogger", "PEAK_BF16_FLOPS", "peak_flops", "peak_flops_for"]
 
@@ -77,15 +81,22 @@ class MetricsLogger:
         peak: float | None = None,
         tensorboard: bool = True,
         stream: IO[str] | None = None,
-        trackers: Sequence[Tracker] = (),
+        trackers: Sequence[str] = (),
+        tracker_project: str = "torchherd",
+        tracker_config: dict[str, Any] | None = None,
+        upload_every: float = 30.0,
     ) -> None:
         self.mirror: RunDirMirror | None = None
+        tracker_dir: str | None = str(run_dir)
         if enabled and is_url(str(run_dir)) and not str(run_dir).startswith("file://"):
-            self.mirror = RunDirMirror(str(run_dir))
+            self.mirror = RunDirMirror(str(run_dir), every=upload_every)
             self.mirror.fetch("metrics.jsonl")  # a restarted job continues the same file
+            self.mirror.fetch(RECORD)  # and the same tracker runs
             run_dir = self.mirror.local
+            tracker_dir = None  # W&B's files stay in its own default folder
         elif str(run_dir).startswith("file://"):
             run_dir = str(run_dir)[len("file://") :]
+            tracker_dir = str(run_dir)
         self.path = Path(run_dir) / "metrics.jsonl"
         self.enabled = enabled
         self.world_size = world_size
@@ -97,19 +108,68 @@ class MetricsLogger:
         self._stream = stream  # None: whatever sys.stdout is when a line is printed
         self._file: IO[str] | None = None
         self._tb: Any = None
-        self.trackers = list(trackers) if enabled else []
+        self._tracker_names = list(trackers) if enabled else []
+        self._tracker_project = tracker_project
+        self._tracker_config = dict(tracker_config or {})
+        self._tracker_dir = tracker_dir
+        self._record_lock = threading.Lock()
+        self.trackers: list[Courier] = []
         self._window_start = time.perf_counter()
         if enabled:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             if tensorboard:
-                self._tb = self._open_tensorboard()
+                self._tb = self._open_tensorboard(upload_every if self.mirror else None)
+            if self.mirror is not None:
+                self.mirror.start()
 
-    def _open_tensorboard(self) -> Any:
+    def begin(self, resumed: bool) -> None:
+        """Open the trackers' runs in the background: the runs ``trackers.json`` names when
+        this start continues them (it ``resumed`` from a snapshot, or is the same herd job),
+        else new ones. Records logged before wait for it. Once is enough; later calls do
+        nothing."""
+        if self.trackers or not self._tracker_names:
+            return
+        folder = self.path.parent
+        record = read_record(folder)
+        job, _ = job_identity()
+        continues = resumed or (job is not None and record.get("herd_job_id") == job)
+        for name in self._tracker_names:
+            previous = record.get(name) if continues else None
+            courier = Courier(
+                name,
+                functools.partial(
+                    open_tracker,
+                    name,
+                    self._tracker_project,
+                    self._tracker_config,
+                    self._tracker_dir,
+                    previous if isinstance(previous, dict) else None,
+                ),
+                on_opened=self._remember_run,
+            )
+            courier.start()
+            self.trackers.append(courier)
+
+    def _remember_run(self, name: str, identity: dict[str, Any]) -> None:
+        # On a courier's thread, once its run is open: the next start finds the run here.
+        with self._record_lock:
+            folder = self.path.parent
+            record = read_record(folder)
+            job, _ = job_identity()
+            record[name] = identity
+            record["herd_job_id"] = job
+            write_record(folder, record)
+        if self.mirror is not None:
+            self.mirror.nudge()
+
+    def _open_tensorboard(self, flush_every: float | None) -> Any:
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError:  # tensorboard is optional: no events without it, and no noise
             return None
-        return SummaryWriter(log_dir=str(self.path.parent / "tensorboard"))
+        # Its own thread writes the events; flushed as often as they are uploaded, if they are.
+        flush_secs = min(120.0, flush_every) if flush_every else 120.0
+        return SummaryWriter(log_dir=str(self.path.parent / "tensorboard"), flush_secs=flush_secs)
 
     def _jsonl(self) -> IO[str]:
         if self._file is None:
@@ -167,8 +227,6 @@ class MetricsLogger:
             out.write(json.dumps(record) + "\n")
             self._scalars(record)
         out.flush()
-        if self.mirror is not None:
-            self.mirror.upload()
         if show:
             self._print(self._progress_line(last))
 
@@ -204,13 +262,13 @@ class MetricsLogger:
         if self._tb is not None:
             for key, value in values.items():
                 self._tb.add_scalar(key, value, record["step"])
-        for tracker in self.trackers:
-            tracker.log(record["step"], values)
+        for courier in self.trackers:
+            courier.log(record["step"], values)  # queued: sent by the courier's thread
 
     def summary(self, values: dict[str, Any]) -> None:
         """Give the trackers the run's final results (loss, steps, evaluation)."""
-        for tracker in self.trackers:
-            tracker.summary(values)
+        for courier in self.trackers:
+            courier.summary(values)
 
     def _progress_line(self, record: dict[str, Any]) -> str:
         total = f"/{self.total_steps}" if self.total_steps else ""
@@ -232,10 +290,16 @@ class MetricsLogger:
 
     def close(self, finished: bool = True) -> None:
         """Flush and close the files, end the trackers' runs (``finished``: training reached
-        its end; otherwise a restart resumes them); safe to call twice."""
-        trackers, self.trackers = self.trackers, []
-        for tracker in trackers:
-            tracker.close(finished)
+        its end; otherwise a restart resumes them) and make the last upload of a URL run
+        directory; each bounded in time. Safe to call twice."""
+        if self._tracker_names and not self.trackers:
+            self.begin(resumed=False)  # records were logged without fit(): deliver them
+        couriers, self.trackers = self.trackers, []
+        if couriers:
+            with progress.phase("sending the last records to the trackers"):
+                for courier in couriers:
+                    courier.close(finished)
+        self._tracker_names = []
         if self._file is not None:
             self._file.close()
             self._file = None
@@ -243,4 +307,6 @@ class MetricsLogger:
             self._tb.close()
             self._tb = None
         if self.mirror is not None:
-            self.mirror.upload(force=True)
+            with progress.phase("uploading the run directory"):
+                self.mirror.close()
+            self.mirror = None

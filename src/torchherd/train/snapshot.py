@@ -30,7 +30,10 @@ import json
 import logging
 import os
 import pickle
+import secrets
+import shutil
 import signal
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -42,7 +45,8 @@ from typing import IO, Any, Literal, cast
 import torch
 import torch.distributed as dist
 
-from torchherd.train._files import StableMemory
+from torchherd import progress
+from torchherd.train._files import Digest, StableMemory
 from torchherd.train._staging import HostStager, host_storage_spans
 from torchherd.train._store import STEP_DIR, is_url, open_store
 from torchherd.train.dist import Context, current_context
@@ -129,8 +133,9 @@ class Snapshotter:
             raise SnapshotError(f"snapshot step must be >= 0, got {step}")
         if not self.is_writer:
             return None
-        self.wait()
-        return self._commit(step, state, meta, prune_in_background=True)
+        with progress.phase("saving snapshot"):
+            self.wait()
+            return self._commit(step, state, meta, prune_in_background=True)
 
     def save_async(
         self,
@@ -151,7 +156,8 @@ class Snapshotter:
         if not self.is_writer:
             return False
         self.wait()
-        staged = self._stager.stage(state)
+        with progress.phase("copying snapshot to host memory"):
+            staged = self._stager.stage(state)
         self._finish_on_sigterm()
         thread = threading.Thread(
             target=self._commit_in_background,
@@ -171,8 +177,9 @@ class Snapshotter:
     def wait(self) -> None:
         """Wait for the background save, if any; raise its error if it failed."""
         thread, self._in_flight = self._in_flight, None
-        if thread is not None:
-            thread.join()
+        if thread is not None and thread.is_alive():
+            with progress.phase("waiting for a background snapshot save"):
+                thread.join()
         failure, self._failure = self._failure, None
         if failure is not None:
             if isinstance(failure, SnapshotError):
@@ -231,8 +238,9 @@ class Snapshotter:
                 StableMemory(host_storage_spans(state)),
             )
         self.store.set_latest(name)
-        self._prune(name, prepared.present, prune_in_background)
         where = self._location(name)
+        progress.saved(step, str(where))  # committed: a time-limit stop may now end as saved
+        self._prune(name, prepared.present, prune_in_background)
         log.debug("saved %s (%d bytes) in %.2fs", where, digest.size, time.perf_counter() - started)
         return where
 
@@ -300,8 +308,10 @@ class Snapshotter:
         try:
             self.wait()
         finally:
-            for thread in list(self._deleting):
-                thread.join()
+            if any(thread.is_alive() for thread in self._deleting):
+                with progress.phase("deleting pruned snapshots"):
+                    for thread in list(self._deleting):
+                        thread.join()
             self._deleting = []
             self._restore_sigterm()
 
@@ -327,24 +337,38 @@ class Snapshotter:
         return [s for s in steps if s <= pointed]
 
     def verify(self, step: int) -> str | None:
-        """Check snapshot ``step`` against its manifest; return why it is unusable, or None."""
+        """Check snapshot ``step`` against its manifest; return why it is unusable, or None.
+
+        Reads the stored file once, as a stream (a remote object is never held in memory).
+        """
         name = f"step-{step}"
+        return self._check(step, lambda file, chunk: self.store.digest(name, file, chunk))
+
+    def _manifest_files(self, step: int) -> tuple[dict[str, Any], str | None]:
         try:
-            manifest = json.loads(self.store.read_manifest(name).decode("utf-8"))
+            manifest = json.loads(self.store.read_manifest(f"step-{step}").decode("utf-8"))
             files = manifest["files"]
             header = (manifest.get("format"), manifest.get("step"))
             if header != (FORMAT, step):
-                return f"manifest is for format {header[0]} step {header[1]}"
+                return {}, f"manifest is for format {header[0]} step {header[1]}"
         except FileNotFoundError:
-            return "no manifest.json (incomplete or not a torchherd snapshot)"
+            return {}, "no manifest.json (incomplete or not a torchherd snapshot)"
         except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError) as exc:
-            return f"manifest.json is unreadable ({exc.__class__.__name__}: {exc})"
+            return {}, f"manifest.json is unreadable ({exc.__class__.__name__}: {exc})"
         if not isinstance(files, dict) or STATE_FILE not in files:
-            return f"manifest does not list {STATE_FILE}"
+            return {}, f"manifest does not list {STATE_FILE}"
+        return files, None
+
+    def _check(self, step: int, digest_of: Callable[[str, int], Digest]) -> str | None:
+        """Why snapshot ``step`` is unusable (its manifest, then each file's size and
+        digests, as ``digest_of(file, chunk_bytes)`` reads them), or None."""
+        files, reason = self._manifest_files(step)
+        if reason is not None:
+            return reason
         for file, expected in files.items():
             try:
                 size = int(expected["bytes"])
-                digest = self.store.digest(name, file, int(expected["chunk_bytes"]))
+                digest = digest_of(file, int(expected["chunk_bytes"]))
             except FileNotFoundError:
                 return f"{file} is missing"
             except (KeyError, TypeError, ValueError):
@@ -356,13 +380,40 @@ class Snapshotter:
                 return f"{file} fails its SHA-256 check (flipped or overwritten bytes)"
         return None
 
-    def _read(self, step: int) -> tuple[Any, str | None]:
-        reason = self.verify(step)
+    def _read(self, step: int, spool: _NodeSpool | None = None) -> tuple[Any, str | None]:
+        """Verify snapshot ``step`` once per stored copy and load it on every rank.
+
+        Local files are checked by the rank that writes them (global rank 0, or local rank
+        0 per node) and memory-mapped by every rank: the ranks of a node share one copy in
+        the page cache instead of each holding its own. A remote object is streamed to a
+        node-local file by local rank 0 of each node, checked on the way, and mapped the
+        same way. The verdict is shared, so every rank gets the same step or none.
+        """
+        if spool is None:  # one snapshot alone: a spool of its own
+            with _NodeSpool(self.ctx, secrets.token_hex(4), self.store.remote) as own:
+                found = self._read(step, own)
+                self._all_ranks_ok(True)  # every rank has mapped it
+                own.discard(step)
+                return found
+        name = f"step-{step}"
+        local = self.store.local_path(name, STATE_FILE)
+        reason: str | None = None
+        try:
+            if local is None and self.ctx.is_local_main:
+                target = spool.path(step)
+                reason = self._check(
+                    step, lambda file, chunk: self.store.download(name, file, target, chunk)
+                )
+            elif local is not None and self.is_writer:
+                reason = self.verify(step)
+        except Exception as exc:  # noqa: BLE001 - the other ranks wait for this verdict
+            reason = f"cannot be read ({exc.__class__.__name__}: {exc})"
+        reason = self._shared_reason(reason)
         if reason is not None:
             return None, reason
+        path = local if local is not None else str(spool.path(step))
         try:
-            source = self.store.source(f"step-{step}", STATE_FILE)
-            return torch.load(source, map_location="cpu", weights_only=True), None
+            return torch.load(path, map_location="cpu", weights_only=True, mmap=True), None
         except pickle.UnpicklingError as exc:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
             return None, (
@@ -372,28 +423,46 @@ class Snapshotter:
         except Exception as exc:  # noqa: BLE001 - any failure to read means "unusable"
             return None, f"cannot be read ({exc.__class__.__name__}: {exc})"
 
+    def _shared_reason(self, mine: str | None) -> str | None:
+        """The first verifying rank's reason, on every rank (one small collective)."""
+        if not self.ctx.distributed:
+            return mine
+        everyone: list[str | None] = [None] * dist.get_world_size()
+        dist.all_gather_object(everyone, mine)
+        return next((reason for reason in everyone if reason is not None), None)
+
     def load_latest(self) -> tuple[int, Any] | None:
         """Return ``(step, state)`` of the newest usable snapshot, or None when there is none.
 
         A damaged or unsafe snapshot is logged and the previous one tried; if snapshots exist
         but none is usable, ``SnapshotCorrupt`` is raised rather than silently starting over.
         Collective when a process group exists: every rank must call it, and all get one step.
+
+        The state's tensors are memory-mapped from the snapshot file (read-only pages that
+        the ranks of a node share; a write copies the page). ``load_state_dict`` of a model
+        copies them; an optimizer keeps what it is given, so give it owned tensors if the
+        file may be deleted meanwhile (the Trainer does).
         """
         self.problems = []
-        self.wait()
-        candidates = self._agree_on_candidates(self._candidates())
-        for step in candidates:
-            state, reason = self._read(step)
-            if self._all_ranks_ok(reason is None):
-                if self.problems and self._reports():
-                    log.warning("resuming from %s instead", self._location(f"step-{step}"))
-                return step, state
-            problem = SnapshotProblem(
-                self._location(f"step-{step}"), reason or "unreadable on another rank"
-            )
-            self.problems.append(problem)
-            if self._reports():
-                log.warning("snapshot %s is unusable: %s", problem.path, problem.reason)
+        with progress.phase("loading snapshot"):
+            self.wait()
+            candidates, token = self._agree_on_candidates(self._candidates())
+            with _NodeSpool(self.ctx, token, enabled=self.store.remote) as spool:
+                for step in candidates:
+                    state, reason = self._read(step, spool)
+                    usable = self._all_ranks_ok(reason is None)  # every rank has mapped it
+                    spool.discard(step)
+                    if usable:
+                        if self.problems and self._reports():
+                            log.warning("resuming from %s instead", self._location(f"step-{step}"))
+                        return step, state
+                    del state
+                    problem = SnapshotProblem(
+                        self._location(f"step-{step}"), reason or "unreadable on another rank"
+                    )
+                    self.problems.append(problem)
+                    if self._reports():
+                        log.warning("snapshot %s is unusable: %s", problem.path, problem.reason)
         if not self.problems:
             return None
         listing = "\n".join(f"  {p}" for p in self.problems)
@@ -410,12 +479,16 @@ class Snapshotter:
         # One line per copy of the directory, not one per rank.
         return self.is_writer
 
-    def _agree_on_candidates(self, mine: list[int]) -> list[int]:
+    def _agree_on_candidates(self, mine: list[int]) -> tuple[list[int], str]:
+        """The steps every rank can read, newest first, and rank 0's token for this load
+        (it names the node-local download folder, the same on every rank of a node)."""
+        token = secrets.token_hex(4)
         if not self.ctx.distributed:
-            return mine
-        everyone: list[list[int] | None] = [None] * dist.get_world_size()
-        dist.all_gather_object(everyone, mine)
-        lists = [entry or [] for entry in everyone]
+            return mine, token
+        everyone: list[tuple[list[int], str] | None] = [None] * dist.get_world_size()
+        dist.all_gather_object(everyone, (mine, token))
+        lists = [entry[0] if entry else [] for entry in everyone]
+        token = everyone[0][1] if everyone[0] else token
         if self.scope == "shared" and any(entry != lists[0] for entry in lists):
             differing = [rank for rank, entry in enumerate(lists) if entry != lists[0]]
             raise SnapshotError(
@@ -424,7 +497,7 @@ class Snapshotter:
                 remedy="put the snapshots on a filesystem every node mounts, or use scope='node'",
             )
         common = set(lists[0]).intersection(*map(set, lists[1:]))
-        return sorted(common, reverse=True)
+        return sorted(common, reverse=True), token
 
     def _all_ranks_ok(self, ok: bool) -> bool:
         if not self.ctx.distributed:
@@ -435,6 +508,38 @@ class Snapshotter:
 
     def _collective_device(self) -> torch.device:
         return self.ctx.device if dist.get_backend() == "nccl" else torch.device("cpu")
+
+
+class _NodeSpool:
+    """A node-local folder where local rank 0 downloads a remote snapshot for its node.
+
+    Every rank of the node maps the one file (named by the load's token and the node), so
+    a node holds one copy however many ranks it has; it is deleted once every rank has
+    mapped it (the mappings stay valid) and the folder at the end of the load. Without a
+    remote store it is never created.
+    """
+
+    def __init__(self, ctx: Context, token: str, enabled: bool) -> None:
+        self.ctx = ctx
+        self.enabled = enabled
+        self.root = Path(tempfile.gettempdir()) / f"torchherd-load-{token}-node{ctx.node_rank}"
+
+    def __enter__(self) -> _NodeSpool:
+        if self.enabled and self.ctx.is_local_main:
+            self.root.mkdir(mode=0o700, exist_ok=True)
+        return self
+
+    def path(self, step: int) -> Path:
+        return self.root / f"step-{step}-{STATE_FILE}"
+
+    def discard(self, step: int) -> None:
+        """Delete step's download (after every rank has mapped it, or refused it)."""
+        if self.enabled and self.ctx.is_local_main:
+            self.path(step).unlink(missing_ok=True)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.enabled and self.ctx.is_local_main:
+            shutil.rmtree(self.root, ignore_errors=True)
 
 
 def _step_of(name: str) -> int:

@@ -81,7 +81,8 @@ def _kill_when_snapshot(argv: list[str], snapshots: Path, step: int, timeout: fl
 
 
 def test_killed_and_resumed_run_matches_a_straight_run(tmp_path: Path, job_script: Path) -> None:
-    common = ["--max-steps", "20", "--snapshot-every", "4"]
+    # Every step draws from python's random, numpy's and torch's generators (and dropout).
+    common = ["--max-steps", "20", "--snapshot-every", "4", "--draw-every-rng"]
     straight = tmp_path / "straight"
     run_checked(torchrun_argv(2, job_script, ["--run-dir", str(straight), *common]))
 
@@ -113,8 +114,14 @@ def test_killed_and_resumed_run_matches_a_straight_run(tmp_path: Path, job_scrip
     assert state_a["model"].keys() == state_b["model"].keys()
     for key, tensor in state_a["model"].items():
         assert torch.equal(tensor, state_b["model"][key]), key
+    # Every generator's full state, on every rank, is the straight run's.
+    assert len(state_a["rng"]) == len(state_b["rng"]) == 2
     for rank_a, rank_b in zip(state_a["rng"], state_b["rng"], strict=True):
+        assert sorted(rank_a) == sorted(rank_b) and {"python", "numpy", "torch"} <= set(rank_a)
         assert torch.equal(rank_a["torch"], rank_b["torch"])
+        assert rank_a["python"] == rank_b["python"]
+        numpy_a, numpy_b = rank_a["numpy"], rank_b["numpy"]
+        assert torch.equal(numpy_a.pop("keys"), numpy_b.pop("keys")) and numpy_a == numpy_b
 
 
 def test_fsdp_stopped_and_resumed_matches_a_straight_run(tmp_path: Path, job_script: Path) -> None:
