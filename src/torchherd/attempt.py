@@ -403,6 +403,10 @@ class Attempt:
         stderr = "\n".join(node.stderr)
         spec = self.cluster.node(node.host)
         unreachable = self.transport.classify_failure(spec, node.exit_code or 0, stderr)
+        if unreachable is not None and not stderr.strip():
+            # ssh says nothing of its own when the remote command was killed (exit 255 and
+            # no words): the link worked, the agent died. The node answers: sweep it.
+            unreachable = None
         self.liveness.forget(node.host)
         self._no_more_stacks_from(node.host)
         if missing_module(stderr) == "torchherd":
@@ -441,29 +445,20 @@ class Attempt:
     async def _sweep(self, node: NodeRun) -> bool:
         """The `stop` verb of this attempt on a node whose agent is gone or cut off (its
         processes, by job id and attempt); True once the node is confirmed clean."""
-        from .ops.remote import call_agent
-
-        spec = self.cluster.node(node.host)
-        request = {
-            "job_id": self.plan.job_id,
-            "node": node.plan.name,
-            "grace": 0 if self.killing else self.plan.grace,
-            "attempt": node.plan.env.get(ATTEMPT_VAR),
-        }
-        if node.plan.env.get("HERD_HOME"):
-            request["herd_home"] = node.plan.env["HERD_HOME"]
-        answer = await call_agent(
-            self.transport, spec, "stop", request, timeout=self.plan.grace + SWEEP_MARGIN
+        swept = await sweep_attempt(
+            self.transport,
+            self.cluster,
+            self.plan.job_id,
+            node.plan,
+            grace=0 if self.killing else self.plan.grace,
         )
-        if not answer.ok or answer.data is None:
-            self.output.note(f"herd: could not sweep {node.host}: {answer.error}")
-            return False
-        if answer.data.get("processes"):
+        if swept.error is not None:
+            self.output.note(f"herd: could not sweep {node.host}: {swept.error}")
+        elif swept.processes:
             self.output.note(
-                f"herd: ended {answer.data['processes']} process(es) of the attempt left on "
-                f"{node.host}"
+                f"herd: ended {swept.processes} process(es) of the attempt left on {node.host}"
             )
-        return not answer.data.get("survivors") and not answer.data.get("agent_left")
+        return swept.confirmed
 
     def _no_more_stacks_from(self, host: str) -> None:
         self._stacks_wanted.discard(host)
@@ -740,6 +735,51 @@ class Attempt:
             if node.local_addr and re.search(rf"\b{re.escape(node.local_addr)}\b", text):
                 return node.host
         return None
+
+
+@dataclass(frozen=True)
+class Swept:
+    """What an attempt-scoped stop on a node found and did."""
+
+    confirmed: bool
+    """Nothing of the attempt is left there (and its agent, if any, has exited)."""
+    processes: int = 0
+    error: str | None = None
+
+
+async def sweep_attempt(
+    transport: Transport,
+    cluster: ClusterSpec,
+    job_id: str,
+    node: NodePlan,
+    *,
+    grace: float,
+    timeout: float | None = None,
+) -> Swept:
+    """End one attempt's agent and processes on a node (the `stop` verb, by job id and the
+    attempt of ``node``'s plan), through a session of its own."""
+    from .ops.remote import call_agent
+
+    request: dict[str, Any] = {
+        "job_id": job_id,
+        "node": node.name,
+        "grace": grace,
+        "attempt": node.env.get(ATTEMPT_VAR),
+    }
+    if node.env.get("HERD_HOME"):
+        request["herd_home"] = node.env["HERD_HOME"]
+    answer = await call_agent(
+        transport,
+        cluster.node(node.host),
+        "stop",
+        request,
+        timeout=timeout or grace + SWEEP_MARGIN,
+    )
+    if not answer.ok or answer.data is None:
+        return Swept(False, error=answer.error)
+    data = answer.data
+    confirmed = not data.get("survivors") and not data.get("agent_left")
+    return Swept(confirmed, int(data.get("processes") or 0))
 
 
 def _first_named(behind: list[str]) -> tuple[str, int] | None:

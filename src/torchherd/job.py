@@ -20,7 +20,7 @@ import time
 from dataclasses import replace
 from typing import Any, TextIO
 
-from .attempt import Attempt, AttemptResult
+from .attempt import Attempt, AttemptResult, sweep_attempt
 from .errors import EXIT_CRASH_LOOP, EXIT_INTERRUPTED, EXIT_JOB_FAILED, EXIT_SAVED, HerdError
 from .jobs import JobRecord, attempt_entry, job_dir
 from .links import AgentLink
@@ -206,28 +206,29 @@ class JobRun:
     async def _next(self, outcome: AttemptResult, why: str) -> bool:
         """Plan the next attempt (in place when every node is still there); False when the
         job cannot go on (the reason is in the output and the result)."""
+        last = self.prepared.plan
         self.number += 1
         job = replace(self.job, attempt=self.number)
-        current = [n.host for n in self.prepared.plan.nodes]
-        lost = set(outcome.lost) | set(outcome.unconfirmed)
-        in_place = not lost and set(current) <= set(outcome.reusable)
-        if in_place:
+        current = [n.host for n in last.nodes]
+        suspects = [h for h in current if h in set(outcome.lost) | set(outcome.unconfirmed)]
+        if not suspects and set(current) <= set(outcome.reusable):
             prepared = self.prepared
-            plan = make_plan(prepared.cluster, job, prepared.facts, prepared.secrets)
-            self.prepared = Prepared(prepared.cluster, prepared.facts, prepared.secrets, plan)
+            plan = make_plan(
+                prepared.cluster.select(current), job, prepared.facts, prepared.secrets
+            )
+            self.prepared = Prepared(self.full_cluster, prepared.facts, prepared.secrets, plan)
             how = "in place"
         else:
+            nodes = await self._nodes_without(suspects, last, outcome)
+            if nodes is None:
+                return False
             self.replanning = asyncio.create_task(
                 replan(
                     self.prepared,
                     job,
                     self.transport,
-                    self.policy,
-                    nodes=current,
-                    suspects=tuple(sorted(lost)),
-                    links={h: link for h, link in self.links.items() if h not in lost},
-                    total=len(self.full_cluster.nodes),
-                    say=self.output.note,
+                    nodes=nodes,
+                    links={h: link for h, link in self.links.items() if h not in suspects},
                 )
             )
             try:
@@ -266,7 +267,59 @@ class JobRun:
             self.output.note(
                 f"herd: attempt {self.number} in place on the same {len(plan.nodes)} node(s)"
             )
+        elif plan.world_size != last.world_size:
+            self.output.note(
+                f"herd: attempt {self.number} on {len(plan.nodes)} node(s), world size "
+                f"{plan.world_size} (was {last.world_size})"
+            )
         return True
+
+    async def _nodes_without(
+        self, suspects: list[str], last: Any, outcome: AttemptResult
+    ) -> list[str] | None:
+        """The next attempt's nodes when ``suspects`` (lost, or not confirmed clean) may not
+        be used as they are: left out at once when the policy allows going on with fewer
+        nodes (each is swept before it is ever used again), else waited for: swept now,
+        which tells too whether they answer. None when too few nodes are left."""
+        current = [n.host for n in last.nodes]
+        total = len(self.full_cluster.nodes)
+        survivors = [h for h in current if h not in suspects]
+        gone = list(suspects)
+        if suspects and not self.policy.enough_nodes(len(survivors), total):
+            plans = {n.host: n for n in last.nodes}
+            answers = await asyncio.gather(
+                *(
+                    sweep_attempt(
+                        self.transport,
+                        self.full_cluster,
+                        last.job_id,
+                        plans[h],
+                        grace=last.grace,
+                        timeout=self.full_cluster.connect_timeout + last.grace + 15,
+                    )
+                    for h in suspects
+                )
+            )
+            gone = [h for h, swept in zip(suspects, answers, strict=True) if not swept.confirmed]
+            survivors = [h for h in current if h not in gone]
+        if gone:
+            if not self.policy.enough_nodes(len(survivors), total):
+                needed = self.policy.min_nodes or total
+                message = (
+                    f"{', '.join(gone)} still do(es) not answer: {len(survivors)} node(s) left, "
+                    f"{needed} needed"
+                )
+                self.output.note(
+                    f"herd: cannot restart: {message}\n  fix: bring the node back, or allow "
+                    "going on with fewer nodes (--min-nodes M, or min_nodes in [cluster])"
+                )
+                outcome.reason = message
+                return None
+            self.output.note(
+                f"herd: going on without {', '.join(gone)}: {len(survivors)} node(s) left, "
+                f"rendezvous now on {survivors[0]}"
+            )
+        return survivors
 
     async def _drop_links_outside(self, plan: Any) -> None:
         """Close the links of nodes the next attempt does not use."""

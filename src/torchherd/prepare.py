@@ -19,7 +19,6 @@ from .errors import NodeNotReady
 from .facts import NodeFacts
 from .links import AgentLink
 from .plan import JobSpec, LaunchPlan, make_plan
-from .recovery import RestartPolicy
 from .spec import ClusterSpec, NodeSpec, read_env_file
 from .transport import CommandResult, Transport
 from .transport.base import setup_failure
@@ -246,49 +245,17 @@ async def replan(
     prepared: Prepared,
     job: JobSpec,
     transport: Transport,
-    policy: RestartPolicy,
     *,
     nodes: list[str],
-    suspects: tuple[str, ...] = (),
     links: Mapping[str, AgentLink] | None = None,
-    total: int | None = None,
-    say: Callable[[str], None] = lambda _: None,
 ) -> Prepared:
-    """The plan of a restart on ``nodes`` (hosts of the full cluster, in order): a fresh
-    rendezvous id and a port free now on the first. ``suspects`` (nodes lost in the last
-    attempt) are probed again and left out if they still do not answer, when the policy
-    allows going on with fewer (of ``total``) nodes; the first node left hosts the
-    rendezvous. Nodes with a live link (``links``) need no probe and no new link."""
+    """The plan of a restart on ``nodes`` (hosts of the cluster, the first hosting the
+    rendezvous): a fresh rendezvous id and a port free now on the first node, the public
+    address refused again if the rendezvous moved. Nodes with a live link (``links``) need
+    no new one; the others get one now, warming the attempt's wrapper while this plans."""
     full, facts = prepared.cluster, dict(prepared.facts)
     links = links or {}
-    total = total or len(nodes)
-    chosen = [h for h in nodes]
-    suspects = tuple(h for h in suspects if h in chosen)
-    if suspects and full.transport != "local":
-        timeout = full.connect_timeout + 5
-        answers = await transport.each(
-            [full.node(h) for h in suspects],
-            lambda node: probe_node(full, transport, node, full.workdir, timeout=timeout),
-        )
-        facts.update({a.host: a for a in answers if isinstance(a, NodeFacts)})
-        gone = [h for h, a in zip(suspects, answers, strict=True) if not isinstance(a, NodeFacts)]
-        if gone:
-            alive = [h for h in chosen if h not in gone]
-            if not policy.enough_nodes(len(alive), total):
-                needed = policy.min_nodes or total
-                raise NodeNotReady(
-                    f"{', '.join(gone)} still do(es) not answer: {len(alive)} node(s) left, "
-                    f"{needed} needed",
-                    "bring the node back, or allow going on with fewer nodes "
-                    "(--min-nodes M, or min_nodes in [cluster])",
-                    hosts=tuple(gone),
-                )
-            chosen = alive
-            say(
-                f"herd: going on without {', '.join(gone)}: {len(alive)} node(s) left, "
-                f"rendezvous now on {chosen[0]}"
-            )
-    cluster = full.select(chosen)
+    cluster = full.select(nodes)
     without_link = [n for n in cluster.nodes if n.host not in links or not links[n.host].alive]
     opening = asyncio.create_task(open_links(cluster, transport, job, without_link))
     try:
