@@ -4,7 +4,9 @@ One process:            python examples/gpt.py --max-steps 200
 One machine, 2 workers: torchrun --standalone --nproc-per-node 2 examples/gpt.py --max-steps 200
 Every node in herd.toml: herd launch examples/gpt.py --max-steps 2000 --precision bf16
 
-Add --parallel fsdp to shard it (each transformer block is an FSDP unit). Kill it and rerun the
+Add --parallel fsdp to shard it (each transformer block is an FSDP unit), --compile true to
+compile its blocks (GPT-2 small: --n-layer 12 --n-head 12 --n-embd 768 --block-size 1024
+--dropout 0 --precision bf16, as scripts/gpu-check runs it). Kill it and rerun the
 same command: it resumes from the latest snapshot. Metrics go to <run-dir>/metrics.jsonl, with
 tokens/s, and MFU on A100/H100/H200. `--help` lists every option.
 """
@@ -48,6 +50,8 @@ class GPTConfig:
     """Steps of the LR decay (default: max_steps); keep it fixed across resumes."""
     eval_fraction: float = 0.1
     """Share of the text held out for evaluation."""
+    compile: bool = False
+    """Compile each transformer block with torch.compile (GPUs need Triton; CPUs a C++ compiler)."""
 
 
 class CharWindows(Dataset[tuple[torch.Tensor, torch.Tensor]]):
@@ -166,6 +170,11 @@ def main(argv: list[str] | None = None) -> int:
     ids = torch.tensor([alphabet.index(c) for c in text], dtype=torch.long)
     split = int(len(ids) * (1 - gpt_config.eval_fraction))
     model = GPT(gpt_config, len(alphabet))
+    if gpt_config.compile:
+        # Block by block, as torchtitan does: the model keeps its class, its state-dict keys
+        # and its FSDP units, so snapshots and --parallel fsdp work as without compiling.
+        for block in model.blocks:
+            block.compile()
     # The schedule's horizon is part of the run: a resume with another --max-steps and no
     # --decay-steps would follow a different curve from the snapshot on.
     total = gpt_config.decay_steps or config.max_steps or 1000
