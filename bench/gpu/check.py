@@ -1,7 +1,7 @@
 """`scripts/gpu-check`: prove herd's GPU path on this machine in one command.
 
     scripts/gpu-check [-o DIR] [--only PART ...] [--skip PART ...] [--json]
-                      [--gpt-steps N] [--snapshot-gb G] [--scratch DIR]
+                      [--gpt-steps N] [--gpt-batch B] [--snapshot-gb G] [--scratch DIR]
 
 Parts, in this order (``--only``/``--skip`` take their names):
   tests      pytest tests/gpu: doctor vs nvidia-smi, one worker per GPU, NCCL through herd
@@ -73,12 +73,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--gpt-steps", type=int, default=80, help="steps per GPT run (the first 30 warm up)"
     )
     parser.add_argument(
+        "--gpt-batch", type=int, default=16, help="sequences of 1,024 tokens per GPU per step"
+    )
+    parser.add_argument(
         "--snapshot-gb", type=float, default=4.0, help="size of the GPU state to snapshot"
     )
     parser.add_argument("--scratch", type=Path, help="where snapshots are written (default: -o)")
     args = parser.parse_args(argv)
     if args.gpt_steps < 40:
         parser.error("--gpt-steps must be at least 40 (30 warm-up steps, then the timed ones)")
+    if args.gpt_batch < 1:
+        parser.error("--gpt-batch must be at least 1")
     if args.snapshot_gb <= 0:
         parser.error("--snapshot-gb must be above 0")
     return args
@@ -115,7 +120,9 @@ def run_parts(
         "tests": lambda: run_suite(out_dir),
         "allreduce": lambda: run_allreduce(out_dir, gpus),
         "snapshot": lambda: run_snapshots(args.scratch or out_dir, args.snapshot_gb, gpu_memory),
-        "gpt": lambda: run_gpt(out_dir, torch, GptSettings(steps=args.gpt_steps)),
+        "gpt": lambda: run_gpt(
+            out_dir, torch, GptSettings(steps=args.gpt_steps, batch_size=args.gpt_batch)
+        ),
     }
     rows: list[Row] = []
     seconds: dict[str, float] = {}

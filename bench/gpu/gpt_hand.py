@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import json
-import math
 import sys
 import time
 from dataclasses import dataclass
@@ -71,22 +70,14 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"--warmup-steps must be between 1 and --max-steps - 1, got {steps}")
     ctx = train.setup()
     train.seed_everything(config.seed)
-    text = Path(gpt_config.text).read_text(encoding="utf-8")
-    alphabet = sorted(set(text))
-    ids = torch.tensor([alphabet.index(c) for c in text], dtype=torch.long)
-    split = int(len(ids) * (1 - gpt_config.eval_fraction))
-    model = gpt.GPT(gpt_config, len(alphabet)).to(ctx.device)
-    if gpt_config.compile:
-        for block in model.blocks:
-            block.compile()
+    alphabet, ids, split = gpt.encode(gpt_config)
+    model = gpt.build_model(gpt_config, len(alphabet)).to(ctx.device)
     distributed = ctx.world_size > 1
     ids_arg = [ctx.device] if ctx.device.type == "cuda" else None
     module = DistributedDataParallel(model, device_ids=ids_arg) if distributed else model
     optimizer = torch.optim.AdamW(module.parameters(), lr=gpt_config.lr, weight_decay=0.1)
     total = gpt_config.decay_steps or steps
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda step: 0.1 + 0.45 * (1 + math.cos(math.pi * min(step / total, 1)))
-    )
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, gpt.cosine(total))
     data = gpt.CharWindows(ids[:split], gpt_config.block_size)
     sampler = (
         DistributedSampler(data, seed=config.seed)

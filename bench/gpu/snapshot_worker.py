@@ -78,15 +78,11 @@ def _dcp_saver(
     """(the buffer reuse used, save(state, path) -> what to wait on, close). Pinned memory and
     non-blocking copies only from a GPU (a CPU-only torch refuses them)."""
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint import FileSystemWriter
+    from torch.distributed.checkpoint import FileSystemWriter, staging
 
-    try:
-        from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
-    except ImportError:
-        DefaultStager = None  # noqa: N806 - older torch
-    if DefaultStager is not None:
-        stager = DefaultStager(
-            StagingOptions(
+    if hasattr(staging, "DefaultStager") and hasattr(staging, "StagingOptions"):
+        stager = staging.DefaultStager(
+            staging.StagingOptions(
                 use_pinned_memory=gpu,
                 use_shared_memory=False,
                 use_async_staging=False,

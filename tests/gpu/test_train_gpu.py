@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -22,7 +23,7 @@ def _gpt(tmp_path: Path, *args: str) -> list[str]:
     return ["examples/gpt.py", *SMALL, "--run-dir", str(tmp_path / "run"), *args]
 
 
-def _metrics(tmp_path: Path) -> list[dict[str, object]]:
+def _metrics(tmp_path: Path) -> list[dict[str, Any]]:
     lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
     return [r for r in map(json.loads, lines) if "loss" in r and "step" in r]
 

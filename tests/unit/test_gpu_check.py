@@ -197,7 +197,7 @@ def test_features_name_what_cannot_run() -> None:
 def test_steady_rate_is_total_work_over_total_time() -> None:
     # Three windows of 10 steps; the first (compilation) is left out: 2 windows at 100 and
     # 300 tokens/s take 0.1 + 1/30 of the time per token: 2 / (1/100 + 1/300) = 150.
-    records = [
+    records: list[dict[str, float]] = [
         {"step": 10, "tokens_per_s": 5.0},
         {"step": 15},
         {"step": 20, "tokens_per_s": 100.0},

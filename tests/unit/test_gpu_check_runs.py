@@ -219,6 +219,7 @@ def test_copy_worker_on_cpu() -> None:
 
 
 def test_torch_features_of_this_torch() -> None:
-    assert TORCH.ok and TORCH.version and machine.version_tuple(TORCH.version) >= (2, 4)
+    version = machine.version_tuple(TORCH.version)
+    assert TORCH.ok and version is not None and version >= (2, 4)
     assert TORCH.compile and TORCH.dcp_async_save
-    assert TORCH.fsdp2 == (machine.version_tuple(TORCH.version) >= (2, 6))
+    assert TORCH.fsdp2 == (version >= (2, 6))
