@@ -105,7 +105,7 @@ def headline(smi: SmiReport, torch: TorchFeatures) -> str:
     names = sorted({g.name for g in smi.gpus}) or list(torch.devices[:1])
     count = len(smi.gpus) or torch.device_count
     return (
-        f"gpu-check: {count} x {', '.join(names)}, driver {smi.driver}, driver CUDA {smi.cuda}; "
+        f"{count} x {', '.join(names)}, driver {smi.driver}, driver CUDA {smi.cuda}; "
         f"torch {torch.version} (CUDA {torch.cuda}, NCCL {torch.nccl})"
     )
 
@@ -151,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     out_dir = (args.output or herd_home() / "gpu-check" / stamp).expanduser().resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
     err = Console(stderr=True, highlight=False)
-    say = lambda text: err.print(f"gpu-check: {text}")  # noqa: E731
+    say = lambda text: err.print(f"gpu-check: {text}", markup=False)  # noqa: E731
     report = Report(machine=machine_facts(smi, torch), started=stamp)
     say(headline(smi, torch))
     problem = cannot_check(smi, torch)
@@ -171,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.write(path.read_text(encoding="utf-8"))
     else:
         out = Console(highlight=False, width=max(Console().width, 140))
-        out.print(headline(smi, torch))
+        out.print(headline(smi, torch), markup=False)
         render(report, out)
         out.print(f"report: {path}")
     return report.exit_code

@@ -68,6 +68,7 @@ def test_gpus_torch_cannot_use_fail_the_check(tmp_path: Path) -> None:
     done = gpu_check("-o", str(tmp_path / "out"), path_prefix=fake_nvidia_smi(tmp_path / "bin"))
     assert done.returncode == 1, done.stdout + done.stderr
     assert "2 x NVIDIA H100 80GB HBM3, driver 550.54.15, driver CUDA 12.4" in done.stdout
+    assert done.stderr.startswith("gpu-check: 2 x NVIDIA H100"), done.stderr
     assert "torch can use the GPUs" in done.stdout and "FAILED" in done.stdout
     report = json.loads((tmp_path / "out" / "report.json").read_text())
     assert report["exit_code"] == 1
