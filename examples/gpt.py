@@ -4,7 +4,9 @@ One process:            python examples/gpt.py --max-steps 200
 One machine, 2 workers: torchrun --standalone --nproc-per-node 2 examples/gpt.py --max-steps 200
 Every node in herd.toml: herd launch examples/gpt.py --max-steps 2000 --precision bf16
 
-Add --parallel fsdp to shard it (each transformer block is an FSDP unit). Kill it and rerun the
+Add --parallel fsdp to shard it (each transformer block is an FSDP unit), --compile true to
+compile its blocks (GPT-2 small: --n-layer 12 --n-head 12 --n-embd 768 --block-size 1024
+--dropout 0 --precision bf16, as scripts/gpu-check runs it). Kill it and rerun the
 same command: it resumes from the latest snapshot. Metrics go to <run-dir>/metrics.jsonl, with
 tokens/s, and MFU on A100/H100/H200. `--help` lists every option.
 """
@@ -12,6 +14,7 @@ tokens/s, and MFU on A100/H100/H200. `--help` lists every option.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,6 +51,8 @@ class GPTConfig:
     """Steps of the LR decay (default: max_steps); keep it fixed across resumes."""
     eval_fraction: float = 0.1
     """Share of the text held out for evaluation."""
+    compile: bool = False
+    """Compile each transformer block with torch.compile (GPUs need Triton; CPUs a C++ compiler)."""
 
 
 class CharWindows(Dataset[tuple[torch.Tensor, torch.Tensor]]):
@@ -144,6 +149,30 @@ def language_model_loss(model: nn.Module, batch: Any) -> torch.Tensor:
     return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
 
 
+def encode(cfg: GPTConfig) -> tuple[list[str], torch.Tensor, int]:
+    """The text's characters (the vocabulary), the text as their ids, and where the held-out
+    part starts."""
+    text = Path(cfg.text).read_text(encoding="utf-8")
+    alphabet = sorted(set(text))
+    ids = torch.tensor([alphabet.index(c) for c in text], dtype=torch.long)
+    return alphabet, ids, int(len(ids) * (1 - cfg.eval_fraction))
+
+
+def build_model(cfg: GPTConfig, vocab_size: int) -> GPT:
+    model = GPT(cfg, vocab_size)
+    if cfg.compile:
+        # Block by block, as torchtitan does: the model keeps its class, its state-dict keys
+        # and its FSDP units, so snapshots and --parallel fsdp work as without compiling.
+        for block in model.blocks:
+            block.compile()
+    return model
+
+
+def cosine(total: int) -> Callable[[int], float]:
+    """The learning-rate factor: cosine from 1 down to 0.1 over ``total`` steps, then 0.1."""
+    return lambda step: 0.1 + 0.45 * (1 + math.cos(math.pi * min(step / total, 1)))
+
+
 def main(argv: list[str] | None = None) -> int:
     config, gpt_config = train.parse_config(
         train.TrainerConfig,
@@ -161,18 +190,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     ctx = train.setup()
     train.seed_everything(config.seed)
-    text = Path(gpt_config.text).read_text(encoding="utf-8")
-    alphabet = sorted(set(text))
-    ids = torch.tensor([alphabet.index(c) for c in text], dtype=torch.long)
-    split = int(len(ids) * (1 - gpt_config.eval_fraction))
-    model = GPT(gpt_config, len(alphabet))
+    alphabet, ids, split = encode(gpt_config)
+    model = build_model(gpt_config, len(alphabet))
     # The schedule's horizon is part of the run: a resume with another --max-steps and no
     # --decay-steps would follow a different curve from the snapshot on.
     total = gpt_config.decay_steps or config.max_steps or 1000
 
     def schedule(optimizer: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LRScheduler:
-        cosine = lambda step: 0.1 + 0.45 * (1 + math.cos(math.pi * min(step / total, 1)))  # noqa: E731
-        return torch.optim.lr_scheduler.LambdaLR(optimizer, cosine)
+        return torch.optim.lr_scheduler.LambdaLR(optimizer, cosine(total))
 
     trainer = train.Trainer(
         model,

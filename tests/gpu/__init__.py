@@ -1,0 +1,1 @@
+"""Tests of herd on NVIDIA GPUs (see conftest.py)."""
