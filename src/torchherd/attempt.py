@@ -36,7 +36,7 @@ from .errors import EXIT_INTERRUPTED, EXIT_JOB_FAILED, EXIT_NODE_NOT_READY, EXIT
 from .links import AgentLink
 from .logs import FLUSH_EVERY, Failure, JobOutput, RunResult
 from .plan import LaunchPlan, NodePlan
-from .recovery import Evidence, HangWatch, NodeLiveness, explain
+from .recovery import Cause, Evidence, HangWatch, NodeLiveness, explain
 from .recovery.evidence import judge
 from .recovery.failures import NodeRun, choose_first_failure
 from .recovery.liveness import SILENCE, LauncherClock
@@ -144,6 +144,8 @@ class Attempt:
         self._save_asked_at: float | None = None
         self._saved_before: dict[int, float] = {}
         self.saved_after_request = False
+        self.stopped_for_silence = False
+        """The agents stopped the attempt because this launcher had gone silent."""
         self._ending = False
         self._deadlines: dict[str, float] = {}
         self._sweeps: dict[str, asyncio.Task[bool]] = {}
@@ -390,6 +392,7 @@ class Attempt:
             )
 
     def _agents_stopped_for_silence(self, node: NodeRun) -> None:
+        self.stopped_for_silence = True
         self.noticed = self.noticed or "the agents heard nothing from this launcher"
         self.output.note(
             f"herd: {node.host}'s agent stopped the job: it heard nothing from this launcher "
@@ -609,15 +612,7 @@ class Attempt:
         ]
         stacks_dir = self.evidence.save(behind)
         status = {host: node.state for host, node in self.nodes.items()}
-        stopped_by_agents = (
-            not self.stopping
-            and all(
-                n.why_stopped == "launcher-silent"
-                for n in self.nodes.values()
-                if n.state == "stopped"
-            )
-            and any(n.why_stopped == "launcher-silent" for n in self.nodes.values())
-        )
+        stopped_by_agents = self.stopped_for_silence and not self.interrupted
         # Every agent ended its job on request, and not this launcher's: `herd stop` did it.
         stopped_elsewhere = (
             not self.stopping
@@ -695,6 +690,8 @@ class Attempt:
             return None
         text = "\n".join((failure.message, *failure.last_stderr))
         found = explain(text)
+        if found is None and failure.signal == "SIGKILL" and failure.rank is not None:
+            found = OUTSIDE_KILL
         if found is None or failure.cause:
             return failure
         cause = found.cause
@@ -780,6 +777,16 @@ async def sweep_attempt(
     data = answer.data
     confirmed = not data.get("survivors") and not data.get("agent_left")
     return Swept(confirmed, int(data.get("processes") or 0))
+
+
+# A worker SIGKILLed on a node herd was not stopping: not herd's doing.
+OUTSIDE_KILL = Cause(
+    "killed-from-outside",
+    "the worker was killed by SIGKILL from outside herd: most often the kernel's "
+    "out-of-memory killer, else a person or another program",
+    "look for 'Out of memory: Killed process' in `dmesg` or `journalctl -k` on that node; "
+    "give each worker less host memory (a smaller batch, fewer DataLoader workers)",
+)
 
 
 def _first_named(behind: list[str]) -> tuple[str, int] | None:

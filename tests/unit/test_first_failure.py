@@ -130,3 +130,25 @@ def test_a_reset_connection_points_at_the_peer(tmp_path) -> None:  # type: ignor
     found = supervisor.first_failure()
     output.close()
     assert found is not None and found.cause.endswith("the peer is n2"), found
+
+
+def test_a_worker_killed_from_outside_is_the_cause_not_its_peers_reset() -> None:
+    """Seen on the testbed: node2's worker SIGKILLed (the OOM killer's way); node1's worker
+    then fails with a reset connection. node2 was not being stopped by herd: its SIGKILL is
+    the cause. The same signal on a node herd stopped is only the teardown."""
+    reset = failure(
+        0, 1, stderr=["RuntimeError: [pair.cc:537] Read error: Connection reset by peer"]
+    )
+    killed = failure(1, -9, signal="SIGKILL", timestamp=99)
+    chosen = choose_first_failure(
+        [node("node1", "stopped", [reset]), node("node2", "failed", [killed])], trigger="node2"
+    )
+    assert chosen is not None and (chosen.host, chosen.rank, chosen.signal) == (
+        "node2",
+        1,
+        "SIGKILL",
+    )
+    torn_down = choose_first_failure(
+        [node("node1", "failed", [reset]), node("node2", "stopped", [killed])], trigger="node1"
+    )
+    assert torn_down is not None and torn_down.host == "node1"

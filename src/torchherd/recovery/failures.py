@@ -1,10 +1,11 @@
 """The first failure of an attempt: which node and rank caused the others, in words.
 
 Timestamps alone cannot tell (torchrun records whole seconds, and peers fail within the same
-second), so failures are ranked by what they are: a worker's own exit before a node that was
-lost or could not start, before a worker that lost a peer, before workers killed by the
-teardown. Within a class the node that failed first (``trigger``: the one that made herd stop
-the others) wins, then the earlier timestamp.
+second), so failures are ranked by what they are: a worker's own exit (a signal from outside
+herd too: the OOM killer's SIGKILL on a node herd did not stop) before a node that was lost or
+could not start, before a worker that lost a peer, before workers killed by the teardown.
+Within a class the node that failed first (``trigger``: the one that made herd stop the
+others) wins, then the earlier timestamp.
 """
 
 from __future__ import annotations
@@ -70,8 +71,8 @@ def choose_first_failure(nodes: list[NodeRun], trigger: str | None) -> Failure |
         for item in node.failures:
             stderr = tuple(item.get("last_stderr", ()))
             said = "\n".join((*stderr, str(item.get("message", ""))))
-            if item.get("signal") in TEARDOWN_SIGNALS:
-                kind = _TEARDOWN
+            if item.get("signal") in TEARDOWN_SIGNALS and node.state != "failed":
+                kind = _TEARDOWN  # herd (or a user's stop) ended it: not a cause
             elif any(pattern in said for pattern in PEER_LOSS):
                 kind = _PEER
             else:

@@ -18,6 +18,7 @@ is sent unless asked, so every silent phase is silent for real.
                        beating the step before: every attempt but the capped ones makes
                        progress
 --idle                 after the first all-reduce, sleep for ever (no collective, no CPU)
+--linger               after the phases, print `LINGERING rank=R` and sleep for ever
 --beat                 beat every step (torchherd.progress.beat)
 """
 
@@ -44,6 +45,7 @@ parser.add_argument("--fail-rank", type=int, default=-1)
 parser.add_argument("--fail-at-step", type=int, default=0)
 parser.add_argument("--progressive", action="store_true")
 parser.add_argument("--idle", action="store_true")
+parser.add_argument("--linger", action="store_true")
 parser.add_argument("--beat", action="store_true")
 args = parser.parse_args()
 
@@ -109,10 +111,15 @@ if args.save:
                 out.seek(0)  # stay at 1 MiB on disk: the test wants time, not space
                 time.sleep(0.05)
     dist.barrier()
-fail_at = None
-if rank == args.fail_rank:
-    fail_at = min(10 * (attempt + 1), 30) if args.progressive else args.fail_at_step or step
-step = steps(max(args.steps, (fail_at or 0) + 5), step if not args.progressive else 1, fail_at)
+if args.linger:
+    print(f"LINGERING rank={rank}", flush=True)
+    while True:
+        time.sleep(3600)
+# Every rank takes the same number of steps; only the failing rank fails on its way.
+planned = min(10 * (attempt + 1), 30) if args.progressive else args.fail_at_step or step
+first = 1 if args.progressive else step
+count = max(args.steps, planned - first + 6) if args.fail_rank >= 0 else args.steps
+step = steps(count, first, planned if rank == args.fail_rank else None)
 dist.barrier()
 print(f"DONE rank={rank}", flush=True)
 dist.destroy_process_group()

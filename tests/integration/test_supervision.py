@@ -1,0 +1,222 @@
+"""Supervision that never kills a healthy job: busy, quiet and slow jobs on the testbed, a
+launcher that stalls, signals at awkward moments, and Ctrl-C twice.
+
+Each test asserts what herd itself reports (and what it must never say: "hung", "stopped
+answering"), the job record, and, under the process watch, that nothing herd started is left.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tests.integration.herd_cli import one_worker_cluster as cluster
+from tests.integration.live import LiveHerd
+from tests.testbed import Testbed
+
+
+def test_a_job_that_only_beats_outlives_its_limit(testbed: Testbed, tmp_path: Path) -> None:
+    """No output after start-up for three times the plain limit: its beats keep it alive."""
+    path, home = cluster(testbed, tmp_path, ["node1", "node2"])
+    herd = LiveHerd(
+        ["-c", str(path), "--hang-timeout", "5", "steps.py", "--quiet", "--steps", "300"],
+        home,
+        testbed,
+    )
+    code = herd.finish(timeout=240)
+    out = herd.output
+    assert code == 0, out
+    assert "hung" not in out, out
+    assert herd.record()["attempts"][-1]["outcome"] == "succeeded"
+    herd.assert_clean(["node1", "node2"])
+
+
+def test_busy_quiet_and_slow_to_stop_is_never_hung_or_lost(
+    testbed: Testbed, tmp_path: Path
+) -> None:
+    """Default settings. After a few steps every rank computes for 35 s printing nothing, then
+    rank 0 writes to disk for 35 s while rank 1 waits in a barrier, printing nothing; then the
+    job is stopped (Ctrl-C) and every rank's SIGTERM handler takes 15 s (more than the 10 s of
+    silence that make a node lost) with --grace 30. herd must call none of it hung, and no
+    node lost or cut off: each stops, saying alive all along, and its handler finishes."""
+    path, home = cluster(testbed, tmp_path, ["node1", "node2"])
+    herd = LiveHerd(
+        [
+            "-c",
+            str(path),
+            "--grace",
+            "30",
+            "phases.py",
+            "--compute",
+            "35",
+            "--save",
+            "35",
+            "--linger",
+            "--sigterm-delay",
+            "15",
+        ],
+        home,
+        testbed,
+    )
+    herd.wait_for(r"LINGERING rank=\d", 300, count=2)
+    herd.signal(signal.SIGINT)
+    code = herd.finish(timeout=120)
+    out = herd.output
+    assert code == 130, out
+    assert "SIGTERM rank=0 done after 15 s" in out and "SIGTERM rank=1 done after 15 s" in out
+    for never in ("hung", "stopped answering", "cutting it off", "lost contact"):
+        assert never not in out, f"herd said {never!r}:\n{out}"
+    assert re.search(r"node1\s+stopped", out) and re.search(r"node2\s+stopped", out), out
+    assert herd.record()["attempts"][-1]["outcome"] == "interrupted"
+    herd.assert_clean(["node1", "node2"])
+
+
+def test_a_stalled_launcher_blames_no_node(testbed: Testbed, tmp_path: Path) -> None:
+    """herd stopped for 20 s (SIGSTOP: a Ctrl-Z, a paused VM) and resumed: the nodes kept the
+    job running (they wait 90 s for a silent launcher), herd says it was away, blames no node
+    and the job finishes."""
+    path, home = cluster(testbed, tmp_path, ["node1", "node2"])
+    herd = LiveHerd(["-c", str(path), "steps.py", "--steps", "600"], home, testbed)
+    herd.wait_for(r"STEPPING rank=1", 120)
+    herd.signal(signal.SIGSTOP)
+    time.sleep(20)
+    herd.signal(signal.SIGCONT)
+    code = herd.finish(timeout=240)
+    out = herd.output
+    assert code == 0, out
+    found = re.search(r"this launcher did not run for (\d+) s", out)
+    assert found and int(found.group(1)) >= 15, out
+    assert "stopped answering" not in out and "hung" not in out, out
+    assert [a["outcome"] for a in herd.record()["attempts"]] == ["succeeded"]
+    herd.assert_clean(["node1", "node2"])
+
+
+def test_a_job_its_agents_stopped_for_a_silent_launcher_restarts(
+    testbed: Testbed, tmp_path: Path
+) -> None:
+    """The agents hear nothing for longer than launcher_silence (8 s here) and stop the job
+    themselves; on its return herd says so and starts the job again in place, although no
+    restart was allowed (--max-restarts 0): the job did not fail."""
+    path, home = cluster(testbed, tmp_path, ["node1", "node2"], launcher_silence=8)
+    herd = LiveHerd(["-c", str(path), "steps.py", "--steps", "300"], home, testbed)
+    herd.wait_for(r"STEPPING rank=1", 120)
+    herd.signal(signal.SIGSTOP)
+    time.sleep(20)
+    herd.signal(signal.SIGCONT)
+    code = herd.finish(timeout=240)
+    out = herd.output
+    assert code == 0, out
+    assert re.search(r"agent stopped the job: it heard nothing from this launcher for 8 s", out)
+    assert "attempt 1 in place" in out, out
+    assert "stopped answering" not in out, out
+    attempts = herd.record()["attempts"]
+    assert [a["outcome"] for a in attempts] == ["stopped by its agents", "succeeded"], attempts
+    assert attempts[1]["how"] == "in place", attempts
+    herd.assert_clean(["node1", "node2"])
+
+
+def test_a_time_limit_during_a_restart_starts_nothing_more(
+    testbed: Testbed, tmp_path: Path
+) -> None:
+    """SIGUSR1 while a failed attempt is torn down (rank 0 takes 10 s to stop): no attempt
+    starts after it, and since no snapshot was committed after it herd does not claim one
+    (exit 1, not 5)."""
+    path, home = cluster(testbed, tmp_path, ["node1", "node2"])
+    herd = LiveHerd(
+        [
+            "-c",
+            str(path),
+            "--max-restarts",
+            "3",
+            "--grace",
+            "20",
+            "phases.py",
+            "--fail-rank",
+            "1",
+            "--sigterm-delay",
+            "10",
+        ],
+        home,
+        testbed,
+    )
+    herd.wait_for(r"node2 failed; stopping the other nodes", 120)
+    herd.signal(signal.SIGUSR1)
+    code = herd.finish(timeout=120)
+    out = herd.output
+    assert code == 1, out
+    assert "the time limit came while the job was restarting" in out, out
+    assert "restarting the job (restart" not in out and "attempt 1" not in out, out
+    assert len(herd.record()["attempts"]) == 1
+    herd.assert_clean(["node1", "node2"])
+
+
+def test_the_second_ctrl_c_kills_at_once_and_leaves_nothing(
+    testbed: Testbed, tmp_path: Path
+) -> None:
+    """Workers that ignore SIGTERM: the first Ctrl-C would wait out the 60 s grace period;
+    the second kills every worker now, and herd leaves only once the nodes say so."""
+    path, home = cluster(testbed, tmp_path, ["node1", "node2"])
+    herd = LiveHerd(
+        ["-c", str(path), "--grace", "60", "phases.py", "--ignore-sigterm", "--idle"],
+        home,
+        testbed,
+    )
+    stepping = herd.wait_for(r"STEPPING rank=(?P<rank>\d) pid=(?P<pid>\d+)", 120, count=2)
+    workers = [int(m.group("pid")) for m in stepping]
+    herd.signal(signal.SIGINT)
+    herd.wait_for(r"stopping the job on every node", 30)
+    time.sleep(1)
+    assert all(Path(f"/proc/{pid}").exists() for pid in workers)  # SIGTERM was ignored
+    herd.signal(signal.SIGINT)
+    herd.wait_for(r"killing the job on every node", 30)
+    code = herd.finish(timeout=60)
+    out = herd.output
+    assert code == 130, out
+    assert not [pid for pid in workers if Path(f"/proc/{pid}").exists()], out
+    herd.assert_clean(["node1", "node2"])
+    listed = subprocess.run(
+        [sys.executable, "-m", "torchherd", "ps", "--all"],
+        env=dict(os.environ, HERD_HOME=str(home)),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert re.search(r"\bstopped\b", listed.stdout), listed.stdout + listed.stderr
+
+
+def test_a_killed_worker_restarts_in_place(testbed: Testbed, tmp_path: Path) -> None:
+    """Every node still answers: the next attempt runs through the same agents (same pids),
+    with a new attempt number, and the job finishes."""
+    path, home = cluster(testbed, tmp_path, ["node1", "node2"])
+    herd = LiveHerd(
+        ["-c", str(path), "--max-restarts", "1", "phases.py", "--steps", "200"],
+        home,
+        testbed,
+    )
+    first = herd.wait_for(r"STEPPING rank=1 pid=(?P<pid>\d+)", 120)[0]
+    job = next((home / "jobs").iterdir()).name
+    agents = {n: _agent_pid(home, job, n) for n in ("node1", "node2")}
+    os.kill(int(first.group("pid")), signal.SIGKILL)
+    herd.wait_for(r"attempt 1 in place on the same 2 node\(s\)", 60)
+    herd.wait_for(r"STARTED rank=\d pid=\d+ attempt=1", 120, count=2)
+    assert {n: _agent_pid(home, job, n) for n in agents} == agents  # the same agents
+    code = herd.finish(timeout=240)
+    out = herd.output
+    assert code == 0, out
+    attempts = herd.record()["attempts"]
+    assert [(a["how"], a["outcome"]) for a in attempts] == [
+        ("first", "failed"),
+        ("in place", "succeeded"),
+    ], attempts
+    assert "killed by SIGKILL" in attempts[1]["why"], attempts
+    herd.assert_clean(["node1", "node2"])
+
+
+def _agent_pid(home: Path, job: str, node: str) -> int:
+    return int(json.loads((home / "nodes" / job / node / "agent.json").read_text())["pid"])
