@@ -89,17 +89,20 @@ def start_by_hand(
     script: str,
     *,
     torchrun_args: str = "",
+    nnodes: str | None = None,
     with_stderr: bool = False,
 ) -> list[subprocess.Popen[str]]:
     """The hand-made recipe: torchrun on every node at once over plain ssh, with the address
     and interface fixes typed by hand. ``script`` is the script and its arguments;
-    ``torchrun_args`` more of torchrun's own; ``with_stderr`` merges stderr into the output."""
+    ``torchrun_args`` more of torchrun's own; ``nnodes`` its elastic form ("2:3", default: the
+    node count); ``with_stderr`` merges stderr into the output."""
     first = bed.nodes[0]
     processes = []
     for index, node in enumerate(bed.nodes[:nodes]):
         command = (
             f"cd {workdir} && NCCL_SOCKET_IFNAME={node.iface} GLOO_SOCKET_IFNAME={node.iface} "
-            f"PYTHONUNBUFFERED=1 {sys.executable} -m torch.distributed.run --nnodes={nodes} "
+            f"PYTHONUNBUFFERED=1 {sys.executable} -m torch.distributed.run "
+            f"--nnodes={nnodes or nodes} "
             f"--nproc-per-node={nproc} {torchrun_args} "
             f"--rdzv-backend=c10d --rdzv-endpoint={first.addr}:{port} --rdzv-id={run_id} "
             f"--rdzv-conf=is_host={1 if index == 0 else 0} --local-addr={node.addr} {script}"

@@ -1,22 +1,33 @@
-"""Recovery: seconds from a fault to its detection and to the first training step after it.
+"""Recovery: seconds from a fault to its detection and to the first training step after it, and
+false alarms on a healthy job that is busy, quiet, slow to stop and briefly without launcher.
 
-For each fault, on 3 testbed nodes (one worker each) running tests/integration/scripts/
-slow_minimal.py (the Trainer, a snapshot every 20 steps), once under `herd launch
---max-restarts 1 --min-nodes 2` and once under plain torchrun started by hand on every node over
-ssh (the tutorial recipe, with its own --max-restarts 1), after the snapshot of step 40:
+Faults, on 3 testbed nodes (one worker each) running tests/integration/scripts/slow_minimal.py
+(the Trainer, a snapshot every 20 steps), injected after the snapshot of step 40, each run
+--runs times (medians reported). herd runs `herd launch --max-restarts 1 --min-nodes 2` at
+default settings; torchrun runs the tutorial recipe by hand on every node over ssh in its
+elastic form (--nnodes=2:3 --max-restarts=1), the closest it has to --min-nodes:
 
   worker-killed   SIGKILL of the worker on node2
   node-lost       node3's link down
-  hang            SIGSTOP of the worker on node2 (herd: learned limit, and --hang-timeout 20)
   rdzv-host-lost  node1's link down (the rendezvous host)
+  hang            SIGSTOP of the worker on node2 mid-run (herd only: torchrun has no watch)
+  hang-early      SIGSTOP of rank 1 before its first collective (herd only; phases.py)
 
 detection = the first sign that the fault was noticed (herd: its own line; torchrun: any
 failure or restart line of a surviving node, or its exit); resumed = the first progress line
-after "resumed from". Both are capped at --cap seconds and printed as "> cap s". Targets for
-herd: detection <= 15 s (node loss), <= 60 s (hang); worker killed to first resumed step
-<= 15 s; rendezvous host lost to training on the survivors <= 60 s. Needs root.
+after "resumed from". Both are capped at --cap seconds ("> cap s").
 
-    python bench/recovery.py [--cap 180] [--faults worker-killed,node-lost,...]
+Targets: frozen rank anywhere detected <= 60 s; node loss detected <= 15 s; node lost to the
+first resumed step <= 20 s; worker killed to the first resumed step no slower than torchrun's
+own restart (ratio herd/torchrun <= 1.0).
+
+The false-alarm half runs one healthy job (tests/integration/scripts/phases.py) at default
+settings: 150 s of silent computing on every rank (herd is stopped for 30 s in the middle of
+it), 150 s of silent writing on rank 0 while rank 1 waits in a barrier, then Ctrl-C with a
+20-s SIGTERM handler on every rank (--grace 40). Every "hung", "stopped answering", "cutting
+it off", "lost contact" or stop by the agents is a false alarm (target 0). Needs root.
+
+    python bench/recovery.py [--runs 3] [--cap 180] [--faults worker-killed,...] [--no-alarms]
 """
 
 from __future__ import annotations
@@ -25,6 +36,7 @@ import argparse
 import os
 import re
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -45,7 +57,13 @@ TORCHRUN_NOTICES = (
     r"Traceback|Error|error:|failed|Restarting|restart|Signals\.|exitcode|Connection reset|"
     r"DistNetworkError|timed out"
 )
+FALSE_ALARMS = (
+    r"the job is hung|stopped answering|cutting it off|lost contact|heard nothing from this "
+    r"launcher"
+)
 RESUMED_STEP = r"\bstep \d+"
+FAULTS = ("worker-killed", "node-lost", "rdzv-host-lost", "hang", "hang-early")
+HERD_ONLY = ("hang", "hang-early")
 
 
 class Lines:
@@ -74,6 +92,11 @@ class Lines:
                     return when
         return None
 
+    def matching(self, pattern: str) -> list[str]:
+        regex = re.compile(pattern)
+        with self.lock:
+            return [line for _, _, line in self.lines if regex.search(line)]
+
     def first_after_resume(self, after: float) -> float | None:
         with self.lock:
             resumed = next(
@@ -82,7 +105,7 @@ class Lines:
         return None if resumed is None else self.first(RESUMED_STEP, resumed)
 
 
-def worker_pid(bed: Testbed, tag: tuple[str, str], node: str, rank_env: str) -> int:
+def tagged_pid(bed: Testbed, tag: tuple[str, str], node: str, rank_env: str) -> int:
     """The worker of ``node`` among processes carrying the env pair ``tag``."""
     for pid in bed.processes_with_env(*tag):
         try:
@@ -95,17 +118,21 @@ def worker_pid(bed: Testbed, tag: tuple[str, str], node: str, rank_env: str) -> 
     raise RuntimeError(f"no worker {rank_env} on {node}")
 
 
-def start_herd(bed: Testbed, work: Path, home: Path, run_dir: Path, extra: list[str]) -> Lines:
+def herd_process(
+    bed: Testbed,
+    work: Path,
+    home: Path,
+    argv_tail: list[str],
+    extra: list[str] = (),  # type: ignore[assignment]
+) -> subprocess.Popen[str]:
     cluster = bed.write_cluster_file(
         work / "herd.toml",
         nodes=[{"host": n.name, "nproc": 1} for n in bed.nodes],
         workdir=str(SCRIPTS),
         env={"HERD_HOME": str(home)},
     )
-    argv = [sys.executable, "-m", "torchherd", "launch", "-c", str(cluster), "--grace", "3"]
-    argv += ["--max-restarts", "1", "--min-nodes", "2", *extra, "slow_minimal.py", *ARGS]
-    argv += ["--run-dir", str(run_dir)]
-    process = subprocess.Popen(
+    argv = [sys.executable, "-m", "torchherd", "launch", "-c", str(cluster), *extra, *argv_tail]
+    return subprocess.Popen(
         argv,
         cwd=SCRIPTS,
         env=dict(os.environ, HERD_HOME=str(home), PYTHONUNBUFFERED="1"),
@@ -114,7 +141,11 @@ def start_herd(bed: Testbed, work: Path, home: Path, run_dir: Path, extra: list[
         stderr=subprocess.STDOUT,
         text=True,
     )
-    return Lines([process])
+
+
+def start_herd(bed: Testbed, work: Path, home: Path, run_dir: Path) -> Lines:
+    tail = ["--grace", "3", "--max-restarts", "1", "--min-nodes", "2", "slow_minimal.py", *ARGS]
+    return Lines([herd_process(bed, work, home, [*tail, "--run-dir", str(run_dir)])])
 
 
 def start_torchrun(bed: Testbed, run_dir: Path, run_id: str, port: int) -> Lines:
@@ -128,49 +159,86 @@ def start_torchrun(bed: Testbed, run_dir: Path, run_id: str, port: int) -> Lines
         run_id,
         script,
         torchrun_args="--max-restarts=1",
+        nnodes=f"2:{len(bed.nodes)}",
         with_stderr=True,
     )
     return Lines(processes)
 
 
+def cleanup(
+    bed: Testbed, lines: Lines, tags: list[tuple[str, str]], stopped: list[int], cut: list[str]
+) -> None:
+    for pid in stopped:
+        try:
+            os.kill(pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+    for process in lines.processes:  # Ctrl-C, as a user would
+        try:
+            os.killpg(process.pid, signal.SIGINT)
+        except ProcessLookupError:
+            pass
+    for node in cut:
+        bed.heal(node)
+    end = time.monotonic() + 60
+    for process in lines.processes:
+        try:
+            process.wait(max(1.0, end - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            process.kill()
+    for key, value in tags:  # whatever a runner left behind, by its tag
+        for pid in bed.processes_with_env(key, value):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
 def measure(
-    bed: Testbed,
-    fault: str,
-    runner: str,
-    extra: list[str],
-    cap: float,
-    scratch: Path,
+    bed: Testbed, fault: str, runner: str, cap: float, scratch: Path
 ) -> tuple[float | None, float | None]:
     """(seconds to detection, seconds to the first resumed step); None past the cap."""
     work = Path(tempfile.mkdtemp(dir=scratch))
     run_dir, home = work / "run", work / "home"
     run_id = f"bench{os.getpid()}{int(time.time())}"
-    lines = (
-        start_herd(bed, work, home, run_dir, extra)
-        if runner == "herd"
-        else start_torchrun(bed, run_dir, run_id, 29300 + int(time.time()) % 500)
-    )
+    if fault == "hang-early":
+        tail = ["--grace", "3", "phases.py", "--pause-before-init", "5"]
+        lines = Lines([herd_process(bed, work, home, tail)])
+    elif runner == "herd":
+        lines = start_herd(bed, work, home, run_dir)
+    else:
+        lines = start_torchrun(bed, run_dir, run_id, 29300 + int(time.time()) % 500)
     stopped: list[int] = []
     cut: list[str] = []
+    tags = [("TORCHELASTIC_RUN_ID", run_id)]
     try:
         deadline = time.monotonic() + 300
-        while not (run_dir / "snapshots" / "step-40").exists():
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"{runner}: no snapshot in time")
-            time.sleep(0.1)
-        tag = (
-            ("HERD_JOB_ID", next((home / "jobs").iterdir()).name)
-            if runner == "herd"
-            else ("TORCHELASTIC_RUN_ID", run_id)
-        )
+        if fault == "hang-early":
+            while not lines.matching(r"STARTED rank=1 pid="):
+                if time.monotonic() > deadline:
+                    raise RuntimeError("hang-early: rank 1 never started")
+                time.sleep(0.05)
+        else:
+            while not (run_dir / "snapshots" / "step-40").exists():
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"{runner}: no snapshot in time")
+                time.sleep(0.1)
+        if (home / "jobs").is_dir():
+            tags += [("HERD_JOB_ID", job.name) for job in (home / "jobs").iterdir()]
+        tag = tags[-1] if runner == "herd" else tags[0]
         injected = time.monotonic()
         skip: frozenset[int] = frozenset()
         if fault == "worker-killed":
-            os.kill(worker_pid(bed, tag, "node2", "RANK=1"), signal.SIGKILL)
+            os.kill(tagged_pid(bed, tag, "node2", "RANK=1"), signal.SIGKILL)
         elif fault == "hang":
-            victim = worker_pid(bed, tag, "node2", "RANK=1")
+            victim = tagged_pid(bed, tag, "node2", "RANK=1")
             os.kill(victim, signal.SIGSTOP)
             stopped.append(victim)
+        elif fault == "hang-early":
+            found = re.search(r"pid=(\d+)", lines.matching(r"STARTED rank=1 pid=")[0])
+            assert found is not None
+            os.kill(int(found.group(1)), signal.SIGSTOP)
+            stopped.append(int(found.group(1)))
         else:
             node = "node3" if fault == "node-lost" else "node1"
             bed.partition(node)
@@ -183,78 +251,165 @@ def measure(
         detected = resumed = None
         while time.monotonic() - injected < cap:
             if detected is None:
-                found = lines.first(pattern, injected, skip)
+                found_at = lines.first(pattern, injected, skip)
                 exited = [i for i, p in enumerate(lines.processes) if p.poll() is not None]
-                if found is None and any(i not in skip for i in exited):
-                    found = time.monotonic()
-                detected = None if found is None else found - injected
-            found = lines.first_after_resume(injected)
-            if found is not None:
-                resumed = found - injected
-                break
+                if found_at is None and any(i not in skip for i in exited):
+                    found_at = time.monotonic()
+                detected = None if found_at is None else found_at - injected
+            if fault in HERD_ONLY:
+                if detected is not None:
+                    break
+            else:
+                found_at = lines.first_after_resume(injected)
+                if found_at is not None:
+                    resumed = found_at - injected
+                    break
             if all(p.poll() is not None for p in lines.processes):
                 break
             time.sleep(0.2)
         return detected, resumed
     finally:
-        for pid in stopped:
-            try:
-                os.kill(pid, signal.SIGCONT)
-            except ProcessLookupError:
-                pass
-        for process in lines.processes:  # Ctrl-C, as a user would
-            try:
-                os.killpg(process.pid, signal.SIGINT)
-            except ProcessLookupError:
-                pass
-        for node in cut:
-            bed.heal(node)
-        end = time.monotonic() + 60
-        for process in lines.processes:
-            try:
-                process.wait(max(1.0, end - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                process.kill()
-        tags = [("TORCHELASTIC_RUN_ID", run_id)]
-        if (home / "jobs").is_dir():
-            tags += [("HERD_JOB_ID", job.name) for job in (home / "jobs").iterdir()]
-        for key, value in tags:  # whatever a runner left behind, by its tag
-            for pid in bed.processes_with_env(key, value):
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+        cleanup(bed, lines, tags, stopped, cut)
+
+
+def false_alarms(bed: Testbed, scratch: Path) -> tuple[int, list[str], int | None]:
+    """Run the healthy job of the module docstring: (false alarms, their lines, exit code)."""
+    work = Path(tempfile.mkdtemp(dir=scratch))
+    home = work / "home"
+    tail = [
+        "--grace",
+        "40",
+        "phases.py",
+        "--steps",
+        "50",
+        "--compute",
+        "150",
+        "--save",
+        "150",
+        "--linger",
+        "--sigterm-delay",
+        "20",
+    ]
+    process = herd_process(bed, work, home, tail)
+    lines = Lines([process])
+    tags: list[tuple[str, str]] = []
+    try:
+        deadline = time.monotonic() + 300
+        while len(lines.matching(r"STEPPING rank=")) < len(bed.nodes):
+            if time.monotonic() > deadline or process.poll() is not None:
+                raise RuntimeError("the healthy job did not start")
+            time.sleep(0.2)
+        tags = [("HERD_JOB_ID", job.name) for job in (home / "jobs").iterdir()]
+        time.sleep(60)  # in the silent computation
+        process.send_signal(signal.SIGSTOP)  # herd away for 30 s (a Ctrl-Z, a paused VM)
+        time.sleep(30)
+        process.send_signal(signal.SIGCONT)
+        deadline = time.monotonic() + 600
+        while len(lines.matching(r"LINGERING rank=")) < len(bed.nodes):
+            if time.monotonic() > deadline or process.poll() is not None:
+                break
+            time.sleep(0.5)
+        process.send_signal(signal.SIGINT)
+        code = process.wait(timeout=180)
+    finally:
+        cleanup(bed, lines, tags, [], [])
+    alarms = lines.matching(FALSE_ALARMS)
+    return len(alarms), alarms, code
 
 
 def shown(seconds: float | None, cap: float) -> str:
     return f"> {cap:.0f} s" if seconds is None else f"{seconds:.1f} s"
 
 
+def median(values: list[float | None]) -> float | None:
+    """The median, a run past the cap counting as infinitely slow (None if most were)."""
+    ranked = sorted(float("inf") if v is None else v for v in values)
+    middle = statistics.median(ranked) if ranked else float("inf")
+    return None if middle == float("inf") else middle
+
+
+def verdict(met: bool) -> str:
+    return "met" if met else "NOT MET"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--cap", type=float, default=180)
-    parser.add_argument("--faults", default="worker-killed,node-lost,hang,hang-20,rdzv-host-lost")
+    parser.add_argument("--faults", default=",".join(FAULTS))
     parser.add_argument("--no-torchrun", action="store_true", help="measure herd only")
+    parser.add_argument("--no-alarms", action="store_true", help="skip the false-alarm half")
     args = parser.parse_args()
-    rows: list[tuple[str, str, str, str]] = []
-    runs: list[tuple[str, str, list[str]]] = []
-    for fault in args.faults.split(","):
-        extra = ["--hang-timeout", "20"] if fault == "hang-20" else []
-        name = "hang" if fault.startswith("hang") else fault
-        runs.append((fault, "herd", extra))
-        if not args.no_torchrun and fault != "hang-20":
-            runs.append((fault, "torchrun", []))
     say: Callable[[str], None] = lambda text: print(text, flush=True)  # noqa: E731
+    faults = [f for f in args.faults.split(",") if f]
+    results: dict[tuple[str, str], list[tuple[float | None, float | None]]] = {}
+    alarms: tuple[int, list[str], int | None] | None = None
     with Testbed(3) as bed, tempfile.TemporaryDirectory(prefix="herd-bench-") as scratch:
-        for fault, runner, extra in runs:
-            name = "hang" if fault.startswith("hang") else fault
-            detected, resumed = measure(bed, name, runner, extra, args.cap, Path(scratch))
-            label = f"{fault} ({runner}{' ' + ' '.join(extra) if extra else ''})"
-            rows.append((label, shown(detected, args.cap), shown(resumed, args.cap), runner))
-            say(f"{label}: detected {rows[-1][1]}, first resumed step {rows[-1][2]}")
-    say("\nfault (runner)                         detection    first resumed step")
-    for label, detected_text, resumed_text, _ in rows:
-        say(f"{label:<38} {detected_text:>10}    {resumed_text:>10}")
+        for run in range(args.runs):
+            for fault in faults:
+                runners = ["herd"]
+                if fault not in HERD_ONLY and not args.no_torchrun:
+                    runners.append("torchrun")
+                for runner in runners:
+                    found = measure(bed, fault, runner, args.cap, Path(scratch))
+                    results.setdefault((fault, runner), []).append(found)
+                    say(
+                        f"run {run + 1}: {fault} ({runner}): detected {shown(found[0], args.cap)}"
+                        f", first resumed step {shown(found[1], args.cap)}"
+                    )
+        if not args.no_alarms:
+            alarms = false_alarms(bed, Path(scratch))
+    say(f"\nmedians of {args.runs} run(s)")
+    say(f"{'fault (runner)':<30} {'detection':>10} {'first resumed step':>20}")
+    medians: dict[tuple[str, str], tuple[float | None, float | None]] = {}
+    for (fault, runner), found in results.items():
+        medians[(fault, runner)] = (median([d for d, _ in found]), median([r for _, r in found]))
+        detected, resumed = medians[(fault, runner)]
+        resumed_text = "-" if fault in HERD_ONLY else shown(resumed, args.cap)
+        say(f"{fault + ' (' + runner + ')':<30} {shown(detected, args.cap):>10} {resumed_text:>20}")
+    say("\ntargets")
+    for fault in ("hang", "hang-early"):
+        if (fault, "herd") in medians:
+            detected = medians[(fault, "herd")][0]
+            say(
+                f"  frozen rank ({fault}) detected <= 60 s: {shown(detected, args.cap)} "
+                f"{verdict(detected is not None and detected <= 60)}"
+            )
+    if ("node-lost", "herd") in medians:
+        detected, resumed = medians[("node-lost", "herd")]
+        say(
+            f"  node loss detected <= 15 s: {shown(detected, args.cap)} "
+            f"{verdict(detected is not None and detected <= 15)}"
+        )
+        say(
+            f"  node lost to first resumed step <= 20 s: {shown(resumed, args.cap)} "
+            f"{verdict(resumed is not None and resumed <= 20)}"
+        )
+    for fault in ("worker-killed", "node-lost", "rdzv-host-lost"):
+        if (fault, "herd") in medians and (fault, "torchrun") in medians:
+            ours, theirs = medians[(fault, "herd")][1], medians[(fault, "torchrun")][1]
+            if ours is None:
+                ratio_text, met = "herd did not resume", False
+            elif theirs is None:
+                ratio_text, met = "torchrun did not resume (ratio < 1)", True
+            else:
+                ratio_text, met = (
+                    f"{ours / theirs:.2f} ({ours:.1f} / {theirs:.1f} s)",
+                    ours <= theirs,
+                )
+            target = " (target <= 1.0)" if fault == "worker-killed" else ""
+            say(
+                f"  {fault}: herd/torchrun to first resumed step {ratio_text}{target}"
+                + (f" {verdict(met)}" if target else "")
+            )
+    if alarms is not None:
+        count, seen, code = alarms
+        say(
+            f"  false alarms on the healthy job (target 0): {count} {verdict(count == 0)}"
+            f" (herd exited {code})"
+        )
+        for line in seen:
+            say(f"    {line}")
     return 0
 
 

@@ -23,24 +23,22 @@ unnoticed and the next attempt never meets it.
 from __future__ import annotations
 
 import asyncio
-import re
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from .agent.attempt import TEARDOWN_BUDGET
-from .agent.protocol import ATTEMPT_VAR, missing_module
-from .errors import EXIT_INTERRUPTED, EXIT_JOB_FAILED, EXIT_NODE_NOT_READY, EXIT_OK, EXIT_SAVED
+from .agent.protocol import missing_module
 from .links import AgentLink
-from .logs import FLUSH_EVERY, Failure, JobOutput, RunResult
+from .logs import FLUSH_EVERY, Failure, JobOutput
+from .outcome import AttemptResult, result_of
 from .plan import LaunchPlan, NodePlan
-from .recovery import Cause, Evidence, HangWatch, NodeLiveness, explain
-from .recovery.evidence import judge
-from .recovery.failures import NodeRun, choose_first_failure
+from .recovery import Evidence, HangWatch, NodeLiveness
+from .recovery.failures import NodeRun, choose_first_failure, in_words
 from .recovery.liveness import SILENCE, LauncherClock
 from .spec import ClusterSpec
+from .sweeps import SWEEP_MARGIN, sweep_attempt
 from .transport import Transport
 
 # Seconds between pings to each agent.
@@ -56,8 +54,6 @@ STOP_MARGIN = 5.0
 EVIDENCE_TIMEOUT = 30.0
 # Seconds between looks for silent nodes, stalls, deadlines and hangs.
 WATCH_EVERY = 1.0
-# Seconds beyond the grace period a sweep of a node (an attempt-scoped stop) may take.
-SWEEP_MARGIN = 15.0
 # Seconds a second Ctrl-C waits for the agents to kill their workers before cutting them off.
 KILL_WAIT = 5.0
 
@@ -75,26 +71,8 @@ def agent_request(plan: LaunchPlan, node: NodePlan, silence: float = AGENT_SILEN
         "grace": plan.grace,
         "heartbeat": HEARTBEAT_INTERVAL,
         "silence": silence,
+        "serve": True,  # the agent stays for the job's next attempt (a restart in place)
     }
-
-
-@dataclass
-class AttemptResult(RunResult):
-    """A RunResult, plus what the job needs to decide the next attempt."""
-
-    number: int = 0
-    reusable: tuple[str, ...] = ()
-    """Nodes whose agent link is alive and reported this attempt's end: the next attempt can
-    run there in place."""
-    unconfirmed: tuple[str, ...] = ()
-    """Nodes where the end of this attempt could not be confirmed (cut off and not swept):
-    no attempt may start there until a sweep confirms it."""
-    stopped_by_agents: bool = False
-    """Every node's agent ended the attempt because this launcher had gone silent."""
-    saved: bool = False
-    """A snapshot committed after the time-limit request was reported."""
-    noticed: str = ""
-    ranks_seen: frozenset[tuple[str, int]] = field(default_factory=frozenset)
 
 
 class Attempt:
@@ -144,6 +122,10 @@ class Attempt:
         self._save_asked_at: float | None = None
         self._saved_before: dict[int, float] = {}
         self.saved_after_request = False
+        self.saves = 0
+        """Committed snapshots the workers reported (the job can save on request)."""
+        self.growing = ""
+        """Why the workers were asked to save and stop to grow the job, if they were."""
         self.stopped_for_silence = False
         """The agents stopped the attempt because this launcher had gone silent."""
         self._ending = False
@@ -180,7 +162,7 @@ class Attempt:
                 if link is not None and link.on_event is not None:
                     link.on_event = None
                     link.on_text = None
-        return await asyncio.to_thread(self._result, time.monotonic() - started)
+        return await asyncio.to_thread(result_of, self, time.monotonic() - started)
 
     async def _start_node(self, node: NodeRun) -> None:
         link = self.links.get(node.host)
@@ -237,15 +219,18 @@ class Attempt:
                 link.command("kill")
                 self._deadlines[node.host] = min(self._deadlines.get(node.host, deadline), deadline)
 
-    def request_save(self, within: float) -> None:
+    def request_save(self, within: float, grow: str = "") -> None:
         """Ask every worker to save a snapshot and stop (torchherd.train does at its next log
-        step); whatever still runs after ``within`` seconds is stopped."""
+        step); whatever still runs after ``within`` seconds is stopped. ``grow``: why (nodes
+        came back: the next attempt has a larger world), else a time limit."""
         if self.saving or self.stopping:
             return
         self.saving = True
+        self.growing = grow
         self._save_asked_at = time.time()
         self.output.note(
-            f"herd: asking every worker to save a snapshot and stop (stopping in {within:g} s "
+            (f"herd: {grow}: " if grow else "herd: ")
+            + f"asking every worker to save a snapshot and stop (stopping in {within:g} s "
             "at the latest)"
         )
         for node in self.nodes.values():
@@ -382,6 +367,7 @@ class Attempt:
         rank, at = event.get("r"), event.get("at")
         if not isinstance(rank, int) or not isinstance(at, int | float):
             return
+        self.saves += 1
         if self._save_asked_at is None:
             self._saved_before[rank] = float(at)
         elif float(at) != self._saved_before.get(rank):
@@ -606,80 +592,12 @@ class Attempt:
 
     # -- the result -----------------------------------------------------------------------------
 
-    def _result(self, duration: float) -> AttemptResult:
-        behind = list(self.behind) or [
-            b.line() for b in judge(self.evidence.stacks, self.hang.steps)
-        ]
-        stacks_dir = self.evidence.save(behind)
-        status = {host: node.state for host, node in self.nodes.items()}
-        stopped_by_agents = self.stopped_for_silence and not self.interrupted
-        # Every agent ended its job on request, and not this launcher's: `herd stop` did it.
-        stopped_elsewhere = (
-            not self.stopping
-            and not stopped_by_agents
-            and all(s == "stopped" for s in status.values())
-        )
-        finished = all(s in ("succeeded", "stopped") for s in status.values())
-        reason = ""
-        if self.saving and finished and self.saved_after_request:
-            code = EXIT_SAVED
-        elif all(state == "succeeded" for state in status.values()):
-            code = EXIT_OK
-        elif self.interrupted or stopped_elsewhere:
-            code = EXIT_INTERRUPTED
-        elif any(state == "not started" for state in status.values()):
-            code = EXIT_NODE_NOT_READY
-        else:
-            code = EXIT_JOB_FAILED
-            if self.saving and not self.saved_after_request:
-                reason = (
-                    "the time limit came and no snapshot was reported committed after it "
-                    "(a script saves with torchherd.train, or reports its own save with "
-                    "torchherd.progress.saved(step, where)); the last snapshot stands"
-                )
-        failure = None
-        if code not in (EXIT_OK, EXIT_SAVED) and not stopped_elsewhere:
-            failure = self.first_failure()
-            if failure is not None and self.hang_found and failure.rank is None:
-                named = _first_named(behind)
-                if named is not None:
-                    host, rank = named
-                    failure = Failure(
-                        host, rank, None, None, failure.message, remedy=failure.remedy
-                    )
-        reusable = tuple(
-            host
-            for host, node in self.nodes.items()
-            if node.state in ("succeeded", "failed", "stopped")
-            and (link := self.links.get(host)) is not None
-            and link.alive
-        )
-        unconfirmed = tuple(
+    def unconfirmed(self) -> tuple[str, ...]:
+        """Nodes whose sweep did not confirm this attempt ended there."""
+        return tuple(
             host
             for host, task in self._sweeps.items()
             if not (task.done() and not task.cancelled() and task.result())
-        )
-        return AttemptResult(
-            job_id=self.plan.job_id,
-            exit_code=code,
-            node_status=status,
-            first_failure=failure,
-            duration=duration,
-            log_dir=self.output.log_dir,
-            behind=tuple(behind),
-            stacks_dir=stacks_dir,
-            evidence_problems=tuple(self.evidence.problems),
-            hang=self.hang_found,
-            lost=tuple(h for h, s in status.items() if s == "lost"),
-            max_step=self.hang.max_step,
-            reason=reason,
-            number=self.number,
-            reusable=reusable,
-            unconfirmed=unconfirmed,
-            stopped_by_agents=stopped_by_agents,
-            saved=self.saved_after_request,
-            noticed=self.noticed or "",
-            ranks_seen=frozenset(self.ranks_seen),
         )
 
     def first_failure(self) -> Failure | None:
@@ -688,111 +606,4 @@ class Attempt:
         failure = self.cause or choose_first_failure(list(self.nodes.values()), self.trigger)
         if failure is None:
             return None
-        text = "\n".join((failure.message, *failure.last_stderr))
-        found = explain(text)
-        if found is None and failure.signal == "SIGKILL" and failure.rank is not None:
-            found = OUTSIDE_KILL
-        if found is None or failure.cause:
-            return failure
-        cause = found.cause
-        if found.kind == "rendezvous-timeout":
-            absent = self._never_joined()
-            if absent:
-                cause += f"; never joined: {', '.join(absent)}"
-        elif found.kind == "peer-connection":
-            peer = self._peer_named_in(text)
-            if peer is not None:
-                cause += f"; the peer is {peer}"
-        return Failure(
-            failure.host,
-            failure.rank,
-            failure.exitcode,
-            failure.signal,
-            failure.message,
-            failure.last_stderr,
-            remedy=failure.remedy or found.fix,
-            cause=cause,
-        )
-
-    def _never_joined(self) -> list[str]:
-        """Nodes whose workers never started in this attempt (no rank spoke there) and that
-        did not time out waiting in the rendezvous themselves: the ones the others waited for."""
-        spoke = {host for host, _ in self.ranks_seen}
-        waited = {
-            host
-            for host, node in self.nodes.items()
-            if node.error
-            and "Rendezvous" in f"{node.error.get('error', '')} {node.error.get('message', '')}"
-        }
-        return [host for host in self.nodes if host not in spoke and host not in waited]
-
-    def _peer_named_in(self, text: str) -> str | None:
-        """The node whose address a connection error names."""
-        for node in self.plan.nodes:
-            if node.local_addr and re.search(rf"\b{re.escape(node.local_addr)}\b", text):
-                return node.host
-        return None
-
-
-@dataclass(frozen=True)
-class Swept:
-    """What an attempt-scoped stop on a node found and did."""
-
-    confirmed: bool
-    """Nothing of the attempt is left there (and its agent, if any, has exited)."""
-    processes: int = 0
-    error: str | None = None
-
-
-async def sweep_attempt(
-    transport: Transport,
-    cluster: ClusterSpec,
-    job_id: str,
-    node: NodePlan,
-    *,
-    grace: float,
-    timeout: float | None = None,
-) -> Swept:
-    """End one attempt's agent and processes on a node (the `stop` verb, by job id and the
-    attempt of ``node``'s plan), through a session of its own."""
-    from .ops.remote import call_agent
-
-    request: dict[str, Any] = {
-        "job_id": job_id,
-        "node": node.name,
-        "grace": grace,
-        "attempt": node.env.get(ATTEMPT_VAR),
-    }
-    if node.env.get("HERD_HOME"):
-        request["herd_home"] = node.env["HERD_HOME"]
-    answer = await call_agent(
-        transport,
-        cluster.node(node.host),
-        "stop",
-        request,
-        timeout=timeout or grace + SWEEP_MARGIN,
-    )
-    if not answer.ok or answer.data is None:
-        return Swept(False, error=answer.error)
-    data = answer.data
-    confirmed = not data.get("survivors") and not data.get("agent_left")
-    return Swept(confirmed, int(data.get("processes") or 0))
-
-
-# A worker SIGKILLed on a node herd was not stopping: not herd's doing.
-OUTSIDE_KILL = Cause(
-    "killed-from-outside",
-    "the worker was killed by SIGKILL from outside herd: most often the kernel's "
-    "out-of-memory killer, else a person or another program",
-    "look for 'Out of memory: Killed process' in `dmesg` or `journalctl -k` on that node; "
-    "give each worker less host memory (a smaller batch, fewer DataLoader workers)",
-)
-
-
-def _first_named(behind: list[str]) -> tuple[str, int] | None:
-    """(host, rank) of the first "host rank R: ..." line."""
-    for line in behind:
-        match = re.match(r"(\S+) rank (\d+):", line)
-        if match:
-            return match.group(1), int(match.group(2))
-    return None
+        return in_words(failure, list(self.nodes.values()), self.plan.nodes, self.ranks_seen)

@@ -20,18 +20,22 @@ import time
 from dataclasses import replace
 from typing import Any, TextIO
 
-from .attempt import Attempt, AttemptResult, sweep_attempt
+from .attempt import Attempt
 from .errors import EXIT_CRASH_LOOP, EXIT_INTERRUPTED, EXIT_JOB_FAILED, EXIT_SAVED, HerdError
 from .jobs import JobRecord, attempt_entry, job_dir
 from .links import AgentLink
 from .logs import JobOutput, RunResult, render_summary
 from .ops.jobctl import new_record
-from .plan import JobSpec, make_plan
+from .outcome import AttemptResult
+from .plan import JobSpec, LaunchPlan, make_plan, node_workers
+from .pool import NodePool
 from .prepare import Prepared, close_links, replan
 from .recovery import HangWatch, RestartPolicy
+from .recovery.nodes import NodeChoice, choose_nodes
 from .recovery.policy import made_progress
 from .redact import redact_text
 from .spec import ClusterSpec
+from .sweeps import sweep_attempt
 from .transport import Transport
 
 # Restarts after the agents stopped the job for a silent launcher (this launcher was stopped
@@ -88,6 +92,15 @@ class JobRun:
             secrets=self.secrets,
         )
         self.links: dict[str, AgentLink] = dict(prepared.links)
+        for link in self.links.values():
+            link.start_reading()  # a link that ends is known as ended, used or idle
+        self.pool = NodePool(
+            self.full_cluster, transport, self.links, dict(prepared.facts), self.output.note
+        )
+        self.size = len(self.full_cluster.active)
+        """Nodes the job runs on when none is lost: the cluster's, spares aside."""
+        self.saves_seen = False
+        """The job has reported a committed snapshot: it can be asked to save and stop."""
         self.record: JobRecord = new_record(prepared.cluster, plan, self.log_dir, state="running")
         self.number = job.attempt
         self.restarts = 0
@@ -138,14 +151,17 @@ class JobRun:
                 attempt = self._attempt()
                 self.current = attempt
                 attempt_started = time.monotonic()
-                result = outcome = await attempt.run()
+                result = outcome = await self._run_attempt(attempt)
                 self.current = None
+                self.saves_seen = self.saves_seen or attempt.saves > 0
                 self._close_entry(outcome)
                 await asyncio.to_thread(self.record.save)
                 if self.time_limit or self.interrupted:
                     result = self._stopped_between(outcome)
                     break
-                if outcome.stopped_by_agents and self.stall_restarts < STALL_RESTARTS:
+                if attempt.growing and outcome.exit_code == EXIT_SAVED:
+                    why = attempt.growing
+                elif outcome.stopped_by_agents and self.stall_restarts < STALL_RESTARTS:
                     self.stall_restarts += 1
                     why = "the agents stopped the job while this launcher was not running"
                 elif not self.policy.should_restart(outcome.exit_code, self.restarts):
@@ -189,6 +205,36 @@ class JobRun:
             finish_record(self.record, result, self.secrets)
         return result
 
+    async def _run_attempt(self, attempt: Attempt) -> AttemptResult:
+        """Run one attempt while the pool keeps the idle nodes ready and watches for nodes
+        coming back (which grows the job at its next snapshot)."""
+        self.pool.warm(self.number + 1)
+        members = [n.host for n in attempt.plan.nodes]
+        tending = asyncio.create_task(self.pool.tend(self.job, lambda: members))
+        growing = asyncio.create_task(self._grow_when_back(attempt))
+        try:
+            return await attempt.run()
+        finally:
+            for task in (tending, growing):
+                task.cancel()
+
+    async def _grow_when_back(self, attempt: Attempt) -> None:
+        """Once a left-out node is back and the job can save, ask the workers to save and
+        stop: the next attempt runs on more nodes. A job that never saved grows at its next
+        restart instead (stopping it would lose its progress)."""
+        while True:
+            await asyncio.sleep(1.0)
+            room = self.size - len(attempt.plan.nodes)
+            if not self.pool.returned:
+                continue
+            if room <= 0:
+                self.pool.stand_by(list(self.pool.returned))
+                continue
+            if (self.saves_seen or attempt.saves) and not (self.time_limit or attempt.stopping):
+                back = ", ".join(self.pool.returned[:room])
+                attempt.request_save(self.save_within, grow=f"{back} back: growing the job")
+                return
+
     def _attempt(self) -> Attempt:
         plan = self.prepared.plan
         return Attempt(
@@ -204,14 +250,16 @@ class JobRun:
         )
 
     async def _next(self, outcome: AttemptResult, why: str) -> bool:
-        """Plan the next attempt (in place when every node is still there); False when the
-        job cannot go on (the reason is in the output and the result)."""
+        """Plan the next attempt: in place when every node is still there, else on the nodes
+        recovery.nodes chooses; False when the job cannot go on (the reason is in the output
+        and the result)."""
         last = self.prepared.plan
         self.number += 1
         job = replace(self.job, attempt=self.number)
         current = [n.host for n in last.nodes]
-        suspects = [h for h in current if h in set(outcome.lost) | set(outcome.unconfirmed)]
-        if not suspects and set(current) <= set(outcome.reusable):
+        lost = {h for h in current if h in set(outcome.lost) | set(outcome.unconfirmed)}
+        grow = bool(self.pool.returned) and len(current) < self.size
+        if not lost and not grow and set(current) <= set(outcome.reusable):
             prepared = self.prepared
             plan = make_plan(
                 prepared.cluster.select(current), job, prepared.facts, prepared.secrets
@@ -219,16 +267,16 @@ class JobRun:
             self.prepared = Prepared(self.full_cluster, prepared.facts, prepared.secrets, plan)
             how = "in place"
         else:
-            nodes = await self._nodes_without(suspects, last, outcome)
-            if nodes is None:
+            choice = await self._choose(current, lost, last, outcome)
+            if choice is None:
                 return False
             self.replanning = asyncio.create_task(
                 replan(
-                    self.prepared,
+                    Prepared(self.full_cluster, self.pool.facts, self.prepared.secrets, last),
                     job,
                     self.transport,
-                    nodes=nodes,
-                    links={h: link for h, link in self.links.items() if h not in suspects},
+                    nodes=list(choice.nodes),
+                    links={h: link for h, link in self.links.items() if h not in lost},
                 )
             )
             try:
@@ -243,7 +291,9 @@ class JobRun:
                 self.replanning = None
             self.links.update(fresh.links)
             self.prepared = Prepared(self.full_cluster, fresh.facts, fresh.secrets, fresh.plan)
-            how = "new plan"
+            how = "grown" if choice.added else "spare" if choice.replaced else "new plan"
+            if choice.changed:
+                why = f"{why}; {choice.describe()}"
         if self.time_limit or self.interrupted:
             return False
         plan = self.prepared.plan
@@ -272,21 +322,35 @@ class JobRun:
                 f"herd: attempt {self.number} on {len(plan.nodes)} node(s), world size "
                 f"{plan.world_size} (was {last.world_size})"
             )
+        else:
+            self.output.note(
+                f"herd: attempt {self.number} on {len(plan.nodes)} node(s), world size "
+                f"{plan.world_size} as before"
+            )
         return True
 
-    async def _nodes_without(
-        self, suspects: list[str], last: Any, outcome: AttemptResult
-    ) -> list[str] | None:
-        """The next attempt's nodes when ``suspects`` (lost, or not confirmed clean) may not
-        be used as they are: left out at once when the policy allows going on with fewer
-        nodes (each is swept before it is ever used again), else waited for: swept now,
-        which tells too whether they answer. None when too few nodes are left."""
-        current = [n.host for n in last.nodes]
-        total = len(self.full_cluster.nodes)
-        survivors = [h for h in current if h not in suspects]
-        gone = list(suspects)
-        if suspects and not self.policy.enough_nodes(len(survivors), total):
-            plans = {n.host: n for n in last.nodes}
+    async def _choose(
+        self, current: list[str], lost: set[str], last: LaunchPlan, outcome: AttemptResult
+    ) -> NodeChoice | None:
+        """The next attempt's nodes (recovery.nodes) when the last attempt's cannot all be used
+        as they are. Lost nodes the job cannot go on without are waited for: swept now (which
+        tells too whether they answer); None when too few nodes remain."""
+        plans = {n.host: n for n in last.nodes}
+
+        def choose(still_lost: set[str]) -> NodeChoice:
+            return choose_nodes(
+                [n.host for n in self.full_cluster.nodes],
+                current,
+                still_lost,
+                nproc=self._workers(),
+                spares=self.pool.spares,
+                returned=self.pool.returned,
+                min_nodes=self.policy.min_nodes,
+                size=self.size,
+            )
+
+        choice = choose(lost)
+        if choice.waiting:
             answers = await asyncio.gather(
                 *(
                     sweep_attempt(
@@ -297,33 +361,45 @@ class JobRun:
                         grace=last.grace,
                         timeout=self.full_cluster.connect_timeout + last.grace + 15,
                     )
-                    for h in suspects
+                    for h in choice.waiting
                 )
             )
-            gone = [h for h, swept in zip(suspects, answers, strict=True) if not swept.confirmed]
-            survivors = [h for h in current if h not in gone]
-        if gone:
-            if not self.policy.enough_nodes(len(survivors), total):
-                needed = self.policy.min_nodes or total
-                message = (
-                    f"{', '.join(gone)} still do(es) not answer: {len(survivors)} node(s) left, "
-                    f"{needed} needed"
-                )
-                self.output.note(
-                    f"herd: cannot restart: {message}\n  fix: bring the node back, or allow "
-                    "going on with fewer nodes (--min-nodes M, or min_nodes in [cluster])"
-                )
-                outcome.reason = message
-                return None
+            back = {h for h, swept in zip(choice.waiting, answers, strict=True) if swept.confirmed}
+            for host in back:
+                self.links.pop(host, None)  # its old agent is gone: a new one is opened
+            choice = choose(lost - back)
+        if choice.waiting:
+            left = len(current) - len(choice.waiting)
+            needed = self.policy.min_nodes or self.size
+            message = (
+                f"{', '.join(choice.waiting)} still do(es) not answer: {left} node(s) left, "
+                f"{needed} needed"
+            )
             self.output.note(
-                f"herd: going on without {', '.join(gone)}: {len(survivors)} node(s) left, "
-                f"rendezvous now on {survivors[0]}"
+                f"herd: cannot restart: {message}\n  fix: bring the node back, or allow going "
+                "on with fewer nodes (--min-nodes M, or min_nodes in [cluster]), or keep a "
+                "spare (spare = true on a [[node]], or --spares N)"
             )
-        return survivors
+            outcome.reason = message
+            return None
+        self.pool.leave_out(choice.left_out, plans)
+        self.pool.take(tuple(choice.nodes))
+        if choice.changed:
+            self.output.note(f"herd: {choice.describe()}")
+        return choice
+
+    def _workers(self) -> dict[str, int]:
+        """Workers per node, for matching a spare to the node it replaces."""
+        return {
+            node.host: node_workers(node, self.job, self.pool.facts[node.host])
+            for node in self.full_cluster.nodes
+            if node.host in self.pool.facts
+        }
 
     async def _drop_links_outside(self, plan: Any) -> None:
-        """Close the links of nodes the next attempt does not use."""
-        wanted = {n.host for n in plan.nodes}
+        """Close the links of nodes the next attempt does not use (idle spares and returned
+        nodes keep theirs: they are kept ready)."""
+        wanted = {n.host for n in plan.nodes} | set(self.pool.idle())
         dropped = {h: link for h, link in self.links.items() if h not in wanted}
         for host in dropped:
             del self.links[host]

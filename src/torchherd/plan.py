@@ -154,7 +154,7 @@ def make_plan(
         node_facts = facts[node.host]
         is_host = node is first
         local_addr, iface = _address_and_iface(node, node_facts, rdzv_addr, is_host)
-        nproc = _nproc(node, job, node_facts)
+        nproc = node_workers(node, job, node_facts)
         env = _worker_env(cluster, node_facts, nproc, job)
         user_set = set(cluster.env) | set(node_facts.env)
         if iface:
@@ -198,7 +198,7 @@ def _standalone_plan(
     cluster: ClusterSpec, job: JobSpec, facts: Mapping[str, NodeFacts], secret_env: dict[str, str]
 ) -> LaunchPlan:
     node = cluster.nodes[0]
-    nproc = _nproc(node, job, facts[node.host])
+    nproc = node_workers(node, job, facts[node.host])
     argv = _elastic_argv(cluster.python_for(node), ("--standalone",), nproc, job)
     plan = NodePlan(
         host=node.host,
@@ -277,7 +277,8 @@ def _entry_args(job: JobSpec) -> tuple[str, ...]:
     return ("--module", *job.entry) if job.module else job.entry
 
 
-def _nproc(node: NodeSpec, job: JobSpec, facts: NodeFacts) -> int:
+def node_workers(node: NodeSpec, job: JobSpec, facts: NodeFacts) -> int:
+    """Workers a node runs: --nproc, else its nproc, else its GPU count, else 1."""
     return job.nproc or node.nproc or facts.gpu_count or 1
 
 

@@ -181,7 +181,8 @@ async def prepare(
                 "fix them, or launch anyway with --no-preflight",
                 hosts=tuple(p.split(":", 1)[0] for p in problems),
             )
-        plan = make_plan(cluster, job, facts, secrets)
+        # Spares are checked and warmed with the others, but the plan leaves them out.
+        plan = make_plan(cluster.select(n.host for n in cluster.active), job, facts, secrets)
         refuse_public_rendezvous(cluster, facts, plan)
     except BaseException:
         if opening is not None:

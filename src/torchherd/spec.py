@@ -82,6 +82,9 @@ class NodeSpec(BaseModel):
     """Interpreter on this node, where it differs from [cluster] python."""
     setup: str | None = None
     """Shell commands run before this node's agent starts, after [cluster] setup."""
+    spare: bool = False
+    """A hot spare: checked and warmed with the others, but takes no rank; when a node is
+    lost, a spare with as many workers takes its place and the world size stays the same."""
 
     @field_validator("host")
     @classmethod
@@ -174,11 +177,41 @@ class ClusterSpec(BaseModel):
                     "list each node once"
                 )
             seen[name] = node.host
+        if all(node.spare for node in value):
+            raise ValueError("every node is a spare: at least one node must run the job")
         return value
 
     @property
     def rendezvous_node(self) -> NodeSpec:
-        return self.nodes[0]
+        """The first node that runs the job: it hosts the c10d store."""
+        return self.active[0]
+
+    @property
+    def active(self) -> tuple[NodeSpec, ...]:
+        """The nodes that run the job (every node but the spares)."""
+        return tuple(node for node in self.nodes if not node.spare)
+
+    @property
+    def spares(self) -> tuple[NodeSpec, ...]:
+        return tuple(node for node in self.nodes if node.spare)
+
+    def with_spares(self, count: int) -> ClusterSpec:
+        """A copy whose last ``count`` nodes are spares (``--spares N``, for hostfiles and
+        scheduler allocations, which cannot say ``spare = true``)."""
+        if count <= 0:
+            return self
+        if count >= len(self.nodes):
+            raise ConfigError(
+                f"--spares {count} leaves no node to run the job ({len(self.nodes)} node(s) in "
+                f"{self.source})",
+                f"give at most --spares {len(self.nodes) - 1}",
+            )
+        keep = len(self.nodes) - count
+        nodes = tuple(
+            node if index < keep else node.model_copy(update={"spare": True})
+            for index, node in enumerate(self.nodes)
+        )
+        return self.model_copy(update={"nodes": nodes})
 
     def python_for(self, node: NodeSpec) -> str:
         return node.python or self.python
@@ -201,9 +234,16 @@ class ClusterSpec(BaseModel):
         )
 
     def select(self, hosts: Iterable[str]) -> ClusterSpec:
-        """A copy holding only the named nodes (in the cluster's order)."""
+        """A copy holding only the named nodes (in the cluster's order), none of them a spare:
+        the job runs on them (a spare chosen to replace a lost node runs like any other)."""
         wanted = {self.node(h).host for h in hosts}
-        return self.model_copy(update={"nodes": tuple(n for n in self.nodes if n.host in wanted)})
+        return self.model_copy(
+            update={
+                "nodes": tuple(
+                    n.model_copy(update={"spare": False}) for n in self.nodes if n.host in wanted
+                )
+            }
+        )
 
 
 def local_cluster(nproc: int | None = None) -> ClusterSpec:

@@ -67,7 +67,8 @@ def test_a_prewarmed_wrapper_runs_the_job_it_is_handed(tmp_path: Path) -> None:
     assert b"HERD_ATTEMPT=2" in Path(f"/proc/{wrapper}/environ").read_bytes().split(b"\0")
     argv = [sys.executable, "-m", "torchherd.agent.elastic", "--standalone"]
     argv += ["--nproc-per-node=1", "--max-restarts=0", "--tee=3", "orphans.py"]
-    request = {"job_id": job_id, "node": "n1", "workdir": str(SCRIPTS), "argv": argv, "env": {}}
+    env = {"HERD_ATTEMPT": "2"}  # the attempt the wrapper was warmed for
+    request = {"job_id": job_id, "node": "n1", "workdir": str(SCRIPTS), "argv": argv, "env": env}
     agent.stdin.write(json.dumps(request).encode() + b"\n")
     agent.stdin.flush()
     events = [json.loads(line) for line in agent.stdout]

@@ -159,8 +159,10 @@ def look(
     frames: tuple[str, ...] | None = ("f (train.py:1)",),
     phase: str | None = None,
     pid: int | None = None,
+    gpu: bool = False,
 ) -> dict[str, Any]:
     return {
+        "gpu": gpu,
         "rank": rank,
         "pid": pid or 100 + rank,
         "state": state,
@@ -175,25 +177,40 @@ def event(*ranks: dict[str, Any]) -> dict[str, Any]:
     return {"e": "look", "ticks": 100, "ranks": list(ranks)}
 
 
-def test_every_rank_spinning_at_the_same_place_is_a_hang_after_the_longest_limit() -> None:
-    """Ranks busy-waiting on a GPU that never finishes: CPU used, frames and I/O frozen."""
+def spin(gpu: bool, seconds: float) -> tuple[Any, float]:
+    """Two ranks at the same line, a whole core each, no I/O, for up to ``seconds``."""
     clock = Clock()
     watch = HangWatch(clock=clock, world_size=2)
     watch.started()
     cpu = 0
     found = None
     elapsed = 0.0
-    while found is None and elapsed < ALL_STUCK + 60:
+    while found is None and elapsed < seconds:
         clock.advance(LOOK_EVERY)
         elapsed += LOOK_EVERY
-        cpu += int(100 * LOOK_EVERY)  # a whole core
+        cpu += int(100 * LOOK_EVERY)
         frames = ("item (train.py:40)",)
         watch.looked(
-            "n", event(look(0, 0, cpu=cpu, frames=frames), look(1, 0, cpu=cpu, frames=frames))
+            "n",
+            event(
+                look(0, 0, cpu=cpu, frames=frames, gpu=gpu),
+                look(1, 0, cpu=cpu, frames=frames, gpu=gpu),
+            ),
         )
         found = watch.check()
+    return found, elapsed
+
+
+def test_every_gpu_rank_spinning_at_the_same_place_is_a_hang_after_the_longest_limit() -> None:
+    """Ranks busy-waiting on a GPU that never finishes: CPU used, frames and I/O frozen."""
+    found, elapsed = spin(gpu=True, seconds=ALL_STUCK + 60)
     assert found is not None and "same place" in found.reason
     assert elapsed >= ALL_STUCK
+
+
+def test_cpu_ranks_computing_in_one_line_are_working_however_long() -> None:
+    found, _ = spin(gpu=False, seconds=4 * ALL_STUCK)
+    assert found is None
 
 
 def test_moving_frames_keep_a_silent_job_alive() -> None:

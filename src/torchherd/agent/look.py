@@ -9,6 +9,7 @@ When a job has gone quiet, the launcher asks every agent to look. For each rank 
                from ``py-spy dump --nonblocking`` (which reads memory without stopping the
                process); None when they could not be taken, with ``error`` saying why
     active     py-spy's word on whether the main thread was running on a CPU
+    gpu        whether the rank has an NVIDIA GPU open
     phase      the known long phase the rank declared (torchherd.progress.phase), if any
 
 Counters are cumulative: the launcher judges the difference between two looks (recovery.hang).
@@ -98,6 +99,7 @@ def look(
             "cpu": procs.cpu_ticks(worker.tree),
             "io": procs.io_bytes(worker.tree),
             "children": len(worker.children),
+            "gpu": procs.holds_gpu(worker.pid),
         }
         if with_frames:
             seen |= frames_of(worker.pid, tool)

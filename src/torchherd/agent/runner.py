@@ -2,8 +2,9 @@
 
 The launcher opens one agent per node and keeps it as long as the node stays in the job, so a
 restart with every node still answering costs no new session, no new agent and no cold torch
-import (a wrapper for the next attempt is warmed while the last one stops). The agent reads
-JSON lines on stdin:
+import (a wrapper for the next attempt is warmed while the last one stops). A request with
+``"serve": true`` keeps the agent for further attempts; without it the agent exits once its
+attempt has ended. The agent reads JSON lines on stdin:
 
     first line                   a job request (attempt to run at once), or
                                  {"prewarm": spec} and then the job request
@@ -78,8 +79,11 @@ class StdoutEmitter:
 class Agent:
     """The node's agent over one link to the launcher: attempts, one at a time."""
 
-    def __init__(self, first: dict[str, Any], emit: Callable[[dict[str, Any]], None]) -> None:
+    def __init__(
+        self, first: dict[str, Any], emit: Callable[[dict[str, Any]], None], lines: Lines
+    ) -> None:
         self.emit = emit
+        self.lines = lines
         self.request = first
         self.current: NodeAttempt | None = None
         self.prewarmed: Prewarmed | None = None
@@ -105,7 +109,8 @@ class Agent:
                 if self.leaving.is_set():
                     self.current.request_stop(self.leave_why)
             code = self.current.run()
-            request = self._next_request()
+            # Only a launcher that keeps its agents (and says so) sends another attempt.
+            request = self._next_request() if request.get("serve") else None
         self._discard_prewarmed()
         return code
 
@@ -168,7 +173,7 @@ class Agent:
 
     def read_commands(self) -> None:
         """The launcher's commands, until stdin closes (then the job ends here)."""
-        for line in sys.stdin.buffer:
+        while (line := self.lines.get()) is not None:
             self.last_heard = time.monotonic()
             try:
                 command = json.loads(line)
@@ -237,22 +242,70 @@ class Agent:
                 current.request_stop("launcher-silent")
 
 
-def main() -> int:
-    try:
-        request = json.loads(sys.stdin.buffer.readline())
-        prewarmed = None
-        if "prewarm" in request:
-            # The launcher opened this session before planning: start torchrun's wrapper now
-            # (it imports torch meanwhile), then wait for the real request.
-            prewarmed = Prewarmed(request["prewarm"])
-            line = sys.stdin.buffer.readline()
-            request = json.loads(line) if line.strip() else {}
-            if "job_id" not in request:  # stdin closed or "stop": the launch did not happen
+class Lines:
+    """stdin's lines, read by a thread of its own, so that a wait for the next one can time
+    out (a partition closes nothing); None once stdin has closed."""
+
+    def __init__(self, stream: Any = None) -> None:
+        self._stream = stream or sys.stdin.buffer
+        self._queue: queue.Queue[bytes | None] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self._stream:
+            self._queue.put(line)
+        self._queue.put(None)
+
+    def get(self, timeout: float | None = None) -> bytes | None:
+        """The next line; None when stdin closed; TimeoutError after ``timeout`` s."""
+        try:
+            return self._queue.get(timeout=timeout)
+        except queue.Empty:
+            raise TimeoutError from None
+
+
+def first_request(lines: Lines) -> tuple[dict[str, Any], Prewarmed | None] | None:
+    """The first job request, and the wrapper warmed while it was awaited; None when the
+    launcher leaves first (or says nothing for SILENCE s). ValueError: not JSON.
+
+    Before its first request an agent may only warm: a session opened while the launcher
+    probes (``{"prewarm": spec}``), or a hot spare's, kept warm for the attempt it may join
+    (``{"cmd": "prewarm", "attempt": N}``) and pinged meanwhile."""
+    prewarmed: Prewarmed | None = None
+    spec: dict[str, Any] | None = None
+    while True:
+        try:
+            line = lines.get(timeout=SILENCE)
+        except TimeoutError:
+            line = None
+        message = json.loads(line) if line is not None and line.strip() else None
+        if not isinstance(message, dict) or message.get("cmd") in ("stop", "bye"):
+            if prewarmed is not None:
                 prewarmed.discard()
-                return 0
+            return None
+        if "job_id" in message:
+            return message, prewarmed
+        if "prewarm" in message:
+            spec = dict(message["prewarm"])
+        elif message.get("cmd") == "prewarm" and spec is not None:
+            spec["attempt"] = message.get("attempt", spec.get("attempt", 0))
+        else:
+            continue  # a ping
+        if prewarmed is not None:
+            prewarmed.discard()
+        prewarmed = Prewarmed(spec)
+
+
+def main() -> int:
+    lines = Lines()
+    try:
+        found = first_request(lines)
     except ValueError:
         print("torchherd agent: expected a JSON job request on stdin", file=sys.stderr)
         return 2
+    if found is None:
+        return 0  # the launch did not happen here (or this spare was not needed)
+    request, prewarmed = found
     if request.get("detach"):
         # Before any thread starts: the daemon is made with fork().
         from .detach import run_detached
@@ -264,7 +317,7 @@ def main() -> int:
         if agent is not None:
             agent.leave("launcher-gone")
 
-    agent = Agent(request, StdoutEmitter(on_broken=gone))
+    agent = Agent(request, StdoutEmitter(on_broken=gone), lines)
     agent.prewarmed = prewarmed
 
     def on_signal(*_: object) -> None:

@@ -92,6 +92,22 @@ def io_bytes(pids: tuple[int, ...] | list[int]) -> int | None:
     return total if known else None
 
 
+def holds_gpu(pid: int) -> bool:
+    """Whether the process has an NVIDIA GPU open (/dev/nvidiaN among its descriptors)."""
+    try:
+        names = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return False
+    for name in names:
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{name}")
+        except OSError:
+            continue
+        if target.startswith("/dev/nvidia") and target[11:].isdigit():
+            return True
+    return False
+
+
 def descendants(pid: int) -> list[int]:
     """Every process below ``pid`` (children, their children, ...)."""
     found: list[int] = []

@@ -47,6 +47,7 @@ def detach_request(plan: LaunchPlan, node: NodePlan) -> dict[str, Any]:
     request = agent_request(plan, node) | {"detach": True}
     request.pop("heartbeat", None)
     request.pop("silence", None)
+    request.pop("serve", None)
     return request
 
 

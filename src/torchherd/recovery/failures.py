@@ -11,11 +11,14 @@ others) wins, then the earlier timestamp.
 from __future__ import annotations
 
 import collections
+import re
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..logs import Failure
 from ..plan import NodePlan
+from .causes import Cause, explain
 
 # Signals that mean "stopped because something else failed", not a cause of failure.
 TEARDOWN_SIGNALS = {"SIGTERM", "SIGKILL", "SIGINT", "SIGHUP"}
@@ -108,3 +111,79 @@ def first_line(text: str) -> str:
     if "To enable traceback" in text:
         return ""
     return text.splitlines()[0] if text else ""
+
+
+# A worker SIGKILLed on a node herd was not stopping: not herd's doing.
+OUTSIDE_KILL = Cause(
+    "killed-from-outside",
+    "the worker was killed by SIGKILL from outside herd: most often the kernel's "
+    "out-of-memory killer, else a person or another program",
+    "look for 'Out of memory: Killed process' in `dmesg` or `journalctl -k` on that node; "
+    "give each worker less host memory (a smaller batch, fewer DataLoader workers)",
+)
+
+
+def in_words(
+    failure: Failure,
+    nodes: list[NodeRun],
+    plans: Sequence[NodePlan],
+    ranks_seen: Iterable[tuple[str, int]],
+) -> Failure:
+    """The failure with its cause and fix in words when its signature is known
+    (recovery.causes), naming the nodes that never joined a timed-out rendezvous, or the
+    peer a reset connection points at."""
+    text = "\n".join((failure.message, *failure.last_stderr))
+    found = explain(text)
+    if found is None and failure.signal == "SIGKILL" and failure.rank is not None:
+        found = OUTSIDE_KILL
+    if found is None or failure.cause:
+        return failure
+    cause = found.cause
+    if found.kind == "rendezvous-timeout":
+        absent = never_joined(nodes, ranks_seen)
+        if absent:
+            cause += f"; never joined: {', '.join(absent)}"
+    elif found.kind == "peer-connection":
+        peer = peer_named_in(text, plans)
+        if peer is not None:
+            cause += f"; the peer is {peer}"
+    return Failure(
+        failure.host,
+        failure.rank,
+        failure.exitcode,
+        failure.signal,
+        failure.message,
+        failure.last_stderr,
+        remedy=failure.remedy or found.fix,
+        cause=cause,
+    )
+
+
+def never_joined(nodes: list[NodeRun], ranks_seen: Iterable[tuple[str, int]]) -> list[str]:
+    """Nodes whose workers never started in the attempt (no rank spoke there) and that did not
+    time out waiting in the rendezvous themselves: the ones the others waited for."""
+    spoke = {host for host, _ in ranks_seen}
+    waited = {
+        node.host
+        for node in nodes
+        if node.error
+        and "Rendezvous" in f"{node.error.get('error', '')} {node.error.get('message', '')}"
+    }
+    return [node.host for node in nodes if node.host not in spoke and node.host not in waited]
+
+
+def peer_named_in(text: str, plans: Sequence[NodePlan]) -> str | None:
+    """The node whose address a connection error names."""
+    for node in plans:
+        if node.local_addr and re.search(rf"\b{re.escape(node.local_addr)}\b", text):
+            return node.host
+    return None
+
+
+def first_named(behind: Iterable[str]) -> tuple[str, int] | None:
+    """(host, rank) of the first "host rank R: ..." line."""
+    for line in behind:
+        match = re.match(r"(\S+) rank (\d+):", line)
+        if match:
+            return match.group(1), int(match.group(2))
+    return None

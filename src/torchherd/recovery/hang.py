@@ -23,8 +23,10 @@ The job is hung when, with no progress signal meanwhile:
        reach the collective the others wait in);
     3. nobody has worked for ALL_WAITING s (every rank waits, or waits and idles: a lost
        peer, a firewall, a dead link);
-    4. every rank has stayed at the same frames with no I/O for ALL_STUCK s, whatever its CPU
-       (ranks spinning on a GPU that never finishes).
+    4. every rank holds a GPU and has stayed at the same frames with no I/O for ALL_STUCK s,
+       whatever its CPU (ranks spinning on a GPU that never finishes: the CPU waits on the
+       stream at full speed). On CPU-only ranks the same picture is a long computation in
+       one line, which is work.
 
 A working rank keeps the job alive however long it works (a 10-minute compile, a 30-minute
 evaluation that prints nothing, a 5-minute save), even while the others wait for it. Where no
@@ -102,6 +104,8 @@ class RankLook:
     ticks: int = 100
     phase: str | None = None
     error: str | None = None
+    gpu: bool = False
+    """The rank has an NVIDIA GPU open."""
 
     @classmethod
     def from_event(cls, host: str, event: Mapping[str, Any], at: float) -> list[RankLook]:
@@ -122,6 +126,7 @@ class RankLook:
                         ticks=int(event.get("ticks") or 100),
                         phase=seen.get("phase") or None,
                         error=seen.get("error"),
+                        gpu=bool(seen.get("gpu")),
                     )
                 )
             except (KeyError, TypeError, ValueError):
@@ -222,7 +227,9 @@ def judge(tracks: Mapping[int, _RankTrack], world_size: int, now: float) -> Hang
     if len(current) < world_size:
         return None  # a rank is not seen yet: only a stopped rank is judged
     same = [tracks[r].same_frames_since for r in current]
-    if all(s is not None for s in same) and all(current[r][2].frames is not None for r in current):
+    if all(s is not None for s in same) and all(
+        current[r][2].frames is not None and current[r][2].gpu for r in current
+    ):
         stuck_for = now - max(s for s in same if s is not None)
         if stuck_for >= ALL_STUCK:
             return Hang(

@@ -1,0 +1,127 @@
+"""What an attempt ended as: its exit code, its first failure, and what the next attempt may
+reuse. Read from an Attempt's state once every node is done with it (``result_of``); the
+decision of the exit code alone is a pure function (``exit_code_of``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from .errors import EXIT_INTERRUPTED, EXIT_JOB_FAILED, EXIT_NODE_NOT_READY, EXIT_OK, EXIT_SAVED
+from .logs import Failure, RunResult
+from .recovery.evidence import judge
+from .recovery.failures import first_named
+
+if TYPE_CHECKING:
+    from .attempt import Attempt
+
+NO_SNAPSHOT_AFTER_LIMIT = (
+    "the time limit came and no snapshot was reported committed after it (a script saves "
+    "with torchherd.train, or reports its own save with torchherd.progress.saved(step, "
+    "where)); the last snapshot stands"
+)
+
+
+@dataclass
+class AttemptResult(RunResult):
+    """A RunResult, plus what the job needs to decide the next attempt."""
+
+    number: int = 0
+    reusable: tuple[str, ...] = ()
+    """Nodes whose agent link is alive and reported this attempt's end: the next attempt can
+    run there in place."""
+    unconfirmed: tuple[str, ...] = ()
+    """Nodes where the end of this attempt could not be confirmed (cut off and not swept):
+    no attempt may start there until a sweep confirms it."""
+    stopped_by_agents: bool = False
+    """Every node's agent ended the attempt because this launcher had gone silent."""
+    saved: bool = False
+    """A snapshot committed after the time-limit request was reported."""
+    noticed: str = ""
+    ranks_seen: frozenset[tuple[str, int]] = field(default_factory=frozenset)
+
+
+def exit_code_of(
+    states: dict[str, str],
+    *,
+    interrupted: bool,
+    stopping: bool,
+    saving: bool,
+    saved: bool,
+    stopped_by_agents: bool,
+) -> tuple[int, str, bool]:
+    """(exit code, the reason when it needs one, whether someone else stopped the job).
+
+    Every node stopped on its own agent's request while this launcher stopped nothing:
+    `herd stop` did it, from elsewhere (interrupted, nothing to blame). A time limit's save
+    counts only once a snapshot committed after the request was reported."""
+    stopped_elsewhere = (
+        not stopping and not stopped_by_agents and all(s == "stopped" for s in states.values())
+    )
+    finished = all(s in ("succeeded", "stopped") for s in states.values())
+    if saving and finished and saved:
+        return EXIT_SAVED, "", False
+    if all(state == "succeeded" for state in states.values()):
+        return EXIT_OK, "", False
+    if interrupted or stopped_elsewhere:
+        return EXIT_INTERRUPTED, "", stopped_elsewhere
+    if any(state == "not started" for state in states.values()):
+        return EXIT_NODE_NOT_READY, "", False
+    return EXIT_JOB_FAILED, NO_SNAPSHOT_AFTER_LIMIT if saving and not saved else "", False
+
+
+def result_of(attempt: Attempt, duration: float) -> AttemptResult:
+    """The attempt's result (its stacks written where they are kept): run off the event loop,
+    since it writes files."""
+    behind = list(attempt.behind) or [
+        b.line() for b in judge(attempt.evidence.stacks, attempt.hang.steps)
+    ]
+    stacks_dir = attempt.evidence.save(behind)
+    states = {host: node.state for host, node in attempt.nodes.items()}
+    stopped_by_agents = attempt.stopped_for_silence and not attempt.interrupted
+    code, reason, stopped_elsewhere = exit_code_of(
+        states,
+        interrupted=attempt.interrupted,
+        stopping=attempt.stopping,
+        saving=attempt.saving,
+        saved=attempt.saved_after_request,
+        stopped_by_agents=stopped_by_agents,
+    )
+    failure = None
+    if code not in (EXIT_OK, EXIT_SAVED) and not stopped_elsewhere:
+        failure = attempt.first_failure()
+        if failure is not None and attempt.hang_found and failure.rank is None:
+            named = first_named(behind)
+            if named is not None:
+                host, rank = named
+                failure = Failure(host, rank, None, None, failure.message, remedy=failure.remedy)
+    reusable = tuple(
+        host
+        for host, node in attempt.nodes.items()
+        if node.state in ("succeeded", "failed", "stopped")
+        and (link := attempt.links.get(host)) is not None
+        and link.alive
+    )
+    return AttemptResult(
+        job_id=attempt.plan.job_id,
+        exit_code=code,
+        node_status=states,
+        first_failure=failure,
+        duration=duration,
+        log_dir=attempt.output.log_dir,
+        behind=tuple(behind),
+        stacks_dir=stacks_dir,
+        evidence_problems=tuple(attempt.evidence.problems),
+        hang=attempt.hang_found,
+        lost=tuple(h for h, s in states.items() if s == "lost"),
+        max_step=attempt.hang.max_step,
+        reason=reason,
+        number=attempt.number,
+        reusable=reusable,
+        unconfirmed=attempt.unconfirmed(),
+        stopped_by_agents=stopped_by_agents,
+        saved=attempt.saved_after_request,
+        noticed=attempt.noticed or "",
+        ranks_seen=frozenset(attempt.ranks_seen),
+    )

@@ -1,0 +1,142 @@
+"""The nodes a job may turn to beyond its current attempt's: hot spares, and nodes it went on
+without until they come back.
+
+    spares     checked with the others at launch, their agents open and a wrapper warm for
+               the next attempt, pinged while they wait; they take no rank until a node is lost
+    left out   nodes the job went on without (--min-nodes); every GROW_PROBE_EVERY seconds
+               each is swept (its last attempt's agent and processes ended, which tells too
+               whether it answers), probed and checked against the others
+    returned   left-out nodes that passed: warm like spares, ready to join at the next
+               snapshot boundary (or the next restart), or to stand by as spares once the
+               world is full again
+
+The choice itself is recovery.nodes.choose_nodes; this module only keeps the nodes ready.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+from .facts import NodeFacts
+from .links import AgentLink
+from .plan import JobSpec, NodePlan
+from .prepare import fast_preflight, open_links, probe_node
+from .spec import ClusterSpec
+from .sweeps import sweep_attempt
+from .transport import Transport
+
+# Seconds between looks at the nodes the job went on without.
+GROW_PROBE_EVERY = 15.0
+# Seconds between pings to idle agents (spares, returned nodes).
+PING_EVERY = 2.0
+
+
+class NodePool:
+    """Idle spares, left-out nodes and returned nodes of one job, kept ready."""
+
+    def __init__(
+        self,
+        cluster: ClusterSpec,
+        transport: Transport,
+        links: dict[str, AgentLink],
+        facts: dict[str, NodeFacts],
+        say: Callable[[str], None],
+    ) -> None:
+        self.cluster = cluster
+        self.transport = transport
+        self.links = links
+        """The job's links (shared with the job): spares and returned nodes keep theirs here."""
+        self.facts = facts
+        self.say = say
+        self.spares: list[str] = [n.host for n in cluster.spares if n.host in links]
+        """Idle spares, their agents warm."""
+        self.left_out: dict[str, NodePlan] = {}
+        """Nodes the job went on without, with their last attempt's plan (to sweep it)."""
+        self.returned: list[str] = []
+        """Left-out nodes that answer again, swept and checked, their agents warm."""
+
+    def idle(self) -> list[str]:
+        return [*self.spares, *self.returned]
+
+    def warm(self, attempt: int) -> None:
+        """Have every idle agent warm a wrapper for ``attempt`` (the one it may join)."""
+        for host in self.idle():
+            link = self.links.get(host)
+            if link is not None:
+                link.command("prewarm", attempt=attempt)
+
+    def leave_out(self, hosts: tuple[str, ...], plans: dict[str, NodePlan]) -> None:
+        for host in hosts:
+            self.left_out[host] = plans[host]
+            self.links.pop(host, None)
+
+    def take(self, hosts: tuple[str, ...]) -> None:
+        """These idle nodes join the next attempt."""
+        self.spares = [h for h in self.spares if h not in hosts]
+        self.returned = [h for h in self.returned if h not in hosts]
+
+    def stand_by(self, hosts: list[str]) -> None:
+        """Returned nodes the full world has no room for become spares."""
+        for host in hosts:
+            if host in self.returned:
+                self.returned.remove(host)
+                self.spares.append(host)
+
+    async def tend(self, job: JobSpec, members: Callable[[], list[str]]) -> None:
+        """While an attempt runs: ping idle agents (forgetting those whose link ended), and
+        look at left-out nodes every GROW_PROBE_EVERY s. ``members``: the attempt's nodes."""
+        since_probe = 0.0
+        while True:
+            await asyncio.sleep(PING_EVERY)
+            for host in self.idle():
+                link = self.links.get(host)
+                if link is None or not link.alive:
+                    kind = "spare " if host in self.spares else ""
+                    self.spares = [h for h in self.spares if h != host]
+                    self.returned = [h for h in self.returned if h != host]
+                    self.links.pop(host, None)
+                    self.say(f"herd: {kind}{host} stopped answering; it is no longer kept ready")
+                else:
+                    link.command("ping")
+            since_probe += PING_EVERY
+            if self.left_out and since_probe >= GROW_PROBE_EVERY:
+                since_probe = 0.0
+                for host in list(self.left_out):
+                    if await self.bring_back(host, job, members()):
+                        self.say(f"herd: {host} answers again; it was swept and checked")
+
+    async def bring_back(self, host: str, job: JobSpec, members: list[str]) -> bool:
+        """Sweep what the node's last attempt left, probe it, check it against the job's
+        nodes, open its agent (warm): True once it is ready to join."""
+        plan = self.left_out[host]
+        cluster = self.cluster
+        swept = await sweep_attempt(
+            self.transport,
+            cluster,
+            job.job_id,
+            plan,
+            grace=0,
+            timeout=cluster.connect_timeout + 10,
+        )
+        if not swept.confirmed:
+            return False
+        node = cluster.node(host)
+        facts = await probe_node(cluster, self.transport, node, cluster.workdir)
+        if not isinstance(facts, NodeFacts):
+            return False
+        checked = {**self.facts, host: facts}
+        together = cluster.select([*members, host])
+        problems = [p for p in fast_preflight(together, checked) if p.startswith(host)]
+        if problems:
+            self.say(f"herd: {host} answers again but cannot join: {problems[0]}")
+            return False
+        opened = await open_links(cluster, self.transport, job, [node])
+        if host not in opened:
+            return False
+        self.facts[host] = facts
+        self.links[host] = opened[host]
+        opened[host].start_reading()
+        del self.left_out[host]
+        self.returned.append(host)
+        return True
