@@ -37,7 +37,9 @@ from .plan import LaunchPlan, NodePlan
 from .recovery import Evidence, HangWatch, NodeLiveness
 from .recovery.failures import NodeRun, choose_first_failure, in_words
 from .recovery.liveness import SILENCE, LauncherClock
+from .recovery.straggler import Slow
 from .spec import ClusterSpec
+from .stragglers import SlowRanks
 from .sweeps import SWEEP_MARGIN, sweep_attempt
 from .transport import Transport
 
@@ -90,6 +92,7 @@ class Attempt:
         evidence_dir: Path | None = None,
         clock: Callable[[], float] = time.monotonic,
         prewarm_next: bool = False,
+        on_slow: Callable[[Slow], None] | None = None,
     ) -> None:
         self.plan = plan
         self.cluster = cluster
@@ -135,6 +138,14 @@ class Attempt:
         self._stacks_arrived = asyncio.Event()
         self._done = asyncio.Event()
         self._clock = clock
+        self.slow = SlowRanks(
+            links,
+            lambda: [h for h, n in self.nodes.items() if n.state == "running" and not n.done],
+            self.hang.silent_for,
+            plan.world_size,
+            output.note,
+            on_slow,
+        )
 
     # -- running --------------------------------------------------------------------------------
 
@@ -145,6 +156,7 @@ class Attempt:
             asyncio.create_task(self._ping_agents()),
             asyncio.create_task(self._flush_output()),
             asyncio.create_task(self._watch()),
+            asyncio.create_task(self.slow.run()),
         ]
         try:
             await asyncio.gather(*openers)
@@ -313,12 +325,18 @@ class Attempt:
             self.hang.signal(rank)
         elif kind == "beat":
             self.hang.signal(event.get("r"), event.get("step"))
+            self.slow.computed(host, event)
         elif kind == "phase":
             self.hang.phase(event.get("r"), event.get("name"))
         elif kind == "saved":
             self._saved(event)
         elif kind == "look":
-            self.hang.looked(host, event)
+            if "id" in event:
+                self.slow.looked(host, event, self._clock())
+            else:
+                self.hang.looked(host, event)
+        elif kind == "why-slow":
+            self.slow.why(host, event)
         elif kind == "stacks":
             self.evidence.add(host, event)
             self._no_more_stacks_from(host)

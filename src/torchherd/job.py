@@ -33,6 +33,7 @@ from .prepare import Prepared, close_links, replan
 from .recovery import HangWatch, RestartPolicy
 from .recovery.nodes import NodeChoice, choose_nodes
 from .recovery.policy import made_progress
+from .recovery.straggler import Slow
 from .redact import redact_text
 from .spec import ClusterSpec
 from .sweeps import sweep_attempt
@@ -247,7 +248,14 @@ class JobRun:
             hang=HangWatch(self.hang_timeout),
             evidence_dir=self.log_dir / "stacks" / f"attempt-{self.number}",
             prewarm_next=self.restarts < self.policy.max_restarts,
+            on_slow=self._slow,
         )
+
+    def _slow(self, slow: Slow) -> None:
+        """A slow rank named: in the job record at once (`herd top` shows it)."""
+        self.record.attempts[-1].setdefault("slow", []).append(slow.line())
+        self.record.slow = slow.line()
+        asyncio.get_running_loop().create_task(asyncio.to_thread(self.record.save))
 
     async def _next(self, outcome: AttemptResult, why: str) -> bool:
         """Plan the next attempt: in place when every node is still there, else on the nodes

@@ -49,6 +49,8 @@ class JobRecord:
     """host -> the job's directory on that node (detached jobs: events.jsonl lives there)."""
     restarts: int = 0
     """Times the launcher restarted the whole job after a failure."""
+    slow: str | None = None
+    """The rank herd last named slow while the job ran (recovery.straggler), in words."""
     attempts: list[dict[str, Any]] = field(default_factory=list)
     """One entry per attempt, oldest first (see ``attempt_entry``): the job's story, which
     `herd report` draws as a timeline."""

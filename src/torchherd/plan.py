@@ -63,6 +63,8 @@ class JobSpec:
     """Unique id: rendezvous id, job directory name and the tag on every process."""
     grace: float = 10.0
     """Seconds workers get to exit after SIGTERM before SIGKILL."""
+    spares: int = 0
+    """The cluster's last N nodes are hot spares (--spares N; herd.toml says spare = true)."""
 
     def entry_request(self) -> dict[str, str] | None:
         """What the probe looks for on every node before a launch: the script or the module."""

@@ -161,7 +161,7 @@ async def prepare(
     agent link is opened while the probe runs, and starts importing torch at once."""
     say = progress or (lambda _: None)
     secrets = read_env_file(cluster.env_file) if cluster.env_file else {}
-    cluster = with_workdir(cluster)
+    cluster = with_workdir(cluster).with_spares(job.spares)
     say(f"connecting to {len(cluster.nodes)} node(s)")
     await connect_all(cluster, transport)
     say("probing nodes")

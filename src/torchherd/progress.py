@@ -17,7 +17,7 @@ storage (a runtime directory or tmpfs, never a shared home: a stalled NFS home m
 training inside ``beat()``), new for every attempt, so an earlier attempt's beats are never
 taken for fresh progress:
 
-    rank-R          "<step or -> <wall time>"          beat(), replaced atomically
+    rank-R          "<step or -> <wall time> [compute s]"   beat(), replaced atomically
     rank-R.phase    "<wall time> <name>"               while a phase runs; removed at its end
     rank-R.saved    "<step> <wall time> <where>"       the last committed snapshot
     save-and-stop   written by the agent               save_requested() looks for it
@@ -76,8 +76,10 @@ def _replace(path: str, text: str) -> None:
             pass
 
 
-def beat(step: int | None = None) -> None:
-    """Tell herd this rank made progress (optionally at ``step``). No-op outside herd."""
+def beat(step: int | None = None, compute: float | None = None) -> None:
+    """Tell herd this rank made progress (optionally at ``step``; ``compute``: seconds this
+    rank computed in its last step, without waiting for others, which herd compares across
+    ranks to name a slow one). No-op outside herd."""
     global _last_beat
     now = time.monotonic()
     if now - _last_beat < BEAT_EVERY:
@@ -86,7 +88,8 @@ def beat(step: int | None = None) -> None:
     if path is None:
         return
     _last_beat = now
-    _replace(path, f"{'-' if step is None else int(step)} {time.time():.3f}\n")
+    work = "" if compute is None else f" {compute:.6f}"
+    _replace(path, f"{'-' if step is None else int(step)} {time.time():.3f}{work}\n")
 
 
 @contextlib.contextmanager
@@ -157,6 +160,8 @@ class RankProgress:
     step: int | None = None
     beat_at: float | None = None
     """Wall-clock time of the last beat (None: never beat)."""
+    compute: float | None = None
+    """Seconds the rank computed in the step it last beat for, when it said."""
     phase: str | None = None
     phase_since: float | None = None
     saved_step: int | None = None
@@ -181,9 +186,10 @@ def read_progress(directory: str) -> dict[int, RankProgress]:
                 text = handle.read().strip()
             fields = found.setdefault(rank, {})
             if not suffix:
-                step_text, when = text.split()
+                step_text, when, *work = text.split()
                 fields["step"] = None if step_text == "-" else int(step_text)
                 fields["beat_at"] = float(when)
+                fields["compute"] = float(work[0]) if work else None
             elif "." + suffix == PHASE_SUFFIX:
                 since, _, label = text.partition(" ")
                 fields["phase_since"], fields["phase"] = float(since), label

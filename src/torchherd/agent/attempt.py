@@ -301,7 +301,11 @@ class NodeAttempt:
         for rank, seen in progress.read_progress(self.progress_dir).items():
             if seen.beat_at is not None and sent.get((rank, "beat")) != seen.beat_at:
                 sent[(rank, "beat")] = seen.beat_at
-                self.emit({"e": "beat", "r": rank, "step": seen.step, "at": seen.beat_at})
+                beat: dict[str, Any] = {"e": "beat", "r": rank, "step": seen.step}
+                beat["at"] = seen.beat_at
+                if seen.compute is not None:
+                    beat["c"] = seen.compute
+                self.emit(beat)
             if sent.get((rank, "phase")) != seen.phase_since:
                 sent[(rank, "phase")] = seen.phase_since
                 self.emit({"e": "phase", "r": rank, "name": seen.phase, "since": seen.phase_since})

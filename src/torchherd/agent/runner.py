@@ -14,7 +14,8 @@ attempt has ended. The agent reads JSON lines on stdin:
                                  end the current attempt (its stacks first when asked; warm
                                  a wrapper for attempt N meanwhile when given); stay
     {"cmd": "kill"}              end the current attempt at once (no grace)
-    {"cmd": "ping"} {"cmd": "look"} {"cmd": "stacks"} {"cmd": "save"} {"cmd": "port"}
+    {"cmd": "ping"} {"cmd": "look", "id": N} {"cmd": "stacks"} {"cmd": "save"} {"cmd": "port"}
+    {"cmd": "why-slow", "rank": R}    what this node can tell about why rank R is slow
     {"cmd": "bye"} or stdin closed    end the current attempt, then exit
 
 and answers with events on stdout (agent.protocol). It says {"e": "alive"} every ALIVE_EVERY
@@ -208,14 +209,28 @@ class Agent:
                 target=current.send_stacks, args=("asked by the launcher",), daemon=True
             ).start()
         elif kind == "look" and current is not None:
-            threading.Thread(target=self._look, args=(current,), daemon=True).start()
+            threading.Thread(
+                target=self._look, args=(current, command.get("id")), daemon=True
+            ).start()
+        elif kind == "why-slow" and current is not None and command.get("rank") is not None:
+            threading.Thread(
+                target=self._why_slow, args=(current, int(command["rank"])), daemon=True
+            ).start()
         elif kind == "port":
             from .probe import check_port
 
             self.emit({"e": "port", "port": check_port(0).get("port", 0)})
 
-    def _look(self, attempt: NodeAttempt) -> None:
-        self.emit(look_event(attempt.job_id, attempt.node, attempt.attempt, attempt.progress_dir))
+    def _look(self, attempt: NodeAttempt, look_id: object) -> None:
+        event = look_event(attempt.job_id, attempt.node, attempt.attempt, attempt.progress_dir)
+        if look_id is not None:
+            event["id"] = look_id
+        self.emit(event)
+
+    def _why_slow(self, attempt: NodeAttempt, rank: int) -> None:
+        from .slow import why_slow_event
+
+        self.emit(why_slow_event(attempt.job_id, attempt.node, attempt.attempt, rank))
 
     def say_alive(self) -> None:
         while not self.leaving.wait(ALIVE_EVERY):

@@ -59,6 +59,13 @@ def launch_command(
         "that make a hang; 0 turns the watch off. Default: learned from the job, "
         "max(50 s, 3 x the longest gap seen).",
     ),
+    spares: int = typer.Option(
+        0,
+        "--spares",
+        min=0,
+        help="The last N hosts of the cluster (a hostfile, -H, an allocation) are hot spares: "
+        "checked and warmed, no rank; a lost node's place goes to one, the world size stays.",
+    ),
     crash_loop: int = typer.Option(
         3,
         "--crash-loop",
@@ -148,6 +155,7 @@ def launch_command(
         min_nodes=min_nodes,
         crash_loop=crash_loop,
         grace=grace,
+        spares=spares,
     )
     options = LaunchOptions(
         dry_run=dry_run,

@@ -8,13 +8,13 @@ import json
 import sys
 
 import typer
-from rich.console import Console
+from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
 from ..errors import EXIT_NODE_NOT_READY, EXIT_OK
-from ..ops.top import NodeLoad, follow, sample_once
+from ..ops.top import NodeLoad, follow, sample_once, slow_ranks
 from .app import CLUSTER_HELP, app
 from .common import cluster_for, result_table
 from .ops import NODES_HELP, select
@@ -38,6 +38,12 @@ def _job_text(load: NodeLoad) -> tuple[str, str]:
     elif rate is not None:
         text += f", {rate:.2f}/s"
     return str(job["job_id"]) + more, text
+
+
+def render_view(loads: list[NodeLoad]) -> Group:
+    """The table, and under it the slow ranks herd named in running jobs."""
+    notes = [Text(line, style="yellow") for line in slow_ranks()]
+    return Group(render(loads), *notes)
 
 
 def render(loads: list[NodeLoad]) -> Table:
@@ -100,14 +106,14 @@ def top_command(
             print(json.dumps([load.as_json() for load in loads], indent=2))
         else:
             tty = sys.stdout.isatty()
-            Console(width=None if tty else 200, highlight=False).print(render(loads))
+            Console(width=None if tty else 200, highlight=False).print(render_view(loads))
         return EXIT_NODE_NOT_READY if any(load.error for load in loads) else EXIT_OK
     latest = {n.host: NodeLoad(n.host, error="waiting for the first sample") for n in cluster.nodes}
-    with Live(render(list(latest.values())), refresh_per_second=4, screen=False) as live:
+    with Live(render_view(list(latest.values())), refresh_per_second=4, screen=False) as live:
 
         def on_sample(load: NodeLoad) -> None:
             latest[load.host] = load
-            live.update(render(list(latest.values())))
+            live.update(render_view(list(latest.values())))
 
         with contextlib.suppress(KeyboardInterrupt):
             asyncio.run(follow(cluster, interval, on_sample))

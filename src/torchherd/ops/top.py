@@ -152,3 +152,15 @@ async def follow(
         await asyncio.gather(*(one(n, u) for n, u in zip(cluster.nodes, links, strict=True)))
     finally:
         await link.close()
+
+
+def slow_ranks() -> list[str]:
+    """"job JOB: <slow rank line>" for every running job whose launcher named a slow rank
+    (from the job records on this machine)."""
+    from ..jobs import list_records
+
+    return [
+        f"job {record.id}: slow rank: {record.slow}"
+        for record in list_records()
+        if record.state in ("starting", "running") and record.slow
+    ]

@@ -106,6 +106,8 @@ class RankLook:
     error: str | None = None
     gpu: bool = False
     """The rank has an NVIDIA GPU open."""
+    active: bool | None = None
+    """py-spy's word on whether the main thread was running on a CPU at the look."""
 
     @classmethod
     def from_event(cls, host: str, event: Mapping[str, Any], at: float) -> list[RankLook]:
@@ -127,6 +129,7 @@ class RankLook:
                         phase=seen.get("phase") or None,
                         error=seen.get("error"),
                         gpu=bool(seen.get("gpu")),
+                        active=seen.get("active") if isinstance(seen.get("active"), bool) else None,
                     )
                 )
             except (KeyError, TypeError, ValueError):

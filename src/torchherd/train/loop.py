@@ -33,6 +33,7 @@ from torch.utils.data import DataLoader, Dataset
 from torchherd import progress
 from torchherd.train import _state
 from torchherd.train._batches import batch_len, to_device
+from torchherd.train._timing import ForwardTimer
 from torchherd.train.config import TrainerConfig
 from torchherd.train.data import ResumableSampler
 from torchherd.train.dist import Context, setup
@@ -101,6 +102,7 @@ class Trainer:
     ) -> None:
         self.config = config
         self.ctx = ctx if ctx is not None else setup()
+        self._forward = ForwardTimer(self.ctx.device)
         self.loss_fn = loss_fn
         self.parallel = self._choose_parallel(config.parallel)
         self.model = self._wrap(model.to(self.ctx.device))
@@ -298,7 +300,9 @@ class Trainer:
             batch = to_device(batch, self.ctx.device)
             with self._gradient_sync(index == len(micro) - 1):
                 with self._autocast():
+                    self._forward.start()
                     loss = self.loss_fn(self.model, batch)
+                    self._forward.stop()
                 scaled = loss / len(micro)
                 (self.scaler.scale(scaled) if self.scaler else scaled).backward()
             detached = loss.detach().float()
@@ -328,7 +332,8 @@ class Trainer:
 
     def _after_step(self) -> None:
         cfg = self.config
-        progress.beat(self.step)  # herd's hang watch: this rank is advancing
+        # herd's hang watch: this rank is advancing; its slow-rank watch: what it computed.
+        progress.beat(self.step, compute=self._forward.step_done())
         last = self._done()
         snapshot_due = cfg.snapshot_every > 0 and self.step % cfg.snapshot_every == 0
         eval_due = (

@@ -1,0 +1,179 @@
+"""Slow ranks, named while the job runs: the rank that holds the others back.
+
+A step's wall time is the same on every rank (each collective waits for the slowest), so a
+slow rank hides in the others' waiting. herd sees it two ways, with no change to the script:
+
+    compute   the Trainer of torchherd.train beats each step with the seconds the rank spent
+              on its own forward passes (``progress.beat(step, compute=...)``): a rank whose
+              median over its last WINDOW steps is SLOW x the median of the others, by at
+              least MIN_GAP, in CONFIRM checks in a row, is slow ("2.1x slower than the
+              median rank: 210 ms of compute per step vs 100 ms")
+    samples   for any other script, a look at every rank every SAMPLE_EVERY seconds (the
+              hang watch's non-blocking looks): a rank that works while the others wait in a
+              collective holds them up; one that did in HOLDS of the last SAMPLES looks, while
+              no other did in more than one, is slow
+
+A balanced job is named nothing. Each slow rank is named once (again only if another rank
+becomes the slow one).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import deque
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from .hang import RankLook
+
+# Compute times kept per rank, and the fewest a rank needs before it is judged.
+WINDOW = 20
+FEWEST = 5
+# How much slower than the others' median a slow rank is, at least (and by how much).
+SLOW = 1.3
+MIN_GAP = 0.005
+# Checks in a row (one every CHECK_EVERY s) a rank must stay slow before it is named.
+CONFIRM = 3
+CHECK_EVERY = 10.0
+# Looks at the ranks for jobs that report no compute time: every SAMPLE_EVERY s; a rank that
+# held the others up in HOLDS of the last SAMPLES is slow.
+SAMPLE_EVERY = 10.0
+SAMPLES = 6
+HOLDS = 5
+
+
+@dataclass(frozen=True)
+class Slow:
+    """A rank named slow, and why herd thinks so."""
+
+    host: str
+    rank: int
+    detail: str
+    ratio: float | None = None
+    causes: tuple[str, ...] = ()
+
+    def line(self) -> str:
+        text = f"{self.host} rank {self.rank} {self.detail}"
+        if self.causes:
+            text += f" (likely: {'; '.join(self.causes)})"
+        return text
+
+
+def slow_by_compute(
+    times: Mapping[tuple[str, int], Iterable[float]],
+) -> Slow | None:
+    """The slow rank by compute time per step, if one is (see the module docstring)."""
+    medians = {
+        key: statistics.median(values)
+        for key, values in ((k, list(v)) for k, v in times.items())
+        if len(values) >= FEWEST
+    }
+    if len(medians) < 2:
+        return None
+    slowest = max(medians, key=lambda key: medians[key])
+    others = statistics.median(v for k, v in medians.items() if k != slowest)
+    mine = medians[slowest]
+    if others <= 0 or mine < SLOW * others or mine - others < MIN_GAP:
+        return None
+    host, rank = slowest
+    ratio = mine / others
+    return Slow(
+        host,
+        rank,
+        f"is {ratio:.1f}x slower than the median rank: {mine * 1000:.0f} ms of compute per "
+        f"step vs {others * 1000:.0f} ms",
+        ratio,
+    )
+
+
+def waiting(look: RankLook) -> bool:
+    """Whether a rank waits for the others at this look (in a collective, or idle where DDP
+    waits for its all-reduce)."""
+    return look.collective is not None or (look.maybe_waiting and look.active is False)
+
+
+def held_by(round_: Iterable[RankLook]) -> tuple[str, int] | None:
+    """The rank that held the others up at one look: it worked (or was stopped) while at
+    least half of the others waited in a collective."""
+    ranks = list(round_)
+    working = [r for r in ranks if not waiting(r)]
+    if len(ranks) < 2 or len(working) != 1:
+        return None
+    return working[0].host, working[0].rank
+
+
+def slow_by_samples(rounds: Iterable[Iterable[RankLook]]) -> Slow | None:
+    """The slow rank by who held the others up in the last SAMPLES looks, if one did."""
+    kept = list(rounds)[-SAMPLES:]
+    if len(kept) < SAMPLES:
+        return None
+    counts: dict[tuple[str, int], int] = {}
+    where: dict[tuple[str, int], str] = {}
+    for round_ in kept:
+        looks = list(round_)
+        holder = held_by(looks)
+        if holder is None:
+            continue
+        counts[holder] = counts.get(holder, 0) + 1
+        others = [r for r in looks if (r.host, r.rank) != holder]
+        where[holder] = others[0].collective or others[0].where if others else "a collective"
+    if not counts:
+        return None
+    holder = max(counts, key=lambda key: counts[key])
+    runner_up = max((c for k, c in counts.items() if k != holder), default=0)
+    if counts[holder] < HOLDS or runner_up > 1:
+        return None
+    return Slow(
+        holder[0],
+        holder[1],
+        f"held the others up in {counts[holder]} of {len(kept)} looks (they waited in "
+        f"{where[holder]} while it worked)",
+    )
+
+
+@dataclass
+class StragglerWatch:
+    """Compute times and looks in; ``check()`` names a slow rank, once."""
+
+    times: dict[tuple[str, int], deque[float]] = field(default_factory=dict)
+    rounds: dict[int, list[RankLook]] = field(default_factory=dict)
+    named: Slow | None = None
+    _candidate: tuple[str, int] | None = None
+    _streak: int = 0
+
+    def computed(self, host: str, rank: int, seconds: float) -> None:
+        self.times.setdefault((host, rank), deque(maxlen=WINDOW)).append(seconds)
+
+    @property
+    def reports_compute(self) -> bool:
+        return bool(self.times)
+
+    def sampled(self, round_id: int, looks: Iterable[RankLook]) -> None:
+        """One node's answer to the sample look ``round_id``."""
+        self.rounds.setdefault(round_id, []).extend(looks)
+        for old in sorted(self.rounds)[: -SAMPLES - 1]:
+            del self.rounds[old]
+
+    def check(self, world_size: int) -> Slow | None:
+        """A newly named slow rank, if there is one now."""
+        if self.reports_compute:
+            found = slow_by_compute(self.times)
+            key = None if found is None else (found.host, found.rank)
+            self._streak = self._streak + 1 if key is not None and key == self._candidate else 1
+            self._candidate = key
+            if found is None or self._streak < CONFIRM:
+                return None
+        else:
+            complete = [
+                looks for _, looks in sorted(self.rounds.items()) if len(looks) >= world_size
+            ]
+            found = slow_by_samples(complete)
+            if found is None:
+                return None
+        if self.named is not None and (self.named.host, self.named.rank) == (
+            found.host,
+            found.rank,
+        ):
+            return None
+        self.named = found
+        return found

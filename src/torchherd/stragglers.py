@@ -1,0 +1,103 @@
+"""The slow-rank watch of one attempt: feeds recovery.straggler and says what it finds.
+
+Compute times come with the Trainer's beats; jobs that report none are looked at every
+SAMPLE_EVERY seconds while they make progress (a silent job is the hang watch's). Every
+CHECK_EVERY seconds the watch judges; a rank newly named slow is announced once its node has
+said what it can about why (agent.slow: a CPU quota, a busy node, a stopped process, GPU
+clocks), or after WHY_WAIT seconds without an answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from .links import AgentLink
+from .recovery.hang import LOOK_AFTER, RankLook
+from .recovery.straggler import CHECK_EVERY, SAMPLE_EVERY, Slow, StragglerWatch
+
+# Seconds the announcement waits for the node's word on the likely cause.
+WHY_WAIT = 5.0
+
+
+class SlowRanks:
+    """Slow ranks of one attempt: compute times and sample looks in, one line per slow rank
+    out (``say``), and each named rank handed to ``on_slow`` (the job record)."""
+
+    def __init__(
+        self,
+        links: Mapping[str, AgentLink],
+        running: Callable[[], list[str]],
+        silent_for: Callable[[], float],
+        world_size: int,
+        say: Callable[[str], None],
+        on_slow: Callable[[Slow], None] | None = None,
+    ) -> None:
+        self.links = links
+        self.running = running
+        self.silent_for = silent_for
+        self.world_size = world_size
+        self.say = say
+        self.on_slow = on_slow
+        self.watch = StragglerWatch()
+        self.named: list[Slow] = []
+        self._ids = itertools.count(1)
+        self._samples: set[int] = set()
+        self._why: dict[tuple[str, int], asyncio.Future[list[str]]] = {}
+
+    def computed(self, host: str, event: Mapping[str, Any]) -> None:
+        rank, seconds = event.get("r"), event.get("c")
+        if isinstance(rank, int) and isinstance(seconds, int | float):
+            self.watch.computed(host, rank, float(seconds))
+
+    def looked(self, host: str, event: Mapping[str, Any], at: float) -> None:
+        """A look event; only the ones this watch asked for count as samples."""
+        look_id = event.get("id")
+        if isinstance(look_id, int) and look_id in self._samples:
+            self.watch.sampled(look_id, RankLook.from_event(host, event, at))
+
+    def why(self, host: str, event: Mapping[str, Any]) -> None:
+        waiting = self._why.get((host, int(event.get("r", -1))))
+        if waiting is not None and not waiting.done():
+            waiting.set_result([str(c) for c in event.get("causes") or []])
+
+    async def run(self) -> None:
+        """Sample and judge while the attempt runs (cancelled with it)."""
+        since_sample = since_check = 0.0
+        while True:
+            await asyncio.sleep(1.0)
+            since_sample += 1.0
+            since_check += 1.0
+            quiet = self.silent_for() >= LOOK_AFTER
+            if since_sample >= SAMPLE_EVERY and not self.watch.reports_compute and not quiet:
+                since_sample = 0.0
+                look_id = next(self._ids)
+                self._samples.add(look_id)
+                for host in self.running():
+                    link = self.links.get(host)
+                    if link is not None:
+                        link.command("look", id=look_id)
+            if since_check >= CHECK_EVERY:
+                since_check = 0.0
+                found = self.watch.check(self.world_size)
+                if found is not None:
+                    await self._announce(found)
+
+    async def _announce(self, found: Slow) -> None:
+        link = self.links.get(found.host)
+        causes: list[str] = []
+        if link is not None:
+            waiting: asyncio.Future[list[str]] = asyncio.get_running_loop().create_future()
+            self._why[(found.host, found.rank)] = waiting
+            link.command("why-slow", rank=found.rank)
+            try:
+                causes = await asyncio.wait_for(waiting, WHY_WAIT)
+            except TimeoutError:
+                causes = []
+        named = Slow(found.host, found.rank, found.detail, found.ratio, tuple(causes))
+        self.named.append(named)
+        self.say(f"herd: slow rank: {named.line()}")
+        if self.on_slow is not None:
+            self.on_slow(named)

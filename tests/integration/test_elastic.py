@@ -1,0 +1,160 @@
+"""Recovery that costs little and gives back what it took, on the testbed with the Trainer.
+
+A killed worker restarts in place (the same agents, a new attempt, resumed from the snapshot);
+a node cut off and restored comes back into the job, which grows back to its size at its next
+snapshot; with a hot spare, a lost node's place goes to the spare and the job ends with every
+loss of an uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import time
+from pathlib import Path
+
+from tests.integration.live import LiveHerd, job_id
+from tests.integration.training import ARGS, losses, worker_on
+from tests.testbed import Testbed
+
+SCRIPTS = Path(__file__).parent / "scripts"
+
+
+def trainer_job(
+    testbed: Testbed,
+    tmp_path: Path,
+    nodes: list[dict[str, object]],
+    args: list[str],
+    **keys: object,
+) -> tuple[LiveHerd, Path]:
+    """`herd launch ... slow_minimal.py` (the Trainer, a snapshot every 20 steps)."""
+    home, run_dir = tmp_path / "home", tmp_path / "run"
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    path = testbed.write_cluster_file(
+        tmp_path / "herd.toml",
+        nodes=nodes,
+        workdir=str(SCRIPTS),
+        env={"HERD_HOME": str(home)},
+        **keys,
+    )
+    herd = LiveHerd(
+        ["-c", str(path), "--grace", "3", *args, "slow_minimal.py", "--run-dir", str(run_dir)],
+        home,
+        testbed,
+    )
+    return herd, run_dir
+
+
+def wait_for_snapshot(herd: LiveHerd, run_dir: Path, step: int) -> None:
+    deadline = time.monotonic() + 180
+    while not (run_dir / "snapshots" / f"step-{step}").exists():
+        assert time.monotonic() < deadline and herd.process.poll() is None, herd.output
+        time.sleep(0.1)
+
+
+def agents(home: Path, job: str, nodes: list[str]) -> dict[str, int]:
+    return {
+        n: json.loads((home / "nodes" / job / n / "agent.json").read_text())["pid"] for n in nodes
+    }
+
+
+def one_each(*hosts: str, spare: str | None = None) -> list[dict[str, object]]:
+    nodes: list[dict[str, object]] = [{"host": h, "nproc": 1} for h in hosts]
+    if spare:
+        nodes.append({"host": spare, "nproc": 1, "spare": True})
+    return nodes
+
+
+def test_a_killed_worker_restarts_in_place_and_resumes(testbed: Testbed, tmp_path: Path) -> None:
+    herd, run_dir = trainer_job(
+        testbed, tmp_path, one_each("node1", "node2"), ["--max-restarts", "1", *ARGS]
+    )
+    wait_for_snapshot(herd, run_dir, 40)
+    job = job_id(herd.home)
+    before = agents(herd.home, job, ["node1", "node2"])
+    victim = worker_on(job, "node2", testbed)
+    assert victim is not None
+    os.kill(victim, signal.SIGKILL)
+    herd.wait_for(r"attempt 1 in place on the same 2 node\(s\)", 60)
+    resumed = herd.wait_for(r"resumed from \S*/snapshots/step-(\d+)", 180)[0]
+    assert agents(herd.home, job, ["node1", "node2"]) == before  # the same agents, in place
+    code = herd.finish(timeout=300)
+    out = herd.output
+    assert code == 0, out
+    assert int(resumed.group(1)) >= 40, out
+    steps = [step for step, _ in losses(run_dir)]
+    assert steps == list(range(1, 201)), steps  # each step once
+    attempts = herd.record()["attempts"]
+    assert [(a["n"], a["how"], a["outcome"]) for a in attempts] == [
+        (0, "first", "failed"),
+        (1, "in place", "succeeded"),
+    ], attempts
+    herd.assert_clean(["node1", "node2"])
+
+
+def test_a_node_that_comes_back_grows_the_job_back(clean_faults: Testbed, tmp_path: Path) -> None:
+    """node3 cut off: the job goes on with 2 nodes; node3 restored: herd sweeps and checks
+    it, asks the workers to save and stop, and the next attempt runs on 3 again."""
+    testbed = clean_faults
+    args = ["--max-restarts", "1", "--min-nodes", "2", "--max-steps", "1500"]
+    args += ["--snapshot-every", "20", "--batch-size", "16"]
+    herd, run_dir = trainer_job(
+        testbed, tmp_path, one_each("node1", "node2", "node3"), args, launcher_silence=10
+    )
+    wait_for_snapshot(herd, run_dir, 40)
+    testbed.partition("node3")
+    herd.wait_for(r"going on without node3", 60)
+    herd.wait_for(r"resumed from", 120)
+    testbed.heal("node3")
+    herd.wait_for(r"node3 answers again", 120)
+    herd.wait_for(r"node3 back: growing the job: asking every worker to save", 60)
+    herd.wait_for(r"world size 3 \(was 2\)", 120)
+    code = herd.finish(timeout=600)
+    out = herd.output
+    assert code == 0, out
+    assert "world size changed from 2 to 3" in out, out  # the Trainer's own word
+    record = herd.record()
+    shape = [(a["world_size"], a["how"], a["outcome"]) for a in record["attempts"]]
+    assert shape == [
+        (3, "first", "lost"),
+        (2, "new plan", "saved"),
+        (3, "grown", "succeeded"),
+    ], shape
+    assert record["world_size"] == 3 and "node3 back in the job" in record["attempts"][2]["why"]
+    steps = [step for step, _ in losses(run_dir)]
+    assert steps[-1] == 1500 and len(steps) == len(set(steps)), steps[-5:]
+    herd.assert_clean(["node1", "node2", "node3"], settle=30)
+
+
+def test_a_spare_takes_a_lost_nodes_place_and_the_loss_is_unchanged(
+    clean_faults: Testbed, tmp_path: Path
+) -> None:
+    testbed = clean_faults
+    straight, straight_dir = trainer_job(
+        testbed, tmp_path / "straight", one_each("node1", "node2"), list(ARGS)
+    )
+    assert straight.finish(timeout=300) == 0, straight.output
+    expected = losses(straight_dir)
+    herd, run_dir = trainer_job(
+        testbed,
+        tmp_path / "spare",
+        one_each("node1", "node2", spare="node3"),
+        ["--max-restarts", "1", *ARGS],
+        launcher_silence=10,
+    )
+    assert "on 2 node(s) [node1×1, node2×1]" in herd.wait_for(r"herd \S+: job", 60)[0].string
+    wait_for_snapshot(herd, run_dir, 40)
+    testbed.partition("node2")
+    herd.wait_for(r"spare node3 takes node2's place", 60)
+    code = herd.finish(timeout=300)
+    out = herd.output
+    assert code == 0, out
+    assert re.search(r"world size 2 as before", out), out
+    assert losses(run_dir) == expected  # every step's loss, as if nothing happened
+    record = herd.record()
+    assert [n["host"] for n in record["nodes"]] == ["node1", "node3"], record["nodes"]
+    assert [a["how"] for a in record["attempts"]] == ["first", "spare"], record["attempts"]
+    testbed.heal("node2")
+    herd.assert_clean(["node1", "node2", "node3"], settle=30)
