@@ -26,10 +26,12 @@ def trainer_job(
     testbed: Testbed,
     tmp_path: Path,
     nodes: list[dict[str, object]],
-    args: list[str],
+    options: list[str],
+    script_args: list[str] = ARGS,
     **keys: object,
 ) -> tuple[LiveHerd, Path]:
-    """`herd launch ... slow_minimal.py` (the Trainer, a snapshot every 20 steps)."""
+    """`herd launch OPTIONS slow_minimal.py SCRIPT_ARGS` (the Trainer, a snapshot every 20
+    steps by default)."""
     home, run_dir = tmp_path / "home", tmp_path / "run"
     tmp_path.mkdir(parents=True, exist_ok=True)
     path = testbed.write_cluster_file(
@@ -40,7 +42,8 @@ def trainer_job(
         **keys,
     )
     herd = LiveHerd(
-        ["-c", str(path), "--grace", "3", *args, "slow_minimal.py", "--run-dir", str(run_dir)],
+        ["-c", str(path), "--grace", "3", *options, "slow_minimal.py", *script_args]
+        + ["--run-dir", str(run_dir)],
         home,
         testbed,
     )
@@ -69,7 +72,7 @@ def one_each(*hosts: str, spare: str | None = None) -> list[dict[str, object]]:
 
 def test_a_killed_worker_restarts_in_place_and_resumes(testbed: Testbed, tmp_path: Path) -> None:
     herd, run_dir = trainer_job(
-        testbed, tmp_path, one_each("node1", "node2"), ["--max-restarts", "1", *ARGS]
+        testbed, tmp_path, one_each("node1", "node2"), ["--max-restarts", "1"]
     )
     wait_for_snapshot(herd, run_dir, 40)
     job = job_id(herd.home)
@@ -98,10 +101,13 @@ def test_a_node_that_comes_back_grows_the_job_back(clean_faults: Testbed, tmp_pa
     """node3 cut off: the job goes on with 2 nodes; node3 restored: herd sweeps and checks
     it, asks the workers to save and stop, and the next attempt runs on 3 again."""
     testbed = clean_faults
-    args = ["--max-restarts", "1", "--min-nodes", "2", "--max-steps", "1500"]
-    args += ["--snapshot-every", "20", "--batch-size", "16"]
     herd, run_dir = trainer_job(
-        testbed, tmp_path, one_each("node1", "node2", "node3"), args, launcher_silence=10
+        testbed,
+        tmp_path,
+        one_each("node1", "node2", "node3"),
+        ["--max-restarts", "1", "--min-nodes", "2"],
+        ["--max-steps", "1500", "--snapshot-every", "20", "--batch-size", "16"],
+        launcher_silence=10,
     )
     wait_for_snapshot(herd, run_dir, 40)
     testbed.partition("node3")
@@ -133,7 +139,7 @@ def test_a_spare_takes_a_lost_nodes_place_and_the_loss_is_unchanged(
 ) -> None:
     testbed = clean_faults
     straight, straight_dir = trainer_job(
-        testbed, tmp_path / "straight", one_each("node1", "node2"), list(ARGS)
+        testbed, tmp_path / "straight", one_each("node1", "node2"), []
     )
     assert straight.finish(timeout=300) == 0, straight.output
     expected = losses(straight_dir)
@@ -141,7 +147,7 @@ def test_a_spare_takes_a_lost_nodes_place_and_the_loss_is_unchanged(
         testbed,
         tmp_path / "spare",
         one_each("node1", "node2", spare="node3"),
-        ["--max-restarts", "1", *ARGS],
+        ["--max-restarts", "1"],
         launcher_silence=10,
     )
     assert "on 2 node(s) [node1×1, node2×1]" in herd.wait_for(r"herd \S+: job", 60)[0].string
