@@ -13,7 +13,7 @@ import time
 import uuid
 from pathlib import Path
 
-from tests.integration.herd_cli import one_worker_cluster
+from tests.integration.herd_cli import SCRIPTS
 from tests.integration.live import LiveHerd, pids
 from tests.testbed import Testbed
 
@@ -53,14 +53,16 @@ def release(group: Path) -> None:
 def test_a_throttled_node_is_named_and_a_balanced_job_is_not(
     testbed: Testbed, tmp_path: Path
 ) -> None:
-    path, home = one_worker_cluster(
-        testbed, tmp_path, ["node1", "node2"], env={"HERD_HOME": "", "OMP_NUM_THREADS": "1"}
+    home = tmp_path / "home"
+    path = testbed.write_cluster_file(
+        tmp_path / "herd.toml",
+        nodes=[{"host": "node1", "nproc": 1}, {"host": "node2", "nproc": 1}],
+        workdir=str(SCRIPTS),
+        # One core per worker: on this two-core machine the balanced job is balanced.
+        env={"HERD_HOME": str(home), "OMP_NUM_THREADS": "1"},
     )
-    text = path.read_text().replace('HERD_HOME = ""', f'HERD_HOME = "{home}"')
-    path.write_text(text)
-    herd = LiveHerd(
-        ["-c", str(path), "heavy.py", "--run-dir", str(tmp_path / "run")], home, testbed
-    )
+    run_dir = str(tmp_path / "run")
+    herd = LiveHerd(["-c", str(path), "heavy.py", "--run-dir", run_dir], home, testbed)
     group = cpu_cgroup()
     try:
         found = herd.wait_for(r"HEAVY rank=(?P<rank>\d) pid=(?P<pid>\d+)", 180, count=2)

@@ -55,9 +55,10 @@ def launch_command(
         None,
         "--hang-timeout",
         min=0,
-        help="Seconds without progress from any rank (output lines, torchherd.progress beats) "
-        "that make a hang; 0 turns the watch off. Default: learned from the job, "
-        "max(50 s, 3 x the longest gap seen).",
+        help="A plain limit: seconds without progress from any rank (output lines, "
+        "torchherd.progress beats and phases) that make a hang, whatever else herd sees; "
+        "0 turns the hang watch off. Default: none; hangs are judged by looking at the ranks "
+        "once the job goes quiet (a stopped or blocked rank, nobody working).",
     ),
     spares: int = typer.Option(
         0,
@@ -112,8 +113,9 @@ def launch_command(
     Every worker's output is prefixed with host:rank; per-rank logs are kept.
     Ctrl-C stops the job on every node. Inside a Slurm or PBS allocation the nodes are the
     allocated ones (one agent per node).
-    A node that stops answering for 10 s, or a job that makes no progress (a hang), is stopped
-    after herd takes every worker's stacks (herd logs JOB --stacks).
+    A node that stops answering for 10 s is lost; a quiet job is looked at and stopped as hung
+    only on evidence (a stopped or blocked rank, nobody working), after herd takes every
+    worker's stacks (herd logs JOB --stacks).
 
     Exit: 0 success, 1 job failed, 2 usage/config, 3 node not ready, 4 crash loop,
     5 saved for a time limit, 130 interrupted.

@@ -29,11 +29,13 @@ from .hang import RankLook
 # Compute times kept per rank, and the fewest a rank needs before it is judged.
 WINDOW = 20
 FEWEST = 5
-# How much slower than the others' median a slow rank is, at least (and by how much).
-SLOW = 1.3
+# How much slower than the others' median a slow rank is, at least (and by how much). Below
+# 1.4x, the noise of a shared machine (seen on the testbed: a balanced job at 1.3x for half a
+# minute) would be named.
+SLOW = 1.4
 MIN_GAP = 0.005
-# Checks in a row (one every CHECK_EVERY s) a rank must stay slow before it is named.
-CONFIRM = 3
+# Checks in a row (one every CHECK_EVERY s) a rank must stay slow before it is named: a minute.
+CONFIRM = 6
 CHECK_EVERY = 10.0
 # Looks at the ranks for jobs that report no compute time: every SAMPLE_EVERY s; a rank that
 # held the others up in HOLDS of the last SAMPLES is slow.
