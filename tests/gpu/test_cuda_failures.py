@@ -51,13 +51,6 @@ def test_cuda_out_of_memory_is_explained(launch_script: LaunchScript, gpus: int)
     _assert_explained(launch_script, OUT_OF_MEMORY, "cuda-oom")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="torchherd.recovery.causes has no signature for a device-side assert (CUDA kernel "
-    "errors: 'device-side assert triggered', 'illegal memory access') yet",
-)
 def test_device_side_assert_is_explained(launch_script: LaunchScript, gpus: int) -> None:
     assert gpus > 0, "torch sees no GPU here although nvidia-smi lists some"
-    run, job = launch_script(DEVICE_ASSERT, "--nproc", "1")
-    assert job is not None and job.state == "failed", run.tail()
-    assert job.failure.get("cause"), job.failure
+    _assert_explained(launch_script, DEVICE_ASSERT, "cuda-kernel")

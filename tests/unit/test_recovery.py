@@ -83,6 +83,10 @@ RECORDED = {
     "device-ordinal": "RuntimeError: CUDA error: invalid device ordinal\nCUDA kernel errors "
     "might be asynchronously reported",
     "abort-at-teardown": "terminate called without an active exception",
+    # PyTorch's words for a CUDA kernel's failure (c10/cuda/CUDAException.cpp).
+    "cuda-kernel": "RuntimeError: CUDA error: device-side assert triggered\nCUDA kernel errors "
+    "might be asynchronously reported at some other API call, so the stacktrace below might be "
+    "incorrect.\nFor debugging consider passing CUDA_LAUNCH_BLOCKING=1",
     "nccl": "torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/"
     "NCCLUtils.hpp:275, unhandled system error (run with NCCL_DEBUG=INFO for details), "
     "NCCL version 2.21.5\nncclSystemError: System call (e.g. socket, malloc) or external "

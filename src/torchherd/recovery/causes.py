@@ -46,6 +46,16 @@ SIGNATURES: tuple[Signature, ...] = (
         "and check CUDA_VISIBLE_DEVICES there",
     ),
     _sig(
+        "cuda-kernel",
+        r"device-side assert triggered|an illegal memory access was encountered|"
+        r"CUDA error: (misaligned address|unspecified launch failure|an illegal instruction)",
+        "a CUDA kernel failed on the GPU (an index out of range in a gather or an embedding, "
+        "or a kernel that read or wrote outside its memory)",
+        "run the failing rank again with CUDA_LAUNCH_BLOCKING=1 (in [cluster] env) so the "
+        "error points at the right line; check indices and labels against the sizes they "
+        "index (a label >= num_classes, a token id >= vocab size)",
+    ),
+    _sig(
         "abort-at-teardown",
         r"terminate called without an active exception",
         "a worker aborted (SIGABRT) at its end: a thread of the process group still held "
