@@ -1,0 +1,100 @@
+"""Which processes are a job's ranks (agent.workers), on real process trees: a rank's children
+(DataLoader workers) inherit its RANK but are never taken for it; their CPU counts as the
+rank's; the stacks of each are kept apart (agent.stacks)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import uuid
+
+from torchherd.agent import stacks, workers
+
+# A "rank" that starts a child (as a DataLoader would): both spin a little, then sleep.
+RANK = """
+import os, subprocess, sys, time
+child = subprocess.Popen([sys.executable, "-c", "import time\\nwhile True: sum(range(100000))"])
+print(child.pid, flush=True)
+time.sleep(600)
+"""
+
+
+def start_rank(job: str, rank: int, attempt: str = "0") -> tuple[subprocess.Popen[str], int]:
+    env = dict(os.environ, HERD_JOB_ID=job, HERD_NODE="n1", HERD_ATTEMPT=attempt)
+    env.update(RANK=str(rank), LOCAL_RANK=str(rank))
+    process = subprocess.Popen(
+        [sys.executable, "-c", RANK], env=env, stdout=subprocess.PIPE, text=True
+    )
+    assert process.stdout is not None
+    child = int(process.stdout.readline())
+    return process, child
+
+
+def test_ranks_are_told_from_their_children() -> None:
+    job = f"w-{uuid.uuid4().hex[:6]}"
+    started = [start_rank(job, 0), start_rank(job, 1)]
+    try:
+        found = workers.find_workers(job, "n1")
+        assert [(w.rank, w.pid) for w in found] == [(0, started[0][0].pid), (1, started[1][0].pid)]
+        assert [w.children for w in found] == [(started[0][1],), (started[1][1],)]
+        # The child's CPU is the rank's: a rank waiting on its DataLoader still works.
+        rank_alone = workers.cpu_ticks([found[0].pid])
+        before = workers.cpu_ticks(found[0].tree)
+        deadline = time.monotonic() + 10
+        while workers.cpu_ticks(found[0].tree) - before < 5 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert workers.cpu_ticks(found[0].tree) - before >= 5  # the child spins
+        assert workers.cpu_ticks([found[0].pid]) - rank_alone <= 2  # the rank itself sleeps
+        taken = stacks.collect(job, "n1")
+        assert [w["pid"] for w in taken] == [p.pid for p, _ in started]
+        assert [[c["pid"] for c in w["children"]] for w in taken] == [[c] for _, c in started]
+    finally:
+        for process, child in started:
+            for pid in (child, process.pid):
+                try:
+                    os.kill(pid, 9)
+                except ProcessLookupError:
+                    pass
+            process.wait()
+
+
+def test_workers_of_one_attempt_only() -> None:
+    job = f"w-{uuid.uuid4().hex[:6]}"
+    old, _ = start_rank(job, 0, attempt="0")
+    new, _ = start_rank(job, 0, attempt="1")
+    try:
+        assert [w.pid for w in workers.find_workers(job, "n1", "1")] == [new.pid]
+        assert [w.pid for w in workers.find_workers(job, "n1", "0")] == [old.pid]
+    finally:
+        for process in (old, new):
+            for pid in workers.descendants(process.pid) + [process.pid]:
+                try:
+                    os.kill(pid, 9)
+                except ProcessLookupError:
+                    pass
+            process.wait()
+
+
+def test_a_sweep_of_one_attempt_leaves_the_next_alone() -> None:
+    """What a sweep after a lost agent does (processes.end_job with the attempt): the old
+    attempt's rank and its child end, the new attempt's run on."""
+    from torchherd.agent.processes import end_job
+
+    job = f"w-{uuid.uuid4().hex[:6]}"
+    old, old_child = start_rank(job, 0, attempt="0")
+    new, new_child = start_rank(job, 0, attempt="1")
+    try:
+        assert end_job(job, "n1", 1.0, attempt="0") == []
+        old.wait(timeout=10)
+        assert workers.process_state(old_child) in ("?", "Z")
+        assert new.poll() is None and workers.process_state(new_child) not in ("?", "Z")
+    finally:
+        for process, child in ((old, old_child), (new, new_child)):
+            for pid in (child, process.pid):
+                try:
+                    os.kill(pid, 9)
+                except ProcessLookupError:
+                    pass
+            process.wait()
