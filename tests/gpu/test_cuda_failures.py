@@ -4,8 +4,6 @@ console's wording is for people and may change."""
 
 from __future__ import annotations
 
-import pytest
-
 from tests.gpu.conftest import LaunchScript
 from torchherd.recovery.causes import SIGNATURES
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from tests.integration.herd_cli import one_worker_cluster as cluster
 from tests.integration.live import LiveHerd
 from tests.testbed import Testbed
+from torchherd.agent.workers import process_state
 
 
 def test_a_job_that_only_beats_outlives_its_limit(testbed: Testbed, tmp_path: Path) -> None:
@@ -220,3 +221,33 @@ def test_a_killed_worker_restarts_in_place(testbed: Testbed, tmp_path: Path) -> 
 
 def _agent_pid(home: Path, job: str, node: str) -> int:
     return int(json.loads((home / "nodes" / job / node / "agent.json").read_text())["pid"])
+
+
+def test_the_second_ctrl_c_on_this_machine_leaves_nothing(tmp_path: Path) -> None:
+    """The same with the local transport (no ssh): the agent is herd's own child."""
+    home = tmp_path / "home"
+    herd = LiveHerd(
+        ["--nproc", "2", "--grace", "60", "phases.py", "--ignore-sigterm", "--idle"], home
+    )
+    stepping = herd.wait_for(r"STEPPING rank=(?P<rank>\d) pid=(?P<pid>\d+)", 120, count=2)
+    job = next((home / "jobs").iterdir()).name
+    herd.signal(signal.SIGINT)
+    herd.wait_for(r"stopping the job on every node", 30)
+    herd.signal(signal.SIGINT)
+    code = herd.finish(timeout=60)
+    assert code == 130, herd.output
+    left = [
+        pid for pid in (int(p) for p in os.listdir("/proc") if p.isdigit()) if _tagged(pid, job)
+    ]
+    assert not left, f"left running: {left}\n{herd.output}"
+    states = [process_state(int(m.group("pid"))) for m in stepping]
+    assert all(state in ("?", "Z") for state in states), states  # gone (or a corpse)
+
+
+def _tagged(pid: int, job: str) -> bool:
+    try:
+        return f"HERD_JOB_ID={job}".encode() in Path(f"/proc/{pid}/environ").read_bytes().split(
+            b"\0"
+        )
+    except OSError:
+        return False
