@@ -12,6 +12,9 @@ elastic form (--nnodes=2:3 --max-restarts=1), the closest it has to --min-nodes:
   rdzv-host-lost  node1's link down (the rendezvous host)
   hang            SIGSTOP of the worker on node2 mid-run (herd only: torchrun has no watch)
   hang-early      SIGSTOP of rank 1 before its first collective (herd only; phases.py)
+  node-lost-spare node3's link down with node4 a hot spare (herd only)
+  grow-back       node3's link down, then back once the job goes on with 2 nodes: seconds from
+                  the link's return to the first step of the grown job (herd only)
 
 detection = the first sign that the fault was noticed (herd: its own line; torchrun: any
 failure or restart line of a surviving node, or its exit); resumed = the first progress line
@@ -62,8 +65,18 @@ FALSE_ALARMS = (
     r"launcher"
 )
 RESUMED_STEP = r"\bstep \d+"
-FAULTS = ("worker-killed", "node-lost", "rdzv-host-lost", "hang", "hang-early")
-HERD_ONLY = ("hang", "hang-early")
+FAULTS = (
+    "worker-killed",
+    "node-lost",
+    "rdzv-host-lost",
+    "hang",
+    "hang-early",
+    "node-lost-spare",
+    "grow-back",
+)
+HERD_ONLY = ("hang", "hang-early", "node-lost-spare", "grow-back")
+DETECTION_ONLY = ("hang", "hang-early")
+JOB_NODES = ("node1", "node2", "node3")
 
 
 class Lines:
@@ -131,7 +144,7 @@ def herd_process(
         workdir=str(SCRIPTS),
         env={"HERD_HOME": str(home)},
     )
-    argv = [sys.executable, "-m", "torchherd", "launch", "-c", str(cluster), *extra, *argv_tail]
+    argv = [sys.executable, "-m", "torchherd", "launch", "-c", str(cluster), *argv_tail]
     return subprocess.Popen(
         argv,
         cwd=SCRIPTS,
@@ -143,23 +156,23 @@ def herd_process(
     )
 
 
-def start_herd(bed: Testbed, work: Path, home: Path, run_dir: Path) -> Lines:
+def start_herd(bed: Testbed, work: Path, home: Path, run_dir: Path, spare: bool = False) -> Lines:
     tail = ["--grace", "3", "--max-restarts", "1", "--min-nodes", "2", "slow_minimal.py", *ARGS]
-    return Lines([herd_process(bed, work, home, [*tail, "--run-dir", str(run_dir)])])
+    return Lines([herd_process(bed, work, home, [*tail, "--run-dir", str(run_dir)], spare)])
 
 
 def start_torchrun(bed: Testbed, run_dir: Path, run_id: str, port: int) -> Lines:
     script = f"slow_minimal.py {' '.join(ARGS)} --run-dir {run_dir}"
     processes = start_by_hand(
         bed,
-        len(bed.nodes),
+        len(JOB_NODES),
         1,
         SCRIPTS,
         port,
         run_id,
         script,
         torchrun_args="--max-restarts=1",
-        nnodes=f"2:{len(bed.nodes)}",
+        nnodes=f"2:{len(JOB_NODES)}",
         with_stderr=True,
     )
     return Lines(processes)
@@ -205,7 +218,7 @@ def measure(
         tail = ["--grace", "3", "phases.py", "--pause-before-init", "5"]
         lines = Lines([herd_process(bed, work, home, tail)])
     elif runner == "herd":
-        lines = start_herd(bed, work, home, run_dir)
+        lines = start_herd(bed, work, home, run_dir, spare=fault == "node-lost-spare")
     else:
         lines = start_torchrun(bed, run_dir, run_id, 29300 + int(time.time()) % 500)
     stopped: list[int] = []
@@ -240,7 +253,7 @@ def measure(
             os.kill(int(found.group(1)), signal.SIGSTOP)
             stopped.append(int(found.group(1)))
         else:
-            node = "node3" if fault == "node-lost" else "node1"
+            node = "node1" if fault == "rdzv-host-lost" else "node3"
             bed.partition(node)
             cut.append(node)
             # A cut-off node's own lines do not count as the survivors noticing (torchrun by
@@ -249,6 +262,8 @@ def measure(
                 skip = frozenset({bed.nodes.index(bed.node(node))})
         pattern = HERD_NOTICES if runner == "herd" else TORCHRUN_NOTICES
         detected = resumed = None
+        if fault == "grow-back":
+            return grow_back(bed, lines, injected, cut, cap)
         while time.monotonic() - injected < cap:
             if detected is None:
                 found_at = lines.first(pattern, injected, skip)
@@ -256,7 +271,7 @@ def measure(
                 if found_at is None and any(i not in skip for i in exited):
                     found_at = time.monotonic()
                 detected = None if found_at is None else found_at - injected
-            if fault in HERD_ONLY:
+            if fault in DETECTION_ONLY:
                 if detected is not None:
                     break
             else:
@@ -270,6 +285,29 @@ def measure(
         return detected, resumed
     finally:
         cleanup(bed, lines, tags, stopped, cut)
+
+
+def grow_back(
+    bed: Testbed, lines: Lines, cut_at: float, cut: list[str], cap: float
+) -> tuple[float | None, float | None]:
+    """(seconds from node3's cut to the job going on without it, seconds from node3's return to
+    the first step of the job grown back to 3 nodes)."""
+    deadline = cut_at + cap
+    while lines.first_after_resume(cut_at) is None:
+        if time.monotonic() > deadline:
+            return None, None
+        time.sleep(0.2)
+    shrunk = (lines.first_after_resume(cut_at) or cut_at) - cut_at
+    bed.heal(cut.pop())
+    healed = time.monotonic()
+    while time.monotonic() - healed < cap:
+        grown = lines.first(r"world size 3 \(was 2\)", healed)
+        if grown is not None:
+            resumed = lines.first_after_resume(grown)
+            if resumed is not None:
+                return shrunk, resumed - healed
+        time.sleep(0.2)
+    return shrunk, None
 
 
 def false_alarms(bed: Testbed, scratch: Path) -> tuple[int, list[str], int | None]:
@@ -344,7 +382,7 @@ def main() -> int:
     faults = [f for f in args.faults.split(",") if f]
     results: dict[tuple[str, str], list[tuple[float | None, float | None]]] = {}
     alarms: tuple[int, list[str], int | None] | None = None
-    with Testbed(3) as bed, tempfile.TemporaryDirectory(prefix="herd-bench-") as scratch:
+    with Testbed(4) as bed, tempfile.TemporaryDirectory(prefix="herd-bench-") as scratch:
         for run in range(args.runs):
             for fault in faults:
                 runners = ["herd"]
@@ -365,7 +403,7 @@ def main() -> int:
     for (fault, runner), found in results.items():
         medians[(fault, runner)] = (median([d for d, _ in found]), median([r for _, r in found]))
         detected, resumed = medians[(fault, runner)]
-        resumed_text = "-" if fault in HERD_ONLY else shown(resumed, args.cap)
+        resumed_text = "-" if fault in DETECTION_ONLY else shown(resumed, args.cap)
         say(f"{fault + ' (' + runner + ')':<30} {shown(detected, args.cap):>10} {resumed_text:>20}")
     say("\ntargets")
     for fault in ("hang", "hang-early"):
