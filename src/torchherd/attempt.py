@@ -28,7 +28,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .agent.attempt import TEARDOWN_BUDGET
 from .agent.protocol import missing_module
 from .links import AgentLink
 from .logs import FLUSH_EVERY, Failure, JobOutput
@@ -40,7 +39,7 @@ from .recovery.liveness import SILENCE, LauncherClock
 from .recovery.straggler import Slow
 from .spec import ClusterSpec
 from .stragglers import SlowRanks
-from .sweeps import SWEEP_MARGIN, sweep_attempt
+from .teardown import Teardown
 from .transport import Transport
 
 # Seconds between pings to each agent.
@@ -49,15 +48,10 @@ HEARTBEAT_INTERVAL = 2.0
 # [cluster] launcher_silence): a launcher that was stopped, suspended or blocked for up to a
 # minute finds its job still running.
 AGENT_SILENCE = 90.0
-# Seconds beyond the grace period and the agent's own teardown budget before a stopping
-# node's link is cut.
-STOP_MARGIN = 5.0
 # Seconds herd waits for every node's stacks before it stops a hung job.
 EVIDENCE_TIMEOUT = 30.0
 # Seconds between looks for silent nodes, stalls, deadlines and hangs.
 WATCH_EVERY = 1.0
-# Seconds a second Ctrl-C waits for the agents to kill their workers before cutting them off.
-KILL_WAIT = 5.0
 
 
 def agent_request(plan: LaunchPlan, node: NodePlan, silence: float = AGENT_SILENCE) -> dict:
@@ -120,7 +114,6 @@ class Attempt:
         self.ranks_seen: set[tuple[str, int]] = set()
         self.stopping = False
         self.interrupted = False
-        self.killing = False
         self.saving = False
         self._save_asked_at: float | None = None
         self._saved_before: dict[int, float] = {}
@@ -132,8 +125,7 @@ class Attempt:
         self.stopped_for_silence = False
         """The agents stopped the attempt because this launcher had gone silent."""
         self._ending = False
-        self._deadlines: dict[str, float] = {}
-        self._sweeps: dict[str, asyncio.Task[bool]] = {}
+        self.teardown = Teardown(plan, cluster, transport, links, output, clock)
         self._stacks_wanted: set[str] = set()
         self._stacks_arrived = asyncio.Event()
         self._done = asyncio.Event()
@@ -162,10 +154,7 @@ class Attempt:
             await asyncio.gather(*openers)
             self._check_done()
             await self._done.wait()
-            if self._sweeps:
-                await asyncio.wait(
-                    self._sweeps.values(), timeout=self.plan.grace + SWEEP_MARGIN + 5
-                )
+            await self.teardown.finish_sweeps()
         finally:
             for task in [*helpers, *openers]:
                 task.cancel()
@@ -218,18 +207,12 @@ class Attempt:
 
     def kill_all(self) -> None:
         """Kill every worker now (no grace, no stacks); cut the links that do not confirm."""
-        if self.killing:
+        if self.teardown.killing:
             return
-        self.killing = True
         self._ending = True
         self.stopping = True
         self.output.note("herd: killing the job on every node")
-        deadline = self._clock() + KILL_WAIT
-        for node in self.nodes.values():
-            link = self.links.get(node.host)
-            if link is not None and not node.done:
-                link.command("kill")
-                self._deadlines[node.host] = min(self._deadlines.get(node.host, deadline), deadline)
+        self.teardown.kill([h for h, node in self.nodes.items() if not node.done])
 
     def request_save(self, within: float, grow: str = "") -> None:
         """Ask every worker to save a snapshot and stop (torchherd.train does at its next log
@@ -260,14 +243,10 @@ class Attempt:
                 self._tell_stop(node, stacks=stacks)
 
     def _tell_stop(self, node: NodeRun, stacks: bool = False) -> None:
-        link = self.links.get(node.host)
-        if link is None or node.done or node.host in self._deadlines:
+        if node.done:
             return
-        fields: dict[str, Any] = {"stacks": stacks}
-        if self.prewarm_next:
-            fields["next"] = self.number + 1
-        link.command("stop", **fields)
-        self._deadlines[node.host] = self._clock() + self.plan.grace + TEARDOWN_BUDGET + STOP_MARGIN
+        next_attempt = self.number + 1 if self.prewarm_next else None
+        self.teardown.stop(node.host, stacks=stacks, next_attempt=next_attempt)
 
     def end_with_evidence(self, except_host: str | None = None, *, gather: bool = False) -> None:
         """Stop every node after its workers' stacks are taken: each node's own before its
@@ -277,7 +256,8 @@ class Attempt:
             return
         self._ending = True
         if not gather:
-            self.output.note("herd: taking the workers' stacks as the other nodes stop")
+            if any(not n.done and h != except_host for h, n in self.nodes.items()):
+                self.output.note("herd: taking the workers' stacks as the other nodes stop")
             self.stop_all(except_host, stacks=True)
             return
         asyncio.get_running_loop().create_task(self._gather_then_stop(except_host))
@@ -426,7 +406,7 @@ class Attempt:
         elif link.cut_off:
             if node.state != "lost":
                 self._set_state(node, "stopped")
-            self._sweep_later(node)
+            self.teardown.sweep_later(node.plan)
         elif self.stopping and node.state == "starting":
             self._set_state(node, "stopped")
         else:
@@ -441,31 +421,9 @@ class Attempt:
             self._set_state(node, "stopped" if self.stopping and not unreachable else "lost")
             if unreachable is None:
                 # The agent died but the node answers: end what it left behind there.
-                self._sweep_later(node)
+                self.teardown.sweep_later(node.plan)
         self._mark_done(node)
         self._on_node_failed(node)
-
-    def _sweep_later(self, node: NodeRun) -> None:
-        if node.host not in self._sweeps:
-            self._sweeps[node.host] = asyncio.create_task(self._sweep(node))
-
-    async def _sweep(self, node: NodeRun) -> bool:
-        """The `stop` verb of this attempt on a node whose agent is gone or cut off (its
-        processes, by job id and attempt); True once the node is confirmed clean."""
-        swept = await sweep_attempt(
-            self.transport,
-            self.cluster,
-            self.plan.job_id,
-            node.plan,
-            grace=0 if self.killing else self.plan.grace,
-        )
-        if swept.error is not None:
-            self.output.note(f"herd: could not sweep {node.host}: {swept.error}")
-        elif swept.processes:
-            self.output.note(
-                f"herd: ended {swept.processes} process(es) of the attempt left on {node.host}"
-            )
-        return swept.confirmed
 
     def _no_more_stacks_from(self, host: str) -> None:
         self._stacks_wanted.discard(host)
@@ -478,12 +436,13 @@ class Attempt:
             self.noticed = self.noticed or (
                 "its agent's link ended" if node.state == "lost" else "a worker exited"
             )
-            self.output.note(f"herd: {node.host} failed; stopping the other nodes")
+            others = "; stopping the other nodes" if len(self.nodes) > 1 else ""
+            self.output.note(f"herd: {node.host} failed{others}")
             self.end_with_evidence(except_host=node.host)
 
     def _mark_done(self, node: NodeRun) -> None:
         node.done = True
-        self._deadlines.pop(node.host, None)
+        self.teardown.ended(node.host)
         self._check_done()
 
     def _check_done(self) -> None:
@@ -507,7 +466,7 @@ class Attempt:
                 continue
             for host in self.liveness.silent():
                 self._silent(self.nodes[host])
-            self._cut_overdue()
+            self.teardown.cut_overdue()
             if self._ending:
                 continue
             if self.hang.wants_look():
@@ -527,8 +486,7 @@ class Attempt:
         )
         self.liveness.excuse()
         self.hang.excuse(seconds)
-        for host in list(self._deadlines):
-            self._deadlines[host] += seconds
+        self.teardown.excuse(seconds)
 
     def _hung(self, hang: Any) -> None:
         self.hang_found = hang.describe()
@@ -570,31 +528,6 @@ class Attempt:
         self._mark_done(node)
         self.end_with_evidence(except_host=host)
 
-    def _cut_overdue(self) -> None:
-        """Cut off nodes whose agents have not ended the attempt in time after a stop."""
-        now = self._clock()
-        for host, deadline in list(self._deadlines.items()):
-            if now <= deadline:
-                continue
-            del self._deadlines[host]
-            node = self.nodes[host]
-            link = self.links.get(host)
-            if node.done or link is None:
-                continue
-            waited = (
-                "the kill"
-                if self.killing
-                else (
-                    f"the stop (grace {self.plan.grace:g} s + the agent's teardown "
-                    f"{TEARDOWN_BUDGET:g} s)"
-                )
-            )
-            self.output.note(
-                f"herd: {host}'s agent had not ended its share after {waited}; cutting it off "
-                "and sweeping what it left"
-            )
-            link.cut()
-
     async def _flush_output(self) -> None:
         while True:
             await asyncio.sleep(FLUSH_EVERY)
@@ -609,14 +542,6 @@ class Attempt:
                     link.command("ping")
 
     # -- the result -----------------------------------------------------------------------------
-
-    def unconfirmed(self) -> tuple[str, ...]:
-        """Nodes whose sweep did not confirm this attempt ended there."""
-        return tuple(
-            host
-            for host, task in self._sweeps.items()
-            if not (task.done() and not task.cancelled() and task.result())
-        )
 
     def first_failure(self) -> Failure | None:
         """The failure that caused the others: herd's own finding (a lost node, a hang), else

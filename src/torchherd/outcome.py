@@ -119,7 +119,7 @@ def result_of(attempt: Attempt, duration: float) -> AttemptResult:
         reason=reason,
         number=attempt.number,
         reusable=reusable,
-        unconfirmed=attempt.unconfirmed(),
+        unconfirmed=attempt.teardown.unconfirmed(),
         stopped_by_agents=stopped_by_agents,
         saved=attempt.saved_after_request,
         noticed=attempt.noticed or "",

@@ -155,7 +155,7 @@ async def follow(
 
 
 def slow_ranks() -> list[str]:
-    """"job JOB: <slow rank line>" for every running job whose launcher named a slow rank
+    """ "job JOB: <slow rank line>" for every running job whose launcher named a slow rank
     (from the job records on this machine)."""
     from ..jobs import list_records
 
