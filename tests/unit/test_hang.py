@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from tests.unit.clock import Clock
 from torchherd.recovery.hang import (
     ALL_STUCK,
     ALL_WAITING,
@@ -28,17 +29,6 @@ from torchherd.recovery.hang import (
 )
 
 LOOKS = Path(__file__).parent / "looks"
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
 
 
 def recorded(name: str) -> dict[str, Any]:

@@ -6,22 +6,11 @@ from __future__ import annotations
 
 import pytest
 
+from tests.unit.clock import Clock
 from torchherd.recovery import NodeLiveness, RankStack, RestartPolicy, explain
 from torchherd.recovery.evidence import judge
 from torchherd.recovery.liveness import STALL, LauncherClock
 from torchherd.recovery.policy import PROGRESS_BY_TIME, made_progress
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
-
 
 # ---------------------------------------------------------------------------------------------
 # liveness

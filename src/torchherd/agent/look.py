@@ -18,14 +18,13 @@ Counters are cumulative: the launcher judges the difference between two looks (r
 from __future__ import annotations
 
 import json
-import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from .. import progress
 from . import workers as procs
-from .stacks import PTRACE_HINT, py_spy
+from .stacks import py_spy, run_py_spy
 
 # Seconds one non-blocking dump may take (it reads memory; it never waits for the process).
 LOOK_TIMEOUT = 10.0
@@ -53,24 +52,11 @@ def main_frames(dump: list[dict[str, Any]]) -> tuple[list[str], bool | None]:
 
 def frames_of(pid: int, tool: str | None) -> dict[str, Any]:
     """One process's main-thread frames without pausing it, or why there are none."""
-    if tool is None:
-        return {"frames": None, "error": "py-spy is not installed on this node"}
-    argv = [tool, "dump", "--nonblocking", "--json", "--pid", str(pid)]
+    text, error = run_py_spy(tool, pid, ["--nonblocking", "--json"], LOOK_TIMEOUT)
+    if text is None:
+        return {"frames": None, "error": error}
     try:
-        done = subprocess.run(
-            argv, capture_output=True, text=True, timeout=LOOK_TIMEOUT, stdin=subprocess.DEVNULL
-        )
-    except subprocess.TimeoutExpired:
-        return {"frames": None, "error": f"py-spy took longer than {LOOK_TIMEOUT:g} s"}
-    except OSError as exc:
-        return {"frames": None, "error": f"cannot run py-spy: {exc}"}
-    if done.returncode != 0:
-        reason = (done.stderr.strip().splitlines() or [f"exit code {done.returncode}"])[0]
-        if "ermission" in done.stderr or "ptrace" in done.stderr.lower():
-            reason += PTRACE_HINT
-        return {"frames": None, "error": reason}
-    try:
-        frames, active = main_frames(json.loads(done.stdout))
+        frames, active = main_frames(json.loads(text))
     except ValueError:
         return {"frames": None, "error": "py-spy answered with something that is not JSON"}
     return {"frames": frames, "active": active}

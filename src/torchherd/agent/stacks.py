@@ -41,28 +41,36 @@ def py_spy() -> str | None:
 process_state = procs.process_state
 
 
-def dump(pid: int, tool: str | None) -> dict[str, Any]:
-    """One process's stacks (text) and state, or the reason there are none."""
-    state = procs.process_state(pid)
+def run_py_spy(
+    tool: str | None, pid: int, options: list[str], timeout: float
+) -> tuple[str | None, str | None]:
+    """``py-spy dump OPTIONS --pid PID``: (its output, None), or (None, why there is none)."""
     if tool is None:
-        return {"state": state, "error": "py-spy is not installed on this node"}
-    argv = [tool, "dump", "--pid", str(pid)]
-    if state in ("T", "t"):
-        argv.append("--nonblocking")
+        return None, "py-spy is not installed on this node"
+    argv = [tool, "dump", *options, "--pid", str(pid)]
     try:
         done = subprocess.run(
-            argv, capture_output=True, text=True, timeout=DUMP_TIMEOUT, stdin=subprocess.DEVNULL
+            argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL
         )
     except subprocess.TimeoutExpired:
-        return {"state": state, "error": f"py-spy took longer than {DUMP_TIMEOUT:g} s"}
+        return None, f"py-spy took longer than {timeout:g} s"
     except OSError as exc:
-        return {"state": state, "error": f"cannot run py-spy: {exc}"}
+        return None, f"cannot run py-spy: {exc}"
     if done.returncode != 0:
         reason = (done.stderr.strip().splitlines() or [f"exit code {done.returncode}"])[0]
         if "ermission" in done.stderr or "ptrace" in done.stderr.lower():
             reason += PTRACE_HINT
-        return {"state": state, "error": reason}
-    return {"state": state, "stack": done.stdout}
+        return None, reason
+    return done.stdout, None
+
+
+def dump(pid: int, tool: str | None) -> dict[str, Any]:
+    """One process's stacks (text) and state, or the reason there are none."""
+    state = procs.process_state(pid)
+    # A stopped process cannot be paused by py-spy: it is read as it is.
+    options = ["--nonblocking"] if state in ("T", "t") else []
+    text, error = run_py_spy(tool, pid, options, DUMP_TIMEOUT)
+    return {"state": state, "error": error} if text is None else {"state": state, "stack": text}
 
 
 def collect(job_id: str, node: str, attempt: str | None = None) -> list[dict[str, Any]]:
