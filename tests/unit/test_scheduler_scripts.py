@@ -50,6 +50,22 @@ def test_slurm_script() -> None:
     )
 
 
+def test_slurm_keeps_the_allocation_when_herd_handles_node_loss() -> None:
+    """With --min-nodes herd goes on without a lost node: Slurm must not end the job first."""
+    handled = render(spec("slurm", launch_args=("--min-nodes", "2", "train.py")))
+    assert "#SBATCH --no-kill" in handled.splitlines()
+    assert "herd goes on without the node" in handled
+    plain = render(spec("slurm"))
+    assert "--no-kill" not in plain and "Slurm ends the job and requeues it" in plain
+
+
+def test_the_save_window_is_the_warning_less_the_stop() -> None:
+    from torchherd.cli.launch import save_window
+
+    assert save_window(120, 10) == 100  # Slurm's 120 s warning, a 10 s grace, a 10 s margin
+    assert save_window(20, 10) == 5  # never under 5 s
+
+
 def test_pbs_script() -> None:
     text = render(spec("pbs", cpus_per_node=64, gpu_resource="ngpus", partition="workq"))
     lines = text.splitlines()
