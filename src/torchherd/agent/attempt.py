@@ -95,7 +95,7 @@ class Prewarmed:
         env.setdefault("PYTHONUNBUFFERED", "1")
         processes.become_subreaper()
         self.process = subprocess.Popen(
-            [self.python, "-m", ELASTIC_MODULE, PREWARM_FLAG],
+            [os.path.expanduser(self.python), "-m", ELASTIC_MODULE, PREWARM_FLAG],
             env=env,
             cwd=cwd if cwd and os.path.isdir(cwd) else None,
             stdin=subprocess.PIPE,
@@ -237,8 +237,12 @@ class NodeAttempt:
             if prewarmed.fits(self.request):
                 return prewarmed.hand_over(list(self.request["argv"]), env)
             prewarmed.discard()
+        argv = list(self.request["argv"])
+        # A home-relative interpreter (python = "~/venv/bin/python") means this node's home:
+        # no shell runs the command to expand it.
+        argv[0] = os.path.expanduser(argv[0])
         return subprocess.Popen(
-            self.request["argv"],
+            argv,
             env=env,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
