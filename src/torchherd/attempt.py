@@ -297,12 +297,10 @@ class Attempt:
             self.liveness.heard(host)
         if "a" in event and str(event["a"]) != str(self.number):
             return  # a late word about another attempt (never expected; never acted on)
-        if kind == "line":
-            rank = event.get("r")
-            self.output.line(host, rank, event.get("t", ""))
-            if rank is not None:
-                self.ranks_seen.add((host, rank))
-            self.hang.signal(rank)
+        if kind == "lines":
+            self._lines(host, event.get("b") or [])
+        elif kind == "line":
+            self._lines(host, [[event.get("r"), event.get("l"), event.get("s"), event.get("t")]])
         elif kind == "beat":
             self.hang.signal(event.get("r"), event.get("step"))
             self.slow.computed(host, event)
@@ -331,6 +329,23 @@ class Attempt:
             self._on_node_failed(node)
         elif kind == "exit":
             self._exited(node, event)
+
+    def _lines(self, host: str, batch: list[Any]) -> None:
+        """Worker lines of one node: to the output, and as progress of the ranks that spoke."""
+        shown: list[tuple[int | None, str]] = []
+        spoke: set[int] = set()
+        for item in batch:
+            if not isinstance(item, list) or len(item) != 4:
+                continue
+            rank, text = item[0], str(item[3] or "")
+            rank = rank if isinstance(rank, int) else None
+            shown.append((rank, text))
+            if rank is not None:
+                spoke.add(rank)
+        self.output.lines(host, shown)
+        for rank in spoke:
+            self.ranks_seen.add((host, rank))
+            self.hang.signal(rank)
 
     def _exited(self, node: NodeRun, event: dict[str, Any]) -> None:
         host = node.host

@@ -28,6 +28,8 @@ class Console:
         self._queue: queue.Queue[object] = queue.Queue()
         self._capacity = capacity
         self._dropped = 0
+        self._waiting = 0
+        """Worker lines queued and not yet written."""
         self._lock = threading.Lock()
         self.gone = False
         """True once the console could not be written (a closed pipe): it is not used again."""
@@ -36,13 +38,18 @@ class Console:
 
     def write_line(self, text: str) -> None:
         """A worker line: shown unless the console is too far behind (then counted)."""
-        if self.gone:
+        self.write_lines([text])
+
+    def write_lines(self, texts: list[str]) -> None:
+        """Worker lines: shown unless the console is too far behind (then counted)."""
+        if self.gone or not texts:
             return
-        if self._queue.qsize() >= self._capacity:
-            with self._lock:
-                self._dropped += 1
-            return
-        self._queue.put(text)
+        with self._lock:
+            if self._waiting >= self._capacity:
+                self._dropped += len(texts)
+                return
+            self._waiting += len(texts)
+        self._queue.put(texts)
 
     def note(self, text: str) -> None:
         """herd's own words: never left out."""
@@ -77,12 +84,17 @@ class Console:
                         "every line is in the job's output.log]\n"
                     )
                 )
-            if item is None or self._queue.empty():
-                if item is not None:
-                    self._safely(lambda t=item: self.stream.write(f"{t}\n"))
-                self._safely(self.stream.flush)
+            text: str | None
+            if isinstance(item, list):
+                with self._lock:
+                    self._waiting -= len(item)
+                text = "\n".join(item)
             else:
-                self._safely(lambda t=item: self.stream.write(f"{t}\n"))
+                text = item if isinstance(item, str) else None  # a note, or a flush
+            if text is not None:
+                self._safely(lambda t=text: self.stream.write(f"{t}\n"))
+            if item is None or self._queue.empty():
+                self._safely(self.stream.flush)
 
     def _safely(self, action: object) -> None:
         try:

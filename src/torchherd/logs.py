@@ -119,17 +119,25 @@ class JobOutput:
         return label.ljust(self.width)
 
     def line(self, host: str, rank: int | None, text: str) -> None:
-        if self._secrets:
-            text = redact_text(text, self._secrets)
-        label = self.prefix(host, rank)
-        if self.color:
-            code = self._colors.get(host, "0") if rank is not None else _DIM
-            shown = f"\x1b[{code}m{label}\x1b[0m | {text}"
-        else:
-            shown = f"{label} | {text}"
-        self.console.write_line(shown)
-        name = f"rank-{rank}.log" if rank is not None else f"node-{host}.log"
-        self.files.write(name, f"{label} | {text}\n", text + "\n")
+        self.lines(host, [(rank, text)])
+
+    def lines(self, host: str, batch: Iterable[tuple[int | None, str]]) -> None:
+        """Worker lines of one node (its agent sends them in batches): one hand-over to the
+        console's thread and one to the files' for the whole batch."""
+        shown: list[str] = []
+        kept: list[tuple[str | None, str, str | None]] = []
+        for rank, said in batch:
+            text = redact_text(said, self._secrets) if self._secrets else said
+            label = self.prefix(host, rank)
+            if self.color:
+                code = self._colors.get(host, "0") if rank is not None else _DIM
+                shown.append(f"\x1b[{code}m{label}\x1b[0m | {text}")
+            else:
+                shown.append(f"{label} | {text}")
+            name = f"rank-{rank}.log" if rank is not None else f"node-{host}.log"
+            kept.append((name, f"{label} | {text}\n", text + "\n"))
+        self.console.write_lines(shown)
+        self.files.write_many(kept)
         if time.monotonic() - self._flushed > FLUSH_EVERY:
             self.flush()
 
@@ -168,7 +176,7 @@ class LogFiles:
         self.console = console
         self.problem: str | None = None
         self.dropped = 0
-        self._queue: queue.SimpleQueue[tuple[str | None, str, str | None] | None | str] = (
+        self._queue: queue.SimpleQueue[list[tuple[str | None, str, str | None]] | None | str] = (
             queue.SimpleQueue()
         )
         self._waiting = 0
@@ -181,12 +189,18 @@ class LogFiles:
 
     def write(self, name: str | None, merged: str, own: str | None) -> None:
         """One line: ``merged`` for output.log, ``own`` for the file ``name`` (if any)."""
+        self.write_many([(name, merged, own)])
+
+    def write_many(self, lines: list[tuple[str | None, str, str | None]]) -> None:
+        """Lines as ``write`` takes them, handed over at once."""
+        if not lines:
+            return
         with self._lock:
             if self._waiting >= self.QUEUE_LINES:
-                self.dropped += 1
+                self.dropped += len(lines)
                 return
-            self._waiting += 1
-        self._queue.put((name, merged, own))
+            self._waiting += len(lines)
+        self._queue.put(lines)
 
     def flush(self) -> None:
         self._queue.put("flush")
@@ -206,21 +220,22 @@ class LogFiles:
             if item == "flush":
                 self._safely(self._flush_all)
                 continue
-            assert isinstance(item, tuple)
+            assert isinstance(item, list)
             with self._lock:
-                self._waiting -= 1
+                self._waiting -= len(item)
                 dropped, self.dropped = self.dropped, 0
             if dropped:
                 self._say(
                     f"{dropped} line(s) could not wait for the log disk and are not in "
                     "the job's log files"
                 )
-            self._safely(functools.partial(self._keep, *item))
+            self._safely(functools.partial(self._keep_all, item))
 
-    def _keep(self, name: str | None, merged: str, own: str | None) -> None:
-        self._merged.write(merged)
-        if name is not None and own is not None:
-            self._file(name).write(own)
+    def _keep_all(self, lines: list[tuple[str | None, str, str | None]]) -> None:
+        for name, merged, own in lines:
+            self._merged.write(merged)
+            if name is not None and own is not None:
+                self._file(name).write(own)
 
     def _file(self, name: str) -> IO[str]:
         handle = self._files.get(name)

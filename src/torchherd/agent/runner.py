@@ -49,6 +49,11 @@ ALIVE_EVERY = 2.0
 # when the request does not say: long enough for a launcher stalled by a blocked write, a
 # Ctrl-Z or a paused VM to come back (say a minute), short enough to free a cut-off node.
 SILENCE = 90.0
+# Worker lines are sent to the launcher in batches: at most this many seconds late, this many
+# lines or bytes to a batch.
+LINE_BATCH_EVERY = 0.05
+LINE_BATCH_MAX = 1000
+LINE_BATCH_BYTES = 256 * 1024
 # Seconds an agent that stopped its attempt for a silent launcher waits for it to come back
 # (its report is then delivered and the job restarted) before it exits.
 LINGER = 300.0
@@ -57,24 +62,59 @@ _LEAVE = object()
 
 
 class StdoutEmitter:
-    """Writes events to stdout; a broken pipe means the launcher is gone."""
+    """Writes events to stdout; a broken pipe means the launcher is gone.
+
+    Worker lines travel in batches (``{"e": "lines", "b": [[rank, local rank, stream, text],
+    ...]}``), at most LINE_BATCH_EVERY seconds late: one event for many lines keeps the
+    launcher's work per line small on large jobs. Any other event first sends the lines
+    queued before it, so the order of everything holds.
+    """
 
     def __init__(self, on_broken: Callable[[], None]) -> None:
-        self._lock = threading.Lock()
+        self._lock = threading.Condition()
         self._on_broken = on_broken
         self._broken = False
+        self._lines: list[list[Any]] = []
+        self._bytes = 0
+        threading.Thread(target=self._flush_lines, daemon=True).start()
 
     def __call__(self, event: dict[str, Any]) -> None:
-        data = encode(event)
         with self._lock:
-            if self._broken:
+            if event.get("e") == "line":
+                text = event.get("t", "")
+                self._lines.append([event.get("r"), event.get("l"), event.get("s"), text])
+                self._bytes += len(text)
+                if len(self._lines) >= LINE_BATCH_MAX or self._bytes >= LINE_BATCH_BYTES:
+                    self._send_lines()
+                else:
+                    self._lock.notify()
                 return
-            try:
-                sys.stdout.buffer.write(data)
-                sys.stdout.buffer.flush()
-            except (BrokenPipeError, OSError):
-                self._broken = True
-                self._on_broken()
+            self._send_lines()
+            self._write(encode(event))
+
+    def _flush_lines(self) -> None:
+        while True:
+            with self._lock:
+                while not self._lines:
+                    self._lock.wait()
+            time.sleep(LINE_BATCH_EVERY)  # let a burst gather
+            with self._lock:
+                self._send_lines()
+
+    def _send_lines(self) -> None:
+        if self._lines:
+            batch, self._lines, self._bytes = self._lines, [], 0
+            self._write(encode({"e": "lines", "b": batch}))
+
+    def _write(self, data: bytes) -> None:
+        if self._broken:
+            return
+        try:
+            sys.stdout.buffer.write(data)
+            sys.stdout.buffer.flush()
+        except (BrokenPipeError, OSError):
+            self._broken = True
+            self._on_broken()
 
 
 class Agent:
