@@ -54,10 +54,17 @@ EVIDENCE_TIMEOUT = 30.0
 WATCH_EVERY = 1.0
 
 
-def agent_request(plan: LaunchPlan, node: NodePlan, silence: float = AGENT_SILENCE) -> dict:
+def agent_request(
+    plan: LaunchPlan,
+    node: NodePlan,
+    silence: float = AGENT_SILENCE,
+    send: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """The request an agent runs an attempt from; `herd launch --detach` sends it too.
-    ``silence``: seconds without a word from the launcher before the agent stops the job."""
-    return {
+    ``silence``: seconds without a word from the launcher before the agent stops the job;
+    ``send``: which worker lines to send (None: all; else ``{"ranks": [...], "stderr": bool}``,
+    the rest kept on the node)."""
+    request: dict[str, Any] = {
         "job_id": plan.job_id,
         "node": node.name,
         "workdir": plan.workdir,
@@ -69,6 +76,9 @@ def agent_request(plan: LaunchPlan, node: NodePlan, silence: float = AGENT_SILEN
         "silence": silence,
         "serve": True,  # the agent stays for the job's next attempt (a restart in place)
     }
+    if send is not None:
+        request["send"] = send
+    return request
 
 
 class Attempt:
@@ -87,6 +97,7 @@ class Attempt:
         clock: Callable[[], float] = time.monotonic,
         prewarm_next: bool = False,
         on_slow: Callable[[Slow], None] | None = None,
+        send: dict[str, Any] | None = None,
     ) -> None:
         self.plan = plan
         self.cluster = cluster
@@ -103,6 +114,8 @@ class Attempt:
         self.evidence = Evidence(evidence_dir or output.log_dir / "stacks" / f"attempt-{number}")
         self.prewarm_next = prewarm_next
         """Warm a wrapper for the next attempt on every node while this one stops."""
+        self.send = send
+        """Which worker lines the agents send (None: all; see agent_request)."""
         self.cause: Failure | None = None
         """Set when herd itself found the cause (a lost node, a hang); wins over workers'."""
         self.hang_found: str | None = None
@@ -181,7 +194,7 @@ class Attempt:
         link.on_event = lambda event, n=node: self._handle(n, event)
         link.on_text = lambda text, n=node: self.output.line(n.host, None, text)
         link.start_reading()
-        link.run(agent_request(self.plan, node.plan, self.cluster.launcher_silence))
+        link.run(agent_request(self.plan, node.plan, self.cluster.launcher_silence, self.send))
         if self.stopping:
             self._tell_stop(node)
         asyncio.create_task(self._watch_link(node, link))
@@ -301,6 +314,11 @@ class Attempt:
             self._lines(host, event.get("b") or [])
         elif kind == "line":
             self._lines(host, [[event.get("r"), event.get("l"), event.get("s"), event.get("t")]])
+        elif kind == "spoke":  # ranks whose lines the node kept: progress all the same
+            for rank in event.get("r") or []:
+                if isinstance(rank, int):
+                    self.ranks_seen.add((host, rank))
+                    self.hang.signal(rank)
         elif kind == "beat":
             self.hang.signal(event.get("r"), event.get("step"))
             self.slow.computed(host, event)

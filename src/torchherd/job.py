@@ -39,6 +39,10 @@ from .spec import ClusterSpec
 from .sweeps import sweep_attempt
 from .transport import Transport
 
+# Above this many nodes the agents send the console only rank 0's lines and every rank's
+# stderr: every line is kept on its node (herd logs JOB --rank R fetches it there).
+SHOW_ALL_NODES = 16
+
 # Restarts after the agents stopped the job for a silent launcher (this launcher was stopped
 # or suspended): not the job's fault, so not counted against --max-restarts, but bounded.
 STALL_RESTARTS = 3
@@ -249,7 +253,21 @@ class JobRun:
             evidence_dir=self.log_dir / "stacks" / f"attempt-{self.number}",
             prewarm_next=self.restarts < self.policy.max_restarts,
             on_slow=self._slow,
+            send=self._sent_lines(plan),
         )
+
+    def _sent_lines(self, plan: LaunchPlan) -> dict[str, Any] | None:
+        """Which worker lines the agents send: all on small jobs; on large ones rank 0's and
+        every rank's stderr (the launcher of a thousand nodes cannot take every line)."""
+        if len(plan.nodes) <= SHOW_ALL_NODES:
+            return None
+        if not self.record.lines_on_nodes:
+            self.record.lines_on_nodes = True
+            self.output.note(
+                f"herd: {len(plan.nodes)} nodes: the console shows rank 0 and every rank's "
+                f"stderr; every line is kept on its node (herd logs {plan.job_id} --rank R)"
+            )
+        return {"ranks": [0], "stderr": True}
 
     def _slow(self, slow: Slow) -> None:
         """A slow rank named: in the job record at once (`herd top` shows it)."""

@@ -49,6 +49,9 @@ class JobRecord:
     """host -> the job's directory on that node (detached jobs: events.jsonl lives there)."""
     restarts: int = 0
     """Times the launcher restarted the whole job after a failure."""
+    lines_on_nodes: bool = False
+    """Only some ranks' lines reached the launcher (a large job): the rest are kept on the
+    nodes, where `herd logs JOB --rank R` reads them."""
     slow: str | None = None
     """The rank herd last named slow while the job ran (recovery.straggler), in words."""
     attempts: list[dict[str, Any]] = field(default_factory=list)

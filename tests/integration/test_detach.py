@@ -133,7 +133,7 @@ def test_stop_from_another_terminal_ends_an_attached_job(testbed: Testbed, tmp_p
         wait_for(lambda: jobs.is_dir() and any(jobs.iterdir()), what="the job record")
         job = next(jobs.iterdir()).name
         # The launcher's own files are flushed in blocks; the node's torchrun log is not.
-        pattern = f"nodes/{job}/node1/torchrun/*/attempt_0/0/stdout.log"
+        pattern = f"nodes/{job}/node1/attempt-0/torchrun/*/attempt_0/0/stdout.log"
         wait_for(lambda: any("step 5" in p.read_text() for p in home.glob(pattern)), what="steps")
         stop = herd(["stop", job], home, tmp_path)
         assert stop.returncode == 0, stop.stdout + stop.stderr

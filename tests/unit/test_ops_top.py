@@ -57,7 +57,7 @@ def test_cpu_and_memory_readings_are_sane() -> None:
 
 def test_step_rate_from_local_rank_zeros_log(tmp_path: Path) -> None:
     node_dir = tmp_path / "nodes" / "job1" / "n1"
-    log = node_dir / "torchrun" / "job1_x" / "attempt_0" / "0" / "stdout.log"
+    log = node_dir / "attempt-0" / "torchrun" / "job1_x" / "attempt_0" / "0" / "stdout.log"
     log.parent.mkdir(parents=True)
     log.write_text("hello\nstep 10 loss 1.0\n")
     write_agent_record(str(node_dir), "job1", "n1", detached=True)  # this process: "running"

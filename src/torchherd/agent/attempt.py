@@ -29,7 +29,7 @@ from collections.abc import Callable
 from typing import IO, Any
 
 from .. import progress
-from ..files import private_dir
+from ..files import private_dir, write_private
 from . import processes, stacks
 from .control import write_agent_record
 from .elastic import FAILURE_FILE_VAR, NODE_DIR_VAR, PREWARM_FLAG
@@ -47,6 +47,8 @@ MAX_LINE = 64 * 1024
 REAP_EVERY = 1.0
 # Seconds between looks at the workers' progress files.
 PROGRESS_POLL = 1.0
+# Global rank -> local rank of the attempt's workers on this node, in the attempt's directory.
+RANKS_FILE = "ranks.json"
 # Seconds the final sweep gives what is left of the attempt after SIGTERM.
 SWEEP_GRACE = 5.0
 # What ending an attempt may take beyond its grace period: the stacks of what still runs
@@ -151,6 +153,10 @@ class NodeAttempt:
         self.stderr_tails: dict[int | None, collections.deque[str]] = collections.defaultdict(
             lambda: collections.deque(maxlen=STDERR_TAIL)
         )
+        self.local_ranks: dict[int, int] = {}
+        """Global rank -> local rank of the workers seen here."""
+        self.spoke: set[int] = set()
+        """Ranks whose lines were kept here (not sent) since the last report."""
         env = dict(request.get("env", {}))
         self.node_dir = os.path.join(herd_home(env), "nodes", self.job_id, self.node)
         self.attempt_dir = os.path.join(self.node_dir, f"attempt-{self.attempt}")
@@ -289,17 +295,49 @@ class NodeAttempt:
     def _line(self, name: str, rank: int | None, local_rank: int | None, text: str) -> None:
         if name == "e":
             self.stderr_tails[rank].append(text[:MAX_LINE])
+        if rank is not None and local_rank is not None and rank not in self.local_ranks:
+            self.local_ranks[rank] = local_rank
+            self._keep_rank_map()
+        if not self._sends(name, rank):
+            # Kept on this node only (torchrun's own per-rank files); the launcher learns that
+            # the rank spoke (progress), not what it said.
+            assert rank is not None
+            self.spoke.add(rank)
+            return
         for start in range(0, max(len(text), 1), MAX_LINE):
             piece = text[start : start + MAX_LINE]
             self.emit({"e": "line", "r": rank, "l": local_rank, "s": name, "t": piece})
 
+    def _sends(self, stream: str, rank: int | None) -> bool:
+        """Whether a worker line goes to the launcher: every line unless the request chose
+        (large jobs: rank 0, and every rank's stderr), torchrun's own lines always."""
+        chosen = self.request.get("send")
+        if not isinstance(chosen, dict) or rank is None:
+            return True
+        ranks = chosen.get("ranks")
+        if ranks is None or rank in ranks:
+            return True
+        return stream == "e" and bool(chosen.get("stderr"))
+
+    def _keep_rank_map(self) -> None:
+        """Which global rank ran as which local rank here (``herd logs --rank`` reads the
+        lines kept on this node from torchrun's per-local-rank files)."""
+        try:
+            write_private(os.path.join(self.attempt_dir, RANKS_FILE), json.dumps(self.local_ranks))
+        except OSError:
+            pass
+
     def _report_progress(self) -> None:
-        """Forward each rank's newest beat, phase and committed snapshot to the launcher."""
+        """Forward each rank's newest beat, phase and committed snapshot to the launcher, and
+        which ranks spoke in lines kept here."""
         sent: dict[tuple[int, str], object] = {}
         while not self.stop_requested.wait(PROGRESS_POLL):
             if self.process is not None and self.process.poll() is not None:
                 return
             self._send_progress(sent)
+            if self.spoke:
+                spoke, self.spoke = sorted(self.spoke), set()
+                self.emit({"e": "spoke", "r": spoke})
 
     def _send_progress(self, sent: dict[tuple[int, str], object]) -> None:
         for rank, seen in progress.read_progress(self.progress_dir).items():

@@ -11,6 +11,7 @@ the job the normal way, so its last event says "stopped" instead of "killed by S
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import signal
@@ -177,6 +178,40 @@ def status(request: dict[str, Any]) -> dict[str, Any]:
 # logs
 
 
+def kept_lines(request: dict[str, Any], out: Any) -> int:
+    """A rank's lines kept on this node (a large job sends the launcher only some ranks'):
+    torchrun's per-local-rank files of every attempt in which the rank ran here, as line
+    events (each attempt's stdout, then its stderr)."""
+    rank = int(request["rank"])
+    node_dir = node_dir_for(request)
+    sent = 0
+    for attempt_dir in sorted(glob.glob(os.path.join(node_dir, "attempt-*")), key=_attempt_of):
+        try:
+            with open(os.path.join(attempt_dir, "ranks.json")) as handle:
+                local = json.load(handle).get(str(rank))
+        except (OSError, ValueError):
+            continue
+        if local is None:
+            continue
+        for stream, name in (("o", "stdout.log"), ("e", "stderr.log")):
+            pattern = os.path.join(attempt_dir, "torchrun", "*", "attempt_*", str(local), name)
+            for path in sorted(glob.glob(pattern)):
+                with open(path, "rb") as handle:
+                    for raw in handle:
+                        text = raw.decode(errors="replace").rstrip("\r\n")
+                        out.write(encode({"e": "line", "r": rank, "s": stream, "t": text}))
+                        sent += 1
+    out.flush()
+    return 0 if sent else 1
+
+
+def _attempt_of(path: str) -> int:
+    try:
+        return int(path.rsplit("-", 1)[1])
+    except (IndexError, ValueError):
+        return -1
+
+
 def logs(request: dict[str, Any], out: Any = None, watch_stdin: bool = True) -> int:
     """Copy a detached job's events (``events.jsonl``) to stdout; with follow, until it ends.
 
@@ -184,6 +219,8 @@ def logs(request: dict[str, Any], out: Any = None, watch_stdin: bool = True) -> 
     formats them exactly like a live job's lines.
     """
     out = out or sys.stdout.buffer
+    if request.get("kept") and request.get("rank") is not None:
+        return kept_lines(request, out)
     node_dir = node_dir_for(request)
     path = os.path.join(node_dir, EVENTS_FILE)
     rank = request.get("rank")

@@ -1,7 +1,7 @@
 """`python -m torchherd.agent.elastic [torchrun arguments]`: torchrun, with a failure record.
 
 This is torchrun itself (torch.distributed.run), with two additions the node agent needs:
-per-rank logs default to the job's node directory, and a failure is also written as JSON
+per-rank logs default to the attempt's directory on the node, and a failure is also written as JSON
 (global rank, local rank, exit code or signal, message) to $HERD_FAILURE_FILE, so the launcher
 reports the first failure exactly instead of parsing torchrun's text.
 """
@@ -77,7 +77,9 @@ def main(argv: list[str]) -> int:
     args = parse_args(argv)
     node_dir = os.environ.get(NODE_DIR_VAR)
     if node_dir and not args.log_dir:
-        args.log_dir = os.path.join(node_dir, "torchrun")
+        # Each attempt's per-rank files apart: `herd logs --rank` reads them there.
+        attempt = os.environ.get("HERD_ATTEMPT", "0")
+        args.log_dir = os.path.join(node_dir, f"attempt-{attempt}", "torchrun")
     try:
         run(args)
     except ChildFailedError as exc:

@@ -171,7 +171,9 @@ def running_jobs(home: str, node: str | None = None) -> list[dict[str, Any]]:
 
 def last_step(node_dir: str) -> int | None:
     """The last step number local rank 0 printed (newest torchrun attempt)."""
-    logs = glob.glob(os.path.join(node_dir, "torchrun", "*", "attempt_*", "0", "stdout.log"))
+    # Each attempt keeps torchrun's per-rank files in its own directory.
+    pattern = os.path.join(node_dir, "attempt-*", "torchrun", "*", "attempt_*", "0", "stdout.log")
+    logs = glob.glob(pattern)
     if not logs:
         return None
     newest = max(logs, key=_mtime)
