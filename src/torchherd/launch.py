@@ -51,6 +51,9 @@ class LaunchOptions:
 
     dry_run: bool = False
     """Print the plan and start nothing."""
+    ranks: frozenset[int] | None = None
+    """Global ranks whose lines reach the console (None: every rank); every rank's lines are
+    kept in the job's files all the same (logs.JobOutput's ``ranks``)."""
     log_dir: Path | None = None
     """Where per-rank logs go; default: the job directory."""
     preflight: bool = True

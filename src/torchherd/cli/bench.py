@@ -15,8 +15,9 @@ import typer
 from rich.console import Console
 
 from ..errors import EXIT_JOB_FAILED, UsageError
-from .app import CLUSTER_HELP, app
+from .app import CLUSTER_HELP, HOSTS_HELP, NODES_HELP, app
 from .common import cluster_for
+from .parsing import RUNS_SOMETHING, HerdCommand
 
 bench_app = typer.Typer(
     help="Measure the cluster: TCP between every pair, all-reduce bandwidth, scaling.\n\n"
@@ -26,7 +27,6 @@ bench_app = typer.Typer(
 )
 app.add_typer(bench_app, name="bench")
 
-HOSTS_HELP = "Hosts instead of a file: gpu1:4,gpu2:4."
 JSON_HELP = "Print the result as JSON on stdout (no table)."
 PNG_HELP = "Also write the plot to this PNG file (needs the torchherd\\[bench] extra)."
 
@@ -82,10 +82,11 @@ def _print_json(value: dict[str, Any]) -> None:
     sys.stdout.write(json.dumps(value, indent=2) + "\n")
 
 
-@bench_app.command("net")
+@bench_app.command("net", cls=HerdCommand)
 def net_command(
     config: str = typer.Option(None, "-c", "--config", help=CLUSTER_HELP),
     hosts: str = typer.Option(None, "-H", "--hosts", help=HOSTS_HELP),
+    nodes: str = typer.Option(None, "--nodes", help=NODES_HELP),
     seconds: float = typer.Option(
         1.0, "--seconds", min=0.1, help="Longest throughput test per link and direction."
     ),
@@ -103,7 +104,7 @@ def net_command(
     from ..bench.plots import net_heatmap
     from ..bench.render import render_net
 
-    cluster = cluster_for(config, hosts)
+    cluster = cluster_for(config, hosts, nodes=nodes)
     err = Console(stderr=True, highlight=False)
     with _progress(err, f"measuring {len(cluster.nodes)} node(s)") as say:
         matrix = bench_net(cluster, NetBenchOptions(seconds=seconds, pings=pings), say=say)
@@ -111,10 +112,11 @@ def net_command(
     return 0
 
 
-@bench_app.command("allreduce")
+@bench_app.command("allreduce", cls=HerdCommand)
 def allreduce_command(
     config: str = typer.Option(None, "-c", "--config", help=CLUSTER_HELP),
     hosts: str = typer.Option(None, "-H", "--hosts", help=HOSTS_HELP),
+    nodes: str = typer.Option(None, "--nodes", help=NODES_HELP),
     nproc: int = typer.Option(None, "--nproc", min=1, help="Workers per node (as in launch)."),
     min_size: str = typer.Option("1K", "--min-size", help="Smallest message: 1K, 64K, 1M..."),
     max_size: str = typer.Option("64M", "--max-size", help="Largest message: 32M, 1G..."),
@@ -151,7 +153,7 @@ def allreduce_command(
         nproc=nproc,
     )
     options.sizes()  # a bad range is a usage error before anything starts
-    cluster = cluster_for(config, hosts, nproc=nproc)
+    cluster = cluster_for(config, hosts, nodes=nodes, nproc=nproc)
     err = Console(stderr=True, highlight=False)
     with _progress(err, f"all-reduce on {len(cluster.nodes)} node(s)"):
         result = bench_allreduce(cluster, options)
@@ -165,13 +167,12 @@ def allreduce_command(
     return 0 if result.correct else EXIT_JOB_FAILED
 
 
-@bench_app.command(
-    "scaling", context_settings={"allow_extra_args": True, "ignore_unknown_options": True}
-)
+@bench_app.command("scaling", cls=HerdCommand, context_settings=RUNS_SOMETHING)
 def scaling_command(
     ctx: typer.Context,
     config: str = typer.Option(None, "-c", "--config", help=CLUSTER_HELP),
     hosts: str = typer.Option(None, "-H", "--hosts", help=HOSTS_HELP),
+    nodes: str = typer.Option(None, "--nodes", help=NODES_HELP),
     nproc: int = typer.Option(None, "--nproc", min=1, help="Workers per node (as in launch)."),
     steps: int = typer.Option(20, "--steps", min=1, help="Timed steps per rank."),
     batch: int = typer.Option(64, "--batch", min=1, help="Samples per rank per step."),
@@ -201,7 +202,7 @@ def scaling_command(
             f"unexpected arguments: {' '.join(ctx.args)}",
             "arguments after the options go to --script SCRIPT; see `herd bench scaling -h`",
         )
-    cluster = cluster_for(config, hosts, nproc=nproc)
+    cluster = cluster_for(config, hosts, nodes=nodes, nproc=nproc)
     options = ScalingOptions(
         steps=steps,
         batch=batch,
@@ -220,10 +221,11 @@ def scaling_command(
     return 0
 
 
-@bench_app.command("all")
+@bench_app.command("all", cls=HerdCommand)
 def all_command(
     config: str = typer.Option(None, "-c", "--config", help=CLUSTER_HELP),
     hosts: str = typer.Option(None, "-H", "--hosts", help=HOSTS_HELP),
+    nodes: str = typer.Option(None, "--nodes", help=NODES_HELP),
     nproc: int = typer.Option(None, "--nproc", min=1, help="Workers per node (as in launch)."),
     max_size: str = typer.Option("64M", "--max-size", help="Largest all-reduce message."),
     steps: int = typer.Option(20, "--steps", min=1, help="Timed scaling steps per rank."),
@@ -244,7 +246,7 @@ def all_command(
 
     allreduce = AllreduceOptions(max_size=parse_size(max_size, "--max-size"), nproc=nproc)
     allreduce.sizes()
-    cluster = cluster_for(config, hosts, nproc=nproc)
+    cluster = cluster_for(config, hosts, nodes=nodes, nproc=nproc)
     err = Console(stderr=True, highlight=False)
     with _progress(err, f"herd bench on {len(cluster.nodes)} node(s)", lines=True) as say:
         report = run_all(

@@ -15,9 +15,9 @@ from rich.text import Text
 
 from ..errors import EXIT_NODE_NOT_READY, EXIT_OK
 from ..ops.top import NodeLoad, follow, sample_once
-from .app import CLUSTER_HELP, app
+from .app import CLUSTER_HELP, HOSTS_HELP, NODES_HELP, app
 from .common import cluster_for, result_table
-from .ops import NODES_HELP, select
+from .parsing import HerdCommand
 
 
 def _gib(count: int | None) -> str:
@@ -80,9 +80,10 @@ def render(loads: list[NodeLoad]) -> Table:
     return table
 
 
-@app.command("top")
+@app.command("top", cls=HerdCommand)
 def top_command(
     config: str = typer.Option(None, "-c", "--config", help=CLUSTER_HELP),
+    hosts: str = typer.Option(None, "-H", "--hosts", help=HOSTS_HELP),
     nodes: str = typer.Option(None, "--nodes", help=NODES_HELP),
     once: bool = typer.Option(False, "--once", help="Print one table and exit."),
     interval: float = typer.Option(2.0, "--interval", min=0.2, help="Seconds between refreshes."),
@@ -93,7 +94,7 @@ def top_command(
     GPUs come from NVML or nvidia-smi on each node; nodes without GPUs show CPU and memory.
     Progress is the last `step N` that local rank 0 printed, and its rate. Ctrl-C ends it.
     """
-    cluster = select(cluster_for(config), nodes)
+    cluster = cluster_for(config, hosts, nodes=nodes)
     if once or as_json:
         loads = sample_once(cluster, window=min(interval, 1.0))
         if as_json:
