@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TextIO
 
+from .agent.protocol import readable_failure
 from .console import Console
 from .files import open_private, private_dir
 from .jobs import herd_home
@@ -96,8 +97,11 @@ class JobOutput:
         stream: TextIO | None = None,
         color: bool | None = None,
         secrets: Iterable[str] = (),
+        ranks: Collection[int] | None = None,
     ) -> None:
         self.log_dir = log_dir
+        self.ranks = None if ranks is None else frozenset(ranks)
+        """Global ranks whose lines reach the console (None: all); the files keep every rank."""
         private_dir(log_dir, home=herd_home())
         self.stream = stream or sys.stdout
         self.color = self.stream.isatty() if color is None else color
@@ -129,7 +133,8 @@ class JobOutput:
             shown = f"\x1b[{code}m{label}\x1b[0m | {text}"
         else:
             shown = f"{label} | {text}"
-        self.console.write_line(shown)
+        if self.ranks is None or rank is None or rank in self.ranks:
+            self.console.write_line(shown)
         self._keep(lambda: self._merged.write(f"{label} | {text}\n"))
         self._keep(lambda: self._file(host, rank).write(text + "\n"))
         if time.monotonic() - self._flushed > FLUSH_EVERY:
@@ -194,8 +199,14 @@ def render_summary(result: RunResult) -> str:
     failure = result.first_failure
     if failure is not None:
         lines.append(f"first failure: {failure.headline()}")
-        if failure.message and failure.message not in failure.headline():
-            lines.append(f"  {failure.message}")
+        # torch's @record error file arrives as JSON: its exception line and traceback.
+        said, callstack = readable_failure(failure.message)
+        if said and said not in failure.headline():
+            lines.append(f"  {said}")
+        shown = [text.strip() for text in failure.last_stderr[-10:]]
+        if callstack and said.strip() not in shown:
+            lines.append("  its traceback (recorded by torch's @record):")
+            lines.extend(f"    {text}" for text in callstack.rstrip().splitlines()[-15:])
         if failure.last_stderr:
             lines.append("  last lines of its stderr:")
             lines.extend(f"    {text}" for text in failure.last_stderr[-10:])

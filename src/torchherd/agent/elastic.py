@@ -17,6 +17,7 @@ import traceback
 from typing import Any
 
 from ..files import write_private
+from .protocol import readable_failure
 
 FAILURE_FILE_VAR = "HERD_FAILURE_FILE"
 NODE_DIR_VAR = "HERD_NODE_DIR"
@@ -84,7 +85,8 @@ def main(argv: list[str]) -> int:
         _write_record(
             {"kind": "workers", "failures": [_failure(r, f) for r, f in exc.failures.items()]}
         )
-        print(f"torchherd: workers failed: {exc.get_first_failure()[1].message}", file=sys.stderr)
+        said, _ = readable_failure(exc.get_first_failure()[1].message)
+        print(f"torchherd: workers failed: {said}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130
@@ -110,7 +112,7 @@ def main(argv: list[str]) -> int:
 
 def _failure(global_rank: int, failure: Any) -> dict[str, Any]:
     signal = failure.signal_name() if failure.exitcode < 0 else None
-    message = failure.message if isinstance(failure.message, str) else json.dumps(failure.message)
+    message, callstack = readable_failure(failure.message)
     return {
         "rank": global_rank,
         "local_rank": failure.local_rank,
@@ -118,6 +120,7 @@ def _failure(global_rank: int, failure: Any) -> dict[str, Any]:
         "exitcode": failure.exitcode,
         "signal": signal,
         "message": message,
+        "traceback": callstack,
         "timestamp": failure.timestamp or int(time.time()),
         # An error file exists only where the worker recorded its own exception (@record);
         # such a failure is a cause, not a worker killed because another one failed.

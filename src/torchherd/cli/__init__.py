@@ -8,10 +8,7 @@ second to import, and a Ctrl-C in that time must end herd quietly (exit 130), no
 Python traceback.
 """
 
-from __future__ import annotations
-
 import sys
-from typing import Any
 
 __all__ = ["app", "main", "run"]
 
@@ -34,7 +31,7 @@ def run() -> None:
     sys.exit(main())
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:
     if name == "app":
         from .dispatch import app
 

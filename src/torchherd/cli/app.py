@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import typer
 
 from .. import __version__
+from .parsing import HerdGroup
+from .state import state
 
 app = typer.Typer(
     name="herd",
@@ -19,15 +19,8 @@ app = typer.Typer(
     rich_markup_mode="rich",
     pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},
+    cls=HerdGroup,
 )
-
-
-@dataclass
-class State:
-    debug: bool = False
-
-
-state = State()
 
 
 def _version(value: bool) -> None:

@@ -17,13 +17,14 @@ from rich.console import Console
 from ..errors import EXIT_JOB_FAILED, UsageError
 from .app import CLUSTER_HELP, HOSTS_HELP, NODES_HELP, app
 from .common import cluster_for
-from .parsing import RUNS_SOMETHING, HerdCommand
+from .parsing import RUNS_SOMETHING, HerdCommand, HerdGroup
 
 bench_app = typer.Typer(
     help="Measure the cluster: TCP between every pair, all-reduce bandwidth, scaling.\n\n"
     "Tables by default, --json for scripts, PNG plots with --png (pip install "
     "'torchherd\\[bench]'); `herd bench all` writes one HTML report under ~/.herd/bench/.",
     no_args_is_help=True,
+    cls=HerdGroup,
 )
 app.add_typer(bench_app, name="bench")
 

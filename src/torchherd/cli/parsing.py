@@ -20,10 +20,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from typer.core import TyperCommand
+from typer.core import TyperCommand, TyperGroup
 
 from ..errors import UsageError
-from .app import state
+from .state import state
 
 # torchrun's spelling -> herd's, where the meaning is the same.
 TORCHRUN_SAME = {
@@ -103,10 +103,11 @@ class HerdCommand(TyperCommand):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        for param in self.params:
-            # A flag takes no value: --help should not say `--dry-run <bool>`.
-            if getattr(param, "is_flag", False) and param.metavar is None:
-                param.metavar = ""
+        flags_without_values(self.params)
+
+    def get_help_option(self, ctx: Any) -> Any:
+        option = super().get_help_option(ctx)
+        return flags_without_values([option])[0] if option is not None else None
 
     def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
         return super().parse_args(ctx, self.herd_options_first(args))
@@ -115,12 +116,22 @@ class HerdCommand(TyperCommand):
         """``args`` with torchrun's spellings made herd's, ``--debug`` taken out, and ``--``
         inserted where an option like ``-m MODULE`` hands the rest to what runs."""
         takes_value = self._options_with_values()
+        # Commands that run something end herd's options at it; others take options anywhere.
+        interspersed = self.context_settings.get(
+            "allow_interspersed_args", self.allow_interspersed_args
+        )
         out: list[str] = []
         i = 0
         while i < len(args):
             word = args[i]
-            if word == "--" or not word.startswith("-") or word == "-":
-                return out + args[i:]  # the script (or the command) and its own arguments
+            if word == "--":
+                return out + args[i:]
+            if not word.startswith("-") or word == "-":
+                if not interspersed:
+                    return out + args[i:]  # the script (or the command) and its own arguments
+                out.append(word)
+                i += 1
+                continue
             name, eq, value = word.partition("=") if word.startswith("--") else (word, "", "")
             if name == DEBUG:
                 state.debug = True
@@ -160,6 +171,26 @@ class HerdCommand(TyperCommand):
             names.update(param.opts)
             names.update(param.secondary_opts)
         return names
+
+
+def flags_without_values(params: list[Any]) -> list[Any]:
+    """A flag takes no value: --help should say `--dry-run`, not `--dry-run <bool>`."""
+    for param in params:
+        if getattr(param, "is_flag", False) and param.metavar is None:
+            param.metavar = ""
+    return params
+
+
+class HerdGroup(TyperGroup):
+    """The root command and `herd bench`: flags shown without a value, as on commands."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        flags_without_values(self.params)
+
+    def get_help_option(self, ctx: Any) -> Any:
+        option = super().get_help_option(ctx)
+        return flags_without_values([option])[0] if option is not None else None
 
 
 class LaunchCommand(HerdCommand):
