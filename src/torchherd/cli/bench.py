@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -59,6 +60,14 @@ def _progress(console: Console, what: str, *, lines: bool = False) -> Iterator[A
         yield lambda text: status.update(f"herd bench: {text}")
 
 
+def _plots_before_work(png: str | None) -> None:
+    """With --png, a missing matplotlib is an error before the measurement, not after it."""
+    if png:
+        from ..bench.plots import require_plots
+
+        require_plots()
+
+
 def _write_png(path: str | None, draw: Any) -> None:
     if not path:
         return
@@ -105,6 +114,7 @@ def net_command(
     from ..bench.plots import net_heatmap
     from ..bench.render import render_net
 
+    _plots_before_work(png)
     cluster = cluster_for(config, hosts, nodes=nodes)
     err = Console(stderr=True, highlight=False)
     with _progress(err, f"measuring {len(cluster.nodes)} node(s)") as say:
@@ -154,6 +164,7 @@ def allreduce_command(
         nproc=nproc,
     )
     options.sizes()  # a bad range is a usage error before anything starts
+    _plots_before_work(png)
     cluster = cluster_for(config, hosts, nodes=nodes, nproc=nproc)
     err = Console(stderr=True, highlight=False)
     with _progress(err, f"all-reduce on {len(cluster.nodes)} node(s)"):
@@ -203,6 +214,7 @@ def scaling_command(
             f"unexpected arguments: {' '.join(ctx.args)}",
             "arguments after the options go to --script SCRIPT; see `herd bench scaling -h`",
         )
+    _plots_before_work(png)
     cluster = cluster_for(config, hosts, nodes=nodes, nproc=nproc)
     options = ScalingOptions(
         steps=steps,
@@ -235,10 +247,12 @@ def all_command(
     ),
     as_json: bool = typer.Option(False, "--json", help="Print the whole result as JSON too."),
 ) -> int:
-    """Run net, allreduce and scaling; write report.html (plots embedded) and bench.json.
+    """Run net, allreduce and scaling; write report.html (verdict, machines, versions,
+    command line, tables, plots embedded) and bench.json.
 
     The report goes to ~/.herd/bench/<id>/ ($HERD_HOME moves it) or --output; the path is
     printed at the end. The all-reduce plot's reference line is the slowest link measured.
+    On one machine the network test (which needs two nodes) is skipped and the rest runs.
     """
     from ..bench.allreduce import AllreduceOptions
     from ..bench.render import render_allreduce, render_net, render_scaling
@@ -255,19 +269,29 @@ def all_command(
             allreduce=allreduce,
             scaling=ScalingOptions(steps=steps, nproc=nproc),
             say=say,
+            command=shlex.join(["herd", *sys.argv[1:]]),
         )
     page = write_report(report, Path(output) if output else None)
     if as_json:
         _print_json({**report.to_dict(), "report": str(page)})
     else:
         out = Console(highlight=False)
-        assert report.net and report.allreduce and report.scaling
-        render_net(report.net, out)
-        out.print()
-        render_allreduce(report.allreduce, out, report.net.reference_gbits())
-        out.print()
-        render_scaling(report.scaling, out)
-        out.print()
+        if report.net is not None:
+            render_net(report.net, out)
+            out.print()
+        if report.allreduce is not None:
+            reference = report.net.reference_gbits() if report.net else None
+            render_allreduce(report.allreduce, out, reference)
+            out.print()
+        if report.scaling is not None:
+            render_scaling(report.scaling, out)
+            out.print()
+        from ..bench.verdict import overall
+
+        _, headline = overall(report.findings())
+        out.print(f"verdict: {headline}", markup=False)
+        for finding in report.findings():
+            out.print(f"  {finding.part}: {finding.status}: {finding.text}", markup=False)
     if report.plots_missing:
         print(f"herd bench: no plots: {report.plots_missing}", file=sys.stderr)
     print(f"report: {page}", file=sys.stderr if as_json else sys.stdout)
