@@ -1,7 +1,8 @@
 """`python -m torchherd.agent.elastic [torchrun arguments]`: torchrun, with a failure record.
 
-This is torchrun itself (torch.distributed.run), with two additions the node agent needs:
-per-rank logs default to the job's node directory, and a failure is also written as JSON
+This is torchrun itself (torch.distributed.run), with three additions the node agent needs:
+the workers get herd's exit wait (``exit_guard.for_workers``), per-rank logs default to the
+job's node directory, and a failure is also written as JSON
 (global rank, local rank, exit code or signal, message) to $HERD_FAILURE_FILE, so the launcher
 reports the first failure exactly instead of parsing torchrun's text.
 """
@@ -16,6 +17,7 @@ import time
 import traceback
 from typing import Any
 
+from ..exit_guard import for_workers
 from ..files import write_private
 from .protocol import readable_failure
 
@@ -76,6 +78,7 @@ def main(argv: list[str]) -> int:
         return 3
 
     args = parse_args(argv)
+    for_workers(os.environ)  # the workers' exit wait (exit_guard), in herd's workers only
     node_dir = os.environ.get(NODE_DIR_VAR)
     if node_dir and not args.log_dir:
         args.log_dir = os.path.join(node_dir, "torchrun")

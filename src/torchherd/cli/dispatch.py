@@ -18,6 +18,7 @@ from . import launch as _launch  # noqa: F401
 from . import doctor as _doctor  # noqa: F401
 from . import ops as _ops  # noqa: F401
 from . import jobs as _jobs  # noqa: F401
+from . import report as _report  # noqa: F401
 from . import submit as _submit  # noqa: F401
 from . import top as _top  # noqa: F401
 from . import bench as _bench  # noqa: F401
