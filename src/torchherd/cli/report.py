@@ -22,7 +22,7 @@ def report_command(
         None,
         "-o",
         "--output",
-        help="Write the page here (a file, or a directory for report.html); default: "
+        help="Write the page here (an .html file, or a directory for report.html); default: "
         "report.html in the job's log directory, beside the logs it links to.",
     ),
     metrics: str = typer.Option(

@@ -26,8 +26,8 @@ def write_report(
     and the story it tells."""
     story = gather(record, metrics)
     page = (output or Path(record.log_dir) / PAGE).expanduser().absolute()
-    if page.is_dir():
-        page = page / PAGE
+    if page.is_dir() or page.suffix.lower() not in (".html", ".htm"):
+        page = page / PAGE  # a directory, existing or to be made
     page.parent.mkdir(parents=True, exist_ok=True)
     write_private(page, render(story, page))
     return page, story
