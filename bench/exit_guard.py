@@ -52,8 +52,8 @@ for _ in range(10):
     model(torch.randn(32, 64)).sum().backward()
     optimizer.step()
 if os.environ.get("ASYNC_LAST"):
-    for _ in range(16):
-        dist.all_reduce(torch.ones(1 << 16), async_op=True)
+    for _ in range(32):
+        dist.all_reduce(torch.ones(4096), async_op=True)
 """
 
 

@@ -5,14 +5,13 @@ cannot be drawn is refused before minutes of measuring, not after."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
 
+from tests.integration.herd_cli import herd
 from tests.unit.test_bench import HOSTS, allreduce_result, matrix, scaling_result
 from torchherd.bench.report import BenchReport, render_html
 from torchherd.bench.scaling import ScalingPoint, ScalingResult
@@ -85,11 +84,8 @@ def test_png_without_matplotlib_is_refused_before_measuring(
 
 def test_bench_all_on_one_machine_writes_its_report(tmp_path: Path) -> None:
     out = tmp_path / "report"
-    run = subprocess.run(
+    run = herd(
         [
-            sys.executable,
-            "-m",
-            "torchherd",
             "bench",
             "all",
             "--nproc",
@@ -101,12 +97,9 @@ def test_bench_all_on_one_machine_writes_its_report(tmp_path: Path) -> None:
             "-o",
             str(out),
         ],
-        cwd=tmp_path,
-        env=dict(os.environ, HERD_HOME=str(tmp_path / "home")),
-        capture_output=True,
-        text=True,
+        tmp_path / "home",
+        tmp_path,
         timeout=600,
-        stdin=subprocess.DEVNULL,
     )
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     assert "network: skipped" in run.stdout
@@ -117,11 +110,5 @@ def test_bench_all_on_one_machine_writes_its_report(tmp_path: Path) -> None:
     page = (out / "report.html").read_text()
     assert "Verdict:" in page and "needs at least 2 nodes" in page
     # herd's own measuring jobs stay out of `herd ps`
-    listed = subprocess.run(
-        [sys.executable, "-m", "torchherd", "ps"],
-        env=dict(os.environ, HERD_HOME=str(tmp_path / "home")),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    listed = herd(["ps"], tmp_path / "home", tmp_path, timeout=60)
     assert "no jobs yet" in listed.stdout

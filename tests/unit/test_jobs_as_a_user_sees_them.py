@@ -8,14 +8,12 @@ from __future__ import annotations
 
 import io
 import json
-import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
+from tests.integration.herd_cli import herd
 from torchherd.cli import main
 from torchherd.jobs import JobRecord, list_records
 from torchherd.logs import JobOutput
@@ -27,44 +25,32 @@ print(f"rank {os.environ['RANK']} says {os.environ.get('GREETING')} as "
 """
 
 
-def herd(args: list[str], cwd: Path, home: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "torchherd", *args],
-        cwd=cwd,
-        env=dict(os.environ, HERD_HOME=str(home)),
-        capture_output=True,
-        text=True,
-        timeout=300,
-        stdin=subprocess.DEVNULL,
-    )
-
-
 def test_a_named_job_with_relative_logs_is_found_again_from_anywhere(tmp_path: Path) -> None:
     project, elsewhere, home = tmp_path / "project", tmp_path / "elsewhere", tmp_path / "home"
     project.mkdir()
     elsewhere.mkdir()
     (project / "greet.py").write_text(SCRIPT)
     argv = ["launch", "--nproc", "2", "--name", "greet-1", "--env", "GREETING=hello"]
-    run = herd([*argv, "--log-dir", "ro/logs", "greet.py", "--flag"], project, home)
+    run = herd([*argv, "--log-dir", "ro/logs", "greet.py", "--flag"], home, project, timeout=300)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     assert "rank 1 says hello as greet-1" in run.stdout
 
-    (record,) = json.loads(herd(["ps", "--json"], elsewhere, home).stdout)
+    (record,) = json.loads(herd(["ps", "--json"], home, elsewhere, timeout=300).stdout)
     assert record["name"] == "greet-1" and record["what"] == "greet.py --flag"
     job_id = record["id"]
     # The relative --log-dir was kept as an absolute path: readable from another directory.
     assert Path(json.loads((home / "jobs" / job_id / "job.json").read_text())["log_dir"]) == (
         project / "ro" / "logs"
     )
-    ps = herd(["ps"], elsewhere, home).stdout
+    ps = herd(["ps"], home, elsewhere, timeout=300).stdout
     assert "greet-1" in ps and "greet.py --flag" in ps
 
     tail = job_id.rsplit("-", 1)[1]
     for who in (job_id, tail, "greet-1"):
-        logs = herd(["logs", who, "--rank", "1"], elsewhere, home)
+        logs = herd(["logs", who, "--rank", "1"], home, elsewhere, timeout=300)
         assert logs.returncode == 0, logs.stderr
         assert logs.stdout.strip() == "rank 1 says hello as greet-1"
-    latest = herd(["logs"], elsewhere, home)
+    latest = herd(["logs"], home, elsewhere, timeout=300)
     assert latest.returncode == 0, latest.stderr
     assert f"job {job_id} (the latest)" in latest.stderr
     assert "rank 0 says hello" in latest.stdout

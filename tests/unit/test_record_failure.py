@@ -5,11 +5,9 @@ them, never torch's error-file JSON with the traceback squashed onto one line.""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
+from tests.integration.herd_cli import herd
 from torchherd.logs import Failure, RunResult, render_summary
 
 SCRIPT = """\
@@ -31,15 +29,7 @@ if __name__ == "__main__":
 
 def test_a_recorded_exception_reads_as_python_printed_it(tmp_path: Path) -> None:
     (tmp_path / "fail.py").write_text(SCRIPT)
-    run = subprocess.run(
-        [sys.executable, "-m", "torchherd", "launch", "--nproc", "2", "fail.py"],
-        cwd=tmp_path,
-        env=dict(os.environ, HERD_HOME=str(tmp_path / "home")),
-        capture_output=True,
-        text=True,
-        timeout=300,
-        stdin=subprocess.DEVNULL,
-    )
+    run = herd(["launch", "--nproc", "2", "fail.py"], tmp_path / "home", tmp_path, timeout=300)
     assert run.returncode == 1, run.stdout[-3000:] + run.stderr[-3000:]
     summary = run.stdout[run.stdout.index("first failure:") :]
     assert summary.startswith("first failure: localhost rank 1: exit code 1\n")

@@ -92,7 +92,33 @@ for _name, _why in list(TORCHRUN_OTHERWISE.items()):
 DEBUG = "--debug"
 
 
-class HerdCommand(TyperCommand):
+def flags_without_values(params: list[Any]) -> list[Any]:
+    """A flag takes no value: --help should say `--dry-run`, not `--dry-run <bool>`."""
+    for param in params:
+        if getattr(param, "is_flag", False) and param.metavar is None:
+            param.metavar = ""
+    return params
+
+
+class FlagsAsFlags:
+    """Shows a command's or group's flags (its -h/--help too) without a value in --help."""
+
+    params: list[Any]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        flags_without_values(self.params)
+
+    def get_help_option(self, ctx: Any) -> Any:
+        option = super().get_help_option(ctx)  # type: ignore[misc]
+        return flags_without_values([option])[0] if option is not None else None
+
+
+class HerdGroup(FlagsAsFlags, TyperGroup):
+    """The root command and `herd bench`: flags shown without a value, as on commands."""
+
+
+class HerdCommand(FlagsAsFlags, TyperCommand):
     """A typer command whose options end where the script (or ``--``) begins, with torchrun's
     spellings read (``torchrun_style``) and ``--debug`` taken on every command."""
 
@@ -100,14 +126,6 @@ class HerdCommand(TyperCommand):
     """Read torchrun's spellings and refuse its options herd does otherwise (herd launch)."""
     ends_options: tuple[str, ...] = ()
     """Options after whose value the rest belongs to what runs (``-m MODULE`` of launch)."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        flags_without_values(self.params)
-
-    def get_help_option(self, ctx: Any) -> Any:
-        option = super().get_help_option(ctx)
-        return flags_without_values([option])[0] if option is not None else None
 
     def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
         return super().parse_args(ctx, self.herd_options_first(args))
@@ -171,26 +189,6 @@ class HerdCommand(TyperCommand):
             names.update(param.opts)
             names.update(param.secondary_opts)
         return names
-
-
-def flags_without_values(params: list[Any]) -> list[Any]:
-    """A flag takes no value: --help should say `--dry-run`, not `--dry-run <bool>`."""
-    for param in params:
-        if getattr(param, "is_flag", False) and param.metavar is None:
-            param.metavar = ""
-    return params
-
-
-class HerdGroup(TyperGroup):
-    """The root command and `herd bench`: flags shown without a value, as on commands."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        flags_without_values(self.params)
-
-    def get_help_option(self, ctx: Any) -> Any:
-        option = super().get_help_option(ctx)
-        return flags_without_values([option])[0] if option is not None else None
 
 
 class LaunchCommand(HerdCommand):
