@@ -131,3 +131,20 @@ def test_ranks_on_the_command_line(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     assert parse_ranks("0,3-5") == frozenset({0, 3, 4, 5})
     assert parse_ranks(" 7 ") == frozenset({7})
     assert parse_ranks("all") is None and parse_ranks(None) is None
+
+
+def test_stop_without_a_job_never_guesses(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("HERD_HOME", str(tmp_path))
+    record(tmp_path, "1122-010101-aaaa")
+    assert main(["stop"]) == 2
+    assert "no running job to pick" in capsys.readouterr().err
+    for job_id in ("1122-010102-bbbb", "1122-010103-cccc"):
+        running = record(tmp_path, job_id)
+        running.state = "running"  # attached, and its launcher (this process) is alive
+        running.save()
+    assert main(["stop"]) == 2
+    err = capsys.readouterr().err
+    assert "2 jobs are running: 1122-010102-bbbb, 1122-010103-cccc" in err
+    assert "name the one you mean" in err

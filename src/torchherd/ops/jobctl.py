@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -91,7 +92,9 @@ def find_record(job_id: str | None, *, running: bool = False) -> JobRecord:
     ConfigError names the choices when that is not exactly one job."""
     if job_id is None:
         return latest_record(running=running)
-    record = load_record(job_id) if "/" not in job_id else None
+    # Only a plain name is looked up as a directory: never a path (`..`, `a/b`).
+    plain = re.fullmatch(r"[0-9A-Za-z][0-9A-Za-z._-]*", job_id) is not None
+    record = load_record(job_id) if plain else None
     if record is not None:
         return record
     records = list_records()
