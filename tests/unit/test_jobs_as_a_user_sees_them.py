@@ -148,3 +148,24 @@ def test_stop_without_a_job_never_guesses(
     err = capsys.readouterr().err
     assert "2 jobs are running: 1122-010102-bbbb, 1122-010103-cccc" in err
     assert "name the one you mean" in err
+
+
+def test_ps_keeps_one_line_per_job_on_a_narrow_terminal() -> None:
+    from rich.console import Console
+
+    from torchherd.cli.jobs import ps_table
+
+    header = ("ID", "NAME", "STATE", "NODES", "WORLD", "STARTED", "RUNTIME", "EXIT", "COMMAND")
+    line = (
+        "1122-023330-7016", "lr3e-4", "running (detached)", "gpu1,gpu2", "16", "11-22 02:33",
+        "0:00:44", "-", "train.py --epochs 10 --lr 3e-4 --run-dir runs/long-experiment-name",
+    )  # fmt: skip
+    for width in (80, 200):
+        buffer = io.StringIO()
+        Console(file=buffer, width=width).print(ps_table(header, [line], width))
+        shown = buffer.getvalue().splitlines()
+        assert len(shown) == 2, shown  # a header and the job, nothing wrapped
+        assert all(len(text) <= width for text in shown)
+        assert "1122-023330-7016" in shown[1] and "running (detached)" in shown[1]
+        assert "train.py --epochs" in shown[1]
+    assert "gpu1,gpu2" in shown[1] and "--run-dir runs/long-experiment-name" in shown[1]

@@ -8,6 +8,7 @@ import time
 from typing import Any
 
 import typer
+from rich.table import Table
 
 from ..errors import EXIT_NODE_NOT_READY, EXIT_OK
 from ..jobs import JobRecord, list_records
@@ -111,31 +112,55 @@ def ps_command(
         if not submitted:
             print("no jobs yet: start one with `herd launch train.py` (or `herd demo`)")
         return EXIT_OK
-    table = result_table(
-        ("ID", "NAME", "STATE", "NODES", "WORLD", "STARTED", "RUNTIME", "EXIT", "COMMAND"),
-        right=("WORLD", "EXIT"),
-    )
-    table.columns[0].no_wrap = True
-    table.columns[-1].overflow = "ellipsis"
-    table.columns[-1].no_wrap = True
+    header = ("ID", "NAME", "STATE", "NODES", "WORLD", "STARTED", "RUNTIME", "EXIT", "COMMAND")
+    lines: list[tuple[str, ...]] = []
     for record in records:
         hosts = [str(n["host"]) for n in record.nodes]
         shown = ",".join(hosts) if len(hosts) <= 3 else f"{hosts[0]},…({len(hosts)})"
         state = record.state + (" (detached)" if record.detached else "")
         name = record.name or ("" if record.kind == "job" else f"({record.kind})")
-        table.add_row(
-            record.id,
-            name or "-",
-            state,
-            shown,
-            str(record.world_size),
-            time.strftime("%m-%d %H:%M", time.localtime(record.started)),
-            clock(runtime(record)),
-            "-" if record.exit_code is None else str(record.exit_code),
-            record.what or "-",
+        lines.append(
+            (
+                record.id,
+                name or "-",
+                state,
+                shown,
+                str(record.world_size),
+                time.strftime("%m-%d %H:%M", time.localtime(record.started)),
+                clock(runtime(record)),
+                "-" if record.exit_code is None else str(record.exit_code),
+                record.what or "-",
+            )
         )
-    console().print(table)
+    out = console()
+    out.print(ps_table(header, lines, out.width))
     return EXIT_OK
+
+
+# Left out first when a terminal is too narrow for one line per job.
+NARROW_LEAVES_OUT = ("NODES", "WORLD", "STARTED")
+
+
+def ps_table(header: tuple[str, ...], lines: list[tuple[str, ...]], width: int) -> Table:
+    """One line per job: every column as wide as its text and the command cut to what is
+    left; on a narrow terminal without nodes, world size and start time."""
+
+    def widths(columns: tuple[str, ...]) -> list[int]:
+        keep = [header.index(c) for c in columns]
+        return [max(len(line[i]) for line in (header, *lines)) for i in keep]
+
+    columns = header
+    if sum(widths(header)[:-1]) + 2 * (len(header) - 1) + 12 > width:
+        columns = tuple(c for c in header if c not in NARROW_LEAVES_OUT)
+    table = result_table(columns, right=("WORLD", "EXIT"))
+    for column in table.columns:
+        column.no_wrap = True
+    room = width - sum(widths(columns)[:-1]) - 2 * (len(columns) - 1)
+    table.columns[-1].overflow = "ellipsis"
+    table.columns[-1].max_width = max(12, room)
+    for line in lines:
+        table.add_row(*(line[header.index(c)] for c in columns))
+    return table
 
 
 @app.command("logs", cls=HerdCommand)

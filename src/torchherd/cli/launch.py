@@ -59,10 +59,10 @@ def launch_command(
         "-e",
         metavar="KEY=VALUE",
         help="Set this variable for the workers on every node (repeatable); wins over "
-        "[cluster] env. Secrets belong in env_file, not on a command line.",
+        "\\[cluster] env. Secrets belong in env_file, not on a command line.",
     ),
     name: str = typer.Option(
-        None, "--name", help="A name for the job: shown by herd ps, accepted by logs/stop."
+        None, "--name", help="A name for the job: shown by herd ps, accepted by logs/stop/report."
     ),
     ranks: str = typer.Option(
         None,
