@@ -173,7 +173,7 @@ def test_the_report_page_tells_a_restarted_jobs_story(testbed: Testbed, tmp_path
     assert "noticed: a worker exited" in text
     assert "new plan after: node2 rank 1: killed by SIGKILL" in text
     # step rate per node: both nodes, both attempts, a number of steps per second
-    rates = re.findall(r"(\d) \| (node[12]) \| 1 \| (\d+) \| ([\d.]+) \|", text)
+    rates = re.findall(r"(\d) \| (node[12]) \| 1 \| (\d+) \| ≈ ([\d.]+) \| the job", text)
     assert {(a, node) for a, node, _, _ in rates} == {
         ("0", "node1"), ("0", "node2"), ("1", "node1"), ("1", "node2"),
     }, text  # fmt: skip

@@ -242,17 +242,21 @@ def _rates(story: Story) -> str:
                 continue
             node_step = _first(node, "step", "max_step")
             node_rate = _first(node, "steps_per_s", "step_rate")
-            rate, whose = (node_rate, "this node") if node_rate is not None else (job_rate, "job")
+            if node_rate is not None:
+                rate, whose = f"{node_rate:.2f}", "this node"
+            elif job_rate is not None:
+                rate, whose = f"≈ {job_rate:.2f}", "the job"
+            else:
+                rate, whose = "-", "no steps reported"
+            last = node_step if node_step is not None else step
             rows.append(
                 [
                     str(a.get("n", "-")),
                     str(node.get("host", "-")),
                     str(node.get("nproc", "-")),
-                    str(
-                        node_step if node_step is not None else (step if step is not None else "-")
-                    ),
-                    f"{rate:.2f}" if isinstance(rate, int | float) else "-",
-                    whose if rate is not None else "no steps reported",
+                    str(last if last is not None else "-"),
+                    rate,
+                    whose,
                 ]
             )
         if isinstance(step, int):
@@ -263,9 +267,10 @@ def _rates(story: Story) -> str:
         "<h2>Step rate per node</h2>"
         + table(["attempt", "node", "workers", "last step", "steps/s", "measured for"], rows)
         + "<p class=note>Steps come from the ranks' progress beats (torchherd.train's Trainer "
-        "beats every step; a plain script calls torchherd.progress.beat(step)). In data-parallel "
-        "training every node steps together, so a node's rate is the job's unless herd recorded "
-        "it per node.</p>"
+        "beats every step; a plain script calls torchherd.progress.beat(step)). Where the record "
+        "has no rate of a node's own, the job's is shown, marked ≈: the attempt's last step "
+        "less the one before it, over the attempt's run time (a resume from an earlier snapshot "
+        "makes it a little high). In data-parallel training every node steps together.</p>"
     )
 
 
