@@ -27,6 +27,10 @@ class HerdError(Exception):
         super().__init__(message)
         self.message = message
         self.remedy = remedy
+        if remedy:
+            # Where nobody catches it (a training script's worker, plain python), Python prints
+            # notes under the exception line: the fix reaches the user with the traceback.
+            self.add_note(f"fix: {remedy}")
 
     def __str__(self) -> str:
         return self.message

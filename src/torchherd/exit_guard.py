@@ -8,42 +8,66 @@ finished: a few runs in a hundred under load, with DDP, FSDP or the Hugging Face
 (open upstream as pytorch/pytorch#190489), and herd would report the job failed.
 
 The cure is to wait a moment with the GIL free while the interpreter is still whole: exit
-handlers run then. torch calls ``install`` at ``import torch`` (its "torch.backends" plugin
-entry point, run in every process that imports torch); in herd's workers (HERD_JOB_ID and
-torchrun's RANK set) it registers that wait, and elsewhere it does nothing. So scripts need
-no change. It must never raise, or ``import torch`` would fail. Not a torch import itself:
-the launcher side may load this module.
+handlers run then. How herd's workers, and only they, get that wait:
+
+- the node's torchrun wrapper (``agent.elastic``) calls ``for_workers`` on the environment
+  torchrun passes to the workers: it puts ``torchherd/_worker_site`` first on PYTHONPATH;
+- each worker's interpreter then loads that directory's ``sitecustomize`` at start, which calls
+  ``install`` and then loads whatever ``sitecustomize`` it hides;
+- ``install`` registers the wait in a process herd started as a worker (HERD_JOB_ID and
+  torchrun's RANK set), and the wait happens only where torch.distributed was imported.
+
+No other program is touched: nothing is registered with torch or Python for the whole
+environment, so a broken or moved torchherd cannot break anyone's ``import torch``. Scripts
+need no change; ``train.teardown()`` waits the same way under plain torchrun. A worker started
+with ``python -S``, ``-E`` or ``-I`` reads no sitecustomize (or no PYTHONPATH) and gets no wait.
+Not a torch import itself: the launcher side may load this module.
 """
 
 from __future__ import annotations
 
 import atexit
 import os
+import sys
 import time
+from collections.abc import MutableMapping
 
 from .agent.protocol import JOB_ID_VAR
 
-__all__ = ["install", "let_threads_finish"]
+__all__ = ["WORKER_SITE", "for_workers", "install", "let_threads_finish"]
 
 # Gloo's threads need microseconds on an idle machine; this covers a loaded one.
 DRAIN_SECONDS = 0.25
 
+WORKER_SITE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_worker_site")
+"""The directory whose sitecustomize installs the wait in herd's workers."""
+
 _installed = False
 
 
+def for_workers(env: MutableMapping[str, str]) -> None:
+    """Put WORKER_SITE first on PYTHONPATH in ``env``, the environment the workers inherit."""
+    paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != WORKER_SITE]
+    env["PYTHONPATH"] = os.pathsep.join([WORKER_SITE, *paths])
+
+
 def install() -> None:
-    """Register the wait at exit, in a process herd started as a worker; otherwise nothing."""
+    """Register the wait at exit, in a process herd started as a worker; otherwise nothing.
+    Never raises: it runs while a worker's interpreter starts."""
     global _installed
     try:
         if not _installed and os.environ.get(JOB_ID_VAR) and "RANK" in os.environ:
             atexit.register(_at_exit)
             _installed = True
-    except Exception:  # noqa: BLE001 - never break `import torch`
+    except Exception:  # noqa: BLE001 - never stop a worker from starting
         pass
 
 
 def _at_exit() -> None:
-    let_threads_finish()  # a worker of a distributed job: collectives are all but certain
+    # Only a process that imported torch.distributed can have Gloo's threads (a worker's own
+    # child processes, a data loader's or a plain `python -c`, leave at once).
+    if "torch.distributed" in sys.modules:
+        let_threads_finish()
 
 
 def let_threads_finish() -> None:

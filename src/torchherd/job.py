@@ -76,6 +76,7 @@ class JobRun:
         log_dir: Any = None,
         color: bool | None = None,
         policy: RestartPolicy | None = None,
+        ranks: frozenset[int] | None = None,
     ) -> None:
         self.prepared = prepared
         self.job = job
@@ -95,7 +96,10 @@ class JobRun:
             stream=stream,
             color=color,
             secrets=self.secrets,
+            ranks=ranks,
         )
+        self.ranks = ranks
+        """The ranks whose lines the console shows (--ranks; None: every rank)."""
         self.links: dict[str, AgentLink] = dict(prepared.links)
         for link in self.links.values():
             link.start_reading()  # a link that ends is known as ended, used or idle
@@ -147,6 +151,8 @@ class JobRun:
         )
         await asyncio.to_thread(self.record.save)
         self.output.note(banner(plan, self.prepared.cluster))
+        for warning in plan.warnings:
+            self.output.note(f"herd: warning: {warning}")
         started = time.monotonic()
         best_step: int | None = None
         no_progress = 0
@@ -261,13 +267,15 @@ class JobRun:
         every rank's stderr (the launcher of a thousand nodes cannot take every line)."""
         if len(plan.nodes) <= SHOW_ALL_NODES:
             return None
+        shown = sorted(self.ranks) if self.ranks is not None else [0]
         if not self.record.lines_on_nodes:
             self.record.lines_on_nodes = True
+            which = "rank 0" if shown == [0] else f"ranks {', '.join(map(str, shown))}"
             self.output.note(
-                f"herd: {len(plan.nodes)} nodes: the console shows rank 0 and every rank's "
+                f"herd: {len(plan.nodes)} nodes: the console shows {which} and every rank's "
                 f"stderr; every line is kept on its node (herd logs {plan.job_id} --rank R)"
             )
-        return {"ranks": [0], "stderr": True}
+        return {"ranks": shown, "stderr": True}
 
     def _slow(self, slow: Slow) -> None:
         """A slow rank named: in the job record at once (`herd top` shows it)."""

@@ -57,6 +57,13 @@ class JobRecord:
     attempts: list[dict[str, Any]] = field(default_factory=list)
     """One entry per attempt, oldest first (see ``attempt_entry``): the job's story, which
     `herd report` draws as a timeline."""
+    name: str | None = None
+    """The user's name for the job (``herd launch --name``)."""
+    what: str = ""
+    """What ran: the script or module and its arguments (secrets masked)."""
+    kind: str = "job"
+    """"job" for a user's job; herd's own jobs (the doctor's all-reduce, benchmarks) say what
+    they are, and `herd ps` lists them only with --all."""
 
     def save(self) -> None:
         directory = job_dir(self.id)

@@ -43,6 +43,9 @@ class LaunchOptions:
 
     dry_run: bool = False
     """Print the plan and start nothing."""
+    ranks: frozenset[int] | None = None
+    """Global ranks whose lines reach the console (None: every rank); every rank's lines are
+    kept in the job's files all the same (logs.JobOutput's ``ranks``)."""
     log_dir: Path | None = None
     """Where per-rank logs go; default: the job directory."""
     preflight: bool = True
@@ -218,6 +221,7 @@ async def _supervise(
         save_within=options.save_within,
         log_dir=options.log_dir,
         color=options.color,
+        ranks=options.ranks,
     )
     _on_signals(loop, run.interrupt)
     _on_save_signal(loop, run.save_and_stop)

@@ -11,11 +11,12 @@ import queue
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TextIO
 
+from .agent.protocol import readable_failure
 from .console import Console
 from .files import open_private, private_dir
 from .jobs import herd_home
@@ -101,8 +102,11 @@ class JobOutput:
         stream: TextIO | None = None,
         color: bool | None = None,
         secrets: Iterable[str] = (),
+        ranks: Collection[int] | None = None,
     ) -> None:
         self.log_dir = log_dir
+        self.ranks = None if ranks is None else frozenset(ranks)
+        """Global ranks whose lines reach the console (None: all); the files keep every rank."""
         private_dir(log_dir, home=herd_home())
         self.stream = stream or sys.stdout
         self.color = self.stream.isatty() if color is None else color
@@ -129,11 +133,12 @@ class JobOutput:
         for rank, said in batch:
             text = redact_text(said, self._secrets) if self._secrets else said
             label = self.prefix(host, rank)
-            if self.color:
-                code = self._colors.get(host, "0") if rank is not None else _DIM
-                shown.append(f"\x1b[{code}m{label}\x1b[0m | {text}")
-            else:
-                shown.append(f"{label} | {text}")
+            if self.ranks is None or rank is None or rank in self.ranks:
+                if self.color:
+                    code = self._colors.get(host, "0") if rank is not None else _DIM
+                    shown.append(f"\x1b[{code}m{label}\x1b[0m | {text}")
+                else:
+                    shown.append(f"{label} | {text}")
             name = f"rank-{rank}.log" if rank is not None else f"node-{host}.log"
             kept.append((name, f"{label} | {text}\n", text + "\n"))
         self.console.write_lines(shown)
@@ -287,8 +292,14 @@ def render_summary(result: RunResult) -> str:
     failure = result.first_failure
     if failure is not None:
         lines.append(f"first failure: {failure.headline()}")
-        if failure.message and failure.message not in failure.headline():
-            lines.append(f"  {failure.message}")
+        # torch's @record error file arrives as JSON: its exception line and traceback.
+        said, callstack = readable_failure(failure.message)
+        if said and said not in failure.headline():
+            lines.append(f"  {said}")
+        shown = [text.strip() for text in failure.last_stderr[-10:]]
+        if callstack and said.strip() not in shown:
+            lines.append("  its traceback (recorded by torch's @record):")
+            lines.extend(f"    {text}" for text in callstack.rstrip().splitlines()[-15:])
         if failure.last_stderr:
             lines.append("  last lines of its stderr:")
             lines.extend(f"    {text}" for text in failure.last_stderr[-10:])

@@ -37,6 +37,9 @@ GPU_EVIDENCE = {
     "TORCH_NCCL_ASYNC_ERROR_HANDLING": "3",
 }
 
+JOB_NAME_VAR = "HERD_JOB_NAME"
+"""The job's --name, for the workers (trackers may use it as the run's name)."""
+
 ACCELERATE_CPU = "ACCELERATE_USE_CPU"
 """Set on nodes without a GPU (unless the user set it), so Accelerate scripts run distributed."""
 
@@ -49,6 +52,8 @@ class JobSpec:
     """The script and its arguments, or the module and its arguments when ``module``."""
     module: bool = False
     """Run ``entry[0]`` as a module (like python -m)."""
+    no_python: bool = False
+    """Run ``entry[0]`` as a program, not with python (torchrun's --no-python)."""
     nproc: int | None = None
     """Workers on every node, overriding the cluster file and the GPU count."""
     max_restarts: int = 0
@@ -65,12 +70,25 @@ class JobSpec:
     """Seconds workers get to exit after SIGTERM before SIGKILL."""
     spares: int = 0
     """The cluster's last N nodes are hot spares (--spares N; herd.toml says spare = true)."""
+    env: Mapping[str, str] = field(default_factory=dict)
+    """Set for the workers on every node (``--env K=V``); wins over [cluster] env."""
+    name: str | None = None
+    """The user's name for the job (``--name``), shown by ps and matched by logs/stop."""
+    kind: str = "job"
+    """"job" for what a user launched; herd's own jobs (the doctor's all-reduce, the
+    benchmarks) say what they are, and `herd ps` lists them only with --all."""
+
+    def what(self) -> str:
+        """What runs, as a person would type it: ``train.py --epochs 3``, ``-m pkg.train``."""
+        return shlex.join((("-m",) if self.module else ()) + tuple(self.entry))
 
     def entry_request(self) -> dict[str, str] | None:
-        """What the probe looks for on every node before a launch: the script or the module."""
+        """What the probe looks for on every node before a launch: the script, the module or
+        the program (found by path or on the node's PATH)."""
         if not self.entry:
             return None
-        return {"module" if self.module else "script": self.entry[0]}
+        kind = "module" if self.module else "program" if self.no_python else "script"
+        return {kind: self.entry[0]}
 
 
 def new_job_id() -> str:
@@ -104,6 +122,14 @@ class LaunchPlan:
     grace: float
     secret_env: Mapping[str, str] = field(default_factory=dict, repr=False)
     """Secrets from env_file: sent over stdin to the agents, never printed."""
+    name: str | None = None
+    """The job's name (``--name``), for its record."""
+    what: str = ""
+    """What runs (JobSpec.what()), for its record and `herd ps`."""
+    kind: str = "job"
+    """What launched it (JobSpec.kind), for its record."""
+    warnings: tuple[str, ...] = ()
+    """What will work badly though it starts (more CPU workers than cores): said at launch."""
 
     def render(self) -> str:
         """The plan as text for `herd launch --dry-run`; secrets are masked."""
@@ -114,6 +140,7 @@ class LaunchPlan:
         ]
         if self.secret_env:
             lines.append("secrets (env_file): " + ", ".join(f"{k}={MASK}" for k in self.secret_env))
+        lines.extend(f"warning: {text}" for text in self.warnings)
         for node in self.nodes:
             role = "rendezvous host" if node.is_host else "worker node"
             lines.append("")
@@ -193,6 +220,10 @@ def make_plan(
         workdir=cluster.workdir,
         grace=job.grace,
         secret_env=secret_env,
+        name=job.name,
+        what=job.what(),
+        kind=job.kind,
+        warnings=crowded_nodes(cluster, job, facts),
     )
 
 
@@ -221,7 +252,38 @@ def _standalone_plan(
         workdir=cluster.workdir,
         grace=job.grace,
         secret_env=secret_env,
+        name=job.name,
+        what=job.what(),
+        kind=job.kind,
+        warnings=crowded_nodes(cluster, job, facts),
     )
+
+
+def crowded_nodes(
+    cluster: ClusterSpec, job: JobSpec, facts: Mapping[str, NodeFacts]
+) -> tuple[str, ...]:
+    """A warning per node without GPUs where more workers than CPU cores were asked for:
+    the job starts, but its workers fight over the cores (and a typo such as --nproc 64 on a
+    laptop goes unnoticed until the machine crawls). The fix names where the number came from."""
+    warnings = []
+    for node in cluster.nodes:
+        node_facts = facts.get(node.host)
+        if node_facts is None or node_facts.gpu_count or not node_facts.cpu_count:
+            continue
+        nproc, cores = node_workers(node, job, node_facts), node_facts.cpu_count
+        if nproc <= cores:
+            continue
+        if job.nproc:
+            fix = f"--nproc {cores} (or fewer)"
+        elif node.nproc:
+            fix = f"nproc = {cores} (or fewer) for {node.host} in {cluster.source}"
+        else:
+            fix = f"--nproc {cores}"
+        warnings.append(
+            f"{node.host}: {nproc} workers on {cores} CPU core(s) and no GPU: the workers will "
+            f"fight over the cores; fix: {fix}"
+        )
+    return tuple(warnings)
 
 
 def _elastic_argv(
@@ -239,6 +301,7 @@ def _elastic_argv(
         # the store prefix of the new attempt and hang or reach dead workers.
         "--max-restarts=0",
         "--tee=3",
+        *(("--no-python",) if job.no_python else ()),
         *_entry_args(job),
     )
 
@@ -270,6 +333,9 @@ def _worker_env(cluster: ClusterSpec, facts: NodeFacts, nproc: int, job: JobSpec
         # without it every worker trains alone, silently. (An env_file value still wins: the
         # agent applies secrets last.)
         env[ACCELERATE_CPU] = "1"
+    env.update(job.env)  # --env on the command line wins over [cluster] env and herd's own
+    if job.name:
+        env[JOB_NAME_VAR] = job.name
     return env
 
 

@@ -1,16 +1,21 @@
 """herd's workers wait at exit with the GIL free, so Gloo's threads can finish releasing the
-last collectives before the interpreter shuts down (torchherd/exit_guard.py says why). torch
-itself installs the wait, through the package's "torch.backends" entry point: these tests
-import torch in fresh interpreters, as a worker and as other processes, and count the exit
-handlers it registered."""
+last collectives before the interpreter shuts down (torchherd/exit_guard.py says why).
+
+Only herd's workers get the wait: their PYTHONPATH starts with torchherd's worker site, whose
+sitecustomize installs it. Nothing is registered for the whole environment, so `import torch`
+anywhere else neither runs herd's code nor breaks when torchherd cannot be imported. That the
+wait prevents the abort is measured by bench/exit_guard.py (abort counts, with and without).
+"""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+from pathlib import Path
 
-import pytest
+from tests.integration.herd_cli import herd
+from torchherd.exit_guard import WORKER_SITE, for_workers
 
 COUNT = (
     "import atexit; before = atexit._ncallbacks(); import torch; "
@@ -18,48 +23,99 @@ COUNT = (
 )
 
 
-def handlers_registered_by_import_torch(**env: str) -> int:
+def python(code: str, **env: str) -> subprocess.CompletedProcess[str]:
     clean = {k: v for k, v in os.environ.items() if k not in ("HERD_JOB_ID", "RANK")}
-    done = subprocess.run(
-        [sys.executable, "-c", COUNT],
+    return subprocess.run(
+        [sys.executable, "-c", code],
         env=clean | env,
         capture_output=True,
         text=True,
         timeout=120,
-        check=True,
     )
-    return int(done.stdout.strip().splitlines()[-1])
 
 
-@pytest.fixture(scope="module")
-def baseline() -> int:
-    """What torch registers by itself in a process herd did not start."""
-    return handlers_registered_by_import_torch()
+def test_import_torch_elsewhere_never_runs_herds_code() -> None:
+    # Even with a worker's variables set, a process herd did not start through its wrapper
+    # registers nothing: no plugin runs at `import torch`.
+    done = python(
+        COUNT + "; import sys; print('torchherd' in sys.modules)", HERD_JOB_ID="j", RANK="0"
+    )
+    assert done.returncode == 0, done.stderr
+    registered, loaded = done.stdout.split()[-2:]
+    assert loaded == "False"
+    assert int(registered) == int(python(COUNT).stdout.split()[-1])
 
 
-def test_a_herd_worker_gets_the_wait_at_exit(baseline: int) -> None:
-    assert handlers_registered_by_import_torch(HERD_JOB_ID="job", RANK="0") == baseline + 1
+def test_a_broken_torchherd_cannot_break_import_torch() -> None:
+    # A moved editable checkout: torchherd's metadata is there, its code cannot be imported.
+    # A torch plugin entry point made every `import torch` there fail with RuntimeError.
+    done = python("import sys; sys.modules['torchherd'] = None; import torch; print('ok')")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "ok"
 
 
-def test_torchruns_own_agent_and_other_processes_do_not(baseline: int) -> None:
-    # torchrun's agent (herd's wrapper) has the job id but no RANK; a user's own python neither.
-    assert handlers_registered_by_import_torch(HERD_JOB_ID="job") == baseline
-    assert handlers_registered_by_import_torch(RANK="0") == baseline
+def test_herds_workers_get_the_wait_and_keep_their_own_sitecustomize(tmp_path: Path) -> None:
+    own = tmp_path / "own"
+    own.mkdir()
+    (own / "sitecustomize.py").write_text("import builtins; builtins.OWN_SITE = True\n")
+    env = {"PYTHONPATH": str(own)}
+    for_workers(env)
+    assert env["PYTHONPATH"].split(os.pathsep) == [WORKER_SITE, str(own)]
+    probe = (
+        "import sys, builtins; import torchherd.exit_guard as guard; "
+        "print(guard._installed, getattr(builtins, 'OWN_SITE', False), "
+        f"{WORKER_SITE!r} in sys.path)"
+    )
+    worker = python(probe, HERD_JOB_ID="job", RANK="0", **env)
+    assert worker.stdout.split() == ["True", "True", "False"], worker.stderr
+    # torchrun's own agent has the job id but no RANK: no wait there
+    agent = python(probe, HERD_JOB_ID="job", **env)
+    assert agent.stdout.split()[0] == "False"
 
 
-def test_a_workers_exit_handlers_do_wait() -> None:
+def test_the_wait_happens_only_where_torch_distributed_was_imported() -> None:
     script = (
-        "import atexit; import torch\n"
+        "import atexit, time, sys\n"
         "import torchherd.exit_guard as guard\n"
-        "waits = []\n"
-        "guard.let_threads_finish = lambda: waits.append(1)\n"
-        "atexit._run_exitfuncs(); print(len(waits))\n"
+        "guard.install()\n"
+        "{imports}\n"
+        "start = time.monotonic(); atexit._run_exitfuncs()\n"
+        "print(round(time.monotonic() - start, 2))\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", script],
-        env=dict(os.environ, HERD_JOB_ID="job", RANK="0"),
-        capture_output=True,
-        text=True,
-        timeout=120,
+    plain = python(script.format(imports=""), HERD_JOB_ID="job", RANK="0")
+    assert float(plain.stdout.split()[-1]) < 0.2, plain.stderr
+    distributed = python(
+        script.format(imports="import torch.distributed"), HERD_JOB_ID="j", RANK="0"
     )
-    assert done.stdout.split()[-1] == "1", done.stderr
+    assert float(distributed.stdout.split()[-1]) >= 0.25, distributed.stderr
+
+
+def test_a_worker_started_by_herd_launch_has_the_wait(tmp_path: Path) -> None:
+    (tmp_path / "probe.py").write_text(
+        "import sys, torchherd.exit_guard as guard\n"
+        "print('guard installed:', guard._installed, flush=True)\n"
+    )
+    run = herd(["launch", "--nproc", "1", "probe.py"], tmp_path / "home", tmp_path, timeout=300)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    assert "guard installed: True" in run.stdout
+
+
+def test_the_wait_spares_workers_the_abort_that_plain_processes_meet() -> None:
+    # The effect itself, side by side: the plain two-rank DDP script of bench/exit_guard.py,
+    # ending on un-awaited all-reduces (Gloo's threads still busy as the interpreter shuts
+    # down), in real interpreters: without the guard most runs abort (SIGABRT), with herd's
+    # worker environment none does. bench/exit_guard.py runs the long count, and the plain
+    # script without the async ending.
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[2] / "bench" / "exit_guard.py"
+    spec = importlib.util.spec_from_file_location("exit_guard_bench", path)
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    totals = bench.count(runs=4, parallel=2, async_last=True, say=False)
+    without, with_guard = totals[False].get("abort", 0), totals[True].get("abort", 0)
+    print(f"aborts without the guard: {without} of 4; with it: {with_guard} of 4")
+    assert with_guard == 0, totals
+    assert without >= 1, totals  # the abort is real here, so the guard's 0 means something
+    assert totals[True].get("ok") == 4, totals

@@ -16,7 +16,7 @@ from torchherd.ops.init import (
     with_probed_nproc,
     write_cluster_file,
 )
-from torchherd.spec import load_cluster_file, parse_cluster_toml
+from torchherd.spec import CLUSTER_KEYS, NodeSpec, load_cluster_file, parse_cluster_toml
 
 
 def test_render_round_trips_through_the_loader(tmp_path: Path) -> None:
@@ -101,3 +101,12 @@ def test_cli_init_exit_codes(
     assert main(["init", "gpu1:0", "-o", "other.toml"]) == 2
     assert "worker count must be 1 or more" in capsys.readouterr().err
     assert not (tmp_path / "other.toml").exists()
+
+
+def test_the_written_file_points_only_at_what_exists_and_names_every_key() -> None:
+    text = render([NodeSpec(host="gpu1", nproc=8)])
+    assert "docs/" not in text  # it pointed at docs/operations.md, which does not exist
+    assert 'README, section "herd.toml"' in text
+    for key in CLUSTER_KEYS:
+        assert f"# {key} = " in text, key
+    assert parse_cluster_toml(text, "t.toml").nodes[0].nproc == 8

@@ -119,3 +119,35 @@ def test_top_verb_answers_json(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)
     assert data["jobs"] == [] and data["memory"]["total"] > 0
+
+
+def test_an_80_column_terminal_shows_one_line_per_node() -> None:
+    # The README's sample: two H100 nodes running a job, one CPU node.
+    gpus = tuple(
+        {
+            "name": "NVIDIA H100 80GB HBM3",
+            "util": 97.0,
+            "mem_used": 70 << 30,
+            "mem_total": 80 << 30,
+            "temp": 71.0,
+            "power": 675.0,
+        }
+        for _ in range(8)
+    )
+    job = {"job_id": "1122-023330-7016", "step": 1800, "step_rate": 3.21, "step_age": 0.4}
+    loads = [
+        NodeLoad(
+            host, cpu_percent=23.0, mem_used=61 << 30, mem_total=503 << 30, gpus=gpus, jobs=(job,)
+        )
+        for host in ("gpu1", "gpu2")
+    ] + [NodeLoad("cpu1", cpu_percent=4.0, mem_used=2 << 30, mem_total=31 << 30)]
+    buffer = io.StringIO()
+    Console(file=buffer, width=80).print(render(loads, 80))
+    lines = buffer.getvalue().splitlines()
+    assert len(lines) == 4, "\n".join(lines)  # a header and one line per node, none wrapped
+    assert all(len(line) <= 80 for line in lines)
+    assert "8× H100" in lines[1]
+    assert " 7016 " in lines[1] and "step 1800, 3.21/s" in lines[1]  # the id's last part, whole
+    wide = io.StringIO()
+    Console(file=wide, width=200).print(render(loads, 200))
+    assert "1122-023330-7016" in wide.getvalue() and "TEMP C" in wide.getvalue()

@@ -282,8 +282,15 @@ def test_workers_beyond_gpus_fail_beyond_cores_warn() -> None:
     assert "9 workers" in workers["node1"].summary and "8 GPU(s)" in workers["node1"].summary
     assert workers["node2"].status is Status.WARN
     assert "5 workers" in workers["node2"].summary and "2 CPU core(s)" in workers["node2"].summary
-    assert workers["node2"].remedy == "set nproc = 2 (or fewer) for node2"
+    assert workers["node2"].remedy == "set nproc = 2 (or fewer) for node2 in test"
     assert by(run_checks(findings(2, nproc=2)), "workers")["node1"].status is Status.PASS
+
+
+def test_too_many_workers_from_the_command_line_are_fixed_on_the_command_line() -> None:
+    # `herd doctor --nproc 5` (or launch's): the fix is the option given, not a cluster file key.
+    crowded = by(run_checks(findings(2, nproc=5)), "workers")["node1"]
+    assert crowded.status is Status.WARN
+    assert crowded.remedy == "use --nproc 2 (or fewer)"
 
 
 def test_busy_gpus_warn_only_for_visible_ones() -> None:

@@ -1,7 +1,8 @@
 """`python -m torchherd.agent.elastic [torchrun arguments]`: torchrun, with a failure record.
 
-This is torchrun itself (torch.distributed.run), with two additions the node agent needs:
-per-rank logs default to the attempt's directory on the node, and a failure is also written as JSON
+This is torchrun itself (torch.distributed.run), with three additions the node agent needs:
+the workers get herd's exit wait (``exit_guard.for_workers``), per-rank logs default to the
+attempt's directory on the node, and a failure is also written as JSON
 (global rank, local rank, exit code or signal, message) to $HERD_FAILURE_FILE, so the launcher
 reports the first failure exactly instead of parsing torchrun's text.
 """
@@ -16,7 +17,9 @@ import time
 import traceback
 from typing import Any
 
+from ..exit_guard import for_workers
 from ..files import write_private
+from .protocol import readable_failure
 
 FAILURE_FILE_VAR = "HERD_FAILURE_FILE"
 NODE_DIR_VAR = "HERD_NODE_DIR"
@@ -75,6 +78,7 @@ def main(argv: list[str]) -> int:
         return 3
 
     args = parse_args(argv)
+    for_workers(os.environ)  # the workers' exit wait (exit_guard), in herd's workers only
     node_dir = os.environ.get(NODE_DIR_VAR)
     if node_dir and not args.log_dir:
         # Each attempt's per-rank files apart: `herd logs --rank` reads them there.
@@ -86,7 +90,8 @@ def main(argv: list[str]) -> int:
         _write_record(
             {"kind": "workers", "failures": [_failure(r, f) for r, f in exc.failures.items()]}
         )
-        print(f"torchherd: workers failed: {exc.get_first_failure()[1].message}", file=sys.stderr)
+        said, _ = readable_failure(exc.get_first_failure()[1].message)
+        print(f"torchherd: workers failed: {said}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130
@@ -112,7 +117,7 @@ def main(argv: list[str]) -> int:
 
 def _failure(global_rank: int, failure: Any) -> dict[str, Any]:
     signal = failure.signal_name() if failure.exitcode < 0 else None
-    message = failure.message if isinstance(failure.message, str) else json.dumps(failure.message)
+    message, callstack = readable_failure(failure.message)
     return {
         "rank": global_rank,
         "local_rank": failure.local_rank,
@@ -120,6 +125,7 @@ def _failure(global_rank: int, failure: Any) -> dict[str, Any]:
         "exitcode": failure.exitcode,
         "signal": signal,
         "message": message,
+        "traceback": callstack,
         "timestamp": failure.timestamp or int(time.time()),
         # An error file exists only where the worker recorded its own exception (@record);
         # such a failure is a cause, not a worker killed because another one failed.

@@ -17,6 +17,7 @@ import importlib.util
 import ipaddress
 import os
 import random
+import shutil
 import socket
 import struct
 import sys
@@ -93,6 +94,14 @@ def find_entry(entry: dict[str, str], workdir: str) -> dict[str, Any]:
     if "script" in entry:
         path = os.path.join(workdir, os.path.expanduser(entry["script"]))
         return {"script": entry["script"], "path": path, "found": os.path.isfile(path)}
+    if "program" in entry:  # torchrun --no-python: a path from the workdir, else on PATH
+        program = os.path.expanduser(entry["program"])
+        if "/" in program:
+            where = os.path.join(workdir, program)
+            found = os.path.isfile(where) and os.access(where, os.X_OK)
+            return {"program": entry["program"], "path": where, "found": found}
+        on_path = shutil.which(program)
+        return {"program": entry["program"], "path": on_path, "found": on_path is not None}
     name = entry["module"]
     return {"module": name, "found": _module_location(name, workdir) is not None}
 

@@ -93,3 +93,25 @@ def missing_module(stderr: str) -> str | None:
     """The top-level module a node's python could not import, from its error output."""
     match = _MISSING_MODULE.search(stderr)
     return match.group(1).split(".")[0] if match else None
+
+
+def readable_failure(message: Any) -> tuple[str, str]:
+    """A worker's failure message as a person reads it: (the exception line, its traceback).
+
+    A worker that recorded its own exception (torch's ``@record``, the documented way to get
+    it to the launcher) leaves torch's error file, and torch hands its JSON over as the
+    message, a dict or its text: ``{"message": "ValueError: ...", "extraInfo": {"py_callstack":
+    "Traceback..."}}``. Anything else is a plain message with no traceback.
+    """
+    if isinstance(message, str) and message.lstrip().startswith("{"):
+        try:
+            message = json.loads(message)
+        except ValueError:
+            return message, ""
+    if isinstance(message, str):
+        return message, ""
+    if isinstance(message, dict) and isinstance(message.get("message"), str):
+        extra = message.get("extraInfo")
+        callstack = extra.get("py_callstack") if isinstance(extra, dict) else None
+        return message["message"], callstack if isinstance(callstack, str) else ""
+    return json.dumps(message), ""

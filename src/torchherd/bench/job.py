@@ -68,12 +68,14 @@ def run_measuring_job(
     *,
     module: bool = True,
     nproc: int | None = None,
+    kind: str = "bench",
 ) -> JobAnswer:
     """Launch ``entry`` (a module by default) on every node of ``cluster``, wait for its end,
-    and return its answer. Raises the launch's HerdError when the job cannot start."""
+    and return its answer. Raises the launch's HerdError when the job cannot start. ``kind``
+    marks the job's record as herd's own (`herd ps` lists it only with --all)."""
     from ..launch import LaunchOptions, launch
 
-    job = JobSpec(entry=tuple(entry), module=module, nproc=nproc, grace=5.0)
+    job = JobSpec(entry=tuple(entry), module=module, nproc=nproc, grace=5.0, kind=kind)
     output = io.StringIO()
     with tempfile.TemporaryDirectory(prefix="herd-bench-") as logs:
         result = launch(

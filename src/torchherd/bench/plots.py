@@ -20,7 +20,13 @@ class PlotsUnavailable(ConfigError):
     """matplotlib is not installed: the plots (and the HTML report's pictures) cannot be drawn."""
 
 
-def _pyplot() -> Any:
+def require_plots() -> None:
+    """PlotsUnavailable now, before a measurement, when a plot is asked for and cannot be drawn
+    (a missing extra said after minutes of measuring is said too late)."""
+    _matplotlib()
+
+
+def _matplotlib() -> Any:
     try:
         import matplotlib
     except ImportError:
@@ -28,6 +34,11 @@ def _pyplot() -> Any:
             "drawing the plots needs matplotlib, which is not installed",
             f"{EXTRA} (tables and --json work without it)",
         ) from None
+    return matplotlib
+
+
+def _pyplot() -> Any:
+    matplotlib = _matplotlib()
     matplotlib.use("Agg")  # files only: no display, no GUI toolkit
     import matplotlib.pyplot as plt
 

@@ -1,14 +1,19 @@
 """`herd bench all`: net, allreduce and scaling in one run, written as one self-contained HTML
 page (plots embedded as base64 PNG) plus the JSON, under ~/.herd/bench/<id>/ ($HERD_HOME moves it).
 
+The page opens with the verdict (bench.verdict), then the machines and versions it ran on and
+the command line, then each part. A part that cannot run on this cluster (the network test on
+one machine) is skipped with the reason; the others still run and the report is written.
 The all-reduce plot's reference line is the slowest link `bench net` measured in the same run.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import html
 import json
+import platform
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -23,6 +28,7 @@ from .allreduce import AllreduceOptions, AllreduceResult, bench_allreduce
 from .net import NetBenchOptions, NetMatrix, bench_net
 from .plots import PlotsUnavailable, allreduce_plot, net_heatmap, scaling_plot, size_label
 from .scaling import ScalingOptions, ScalingResult, bench_scaling
+from .verdict import Finding, judge, overall
 
 Say = Callable[[str], None]
 
@@ -45,14 +51,32 @@ class BenchReport:
     plots: dict[str, bytes] = field(default_factory=dict)
     plots_missing: str = ""
     """Why there are no plots (the extra to install), empty when there are."""
+    skipped: dict[str, str] = field(default_factory=dict)
+    """Parts that could not run here (net, allreduce, scaling) -> why."""
+    machines: list[dict[str, Any]] = field(default_factory=list)
+    """Per node: cores, GPUs, python, torch and torchherd versions (from the quick probe)."""
+    command: str = ""
+    """The command line that made this report."""
+
+    def findings(self) -> list[Finding]:
+        return judge(self.net, self.allreduce, self.scaling, self.skipped)
 
     def to_dict(self) -> dict[str, Any]:
+        status, headline = overall(self.findings())
         return {
             "id": self.run_id,
             "version": __version__,
+            "command": self.command,
             "hosts": list(self.hosts),
+            "machines": self.machines,
             "started": self.started,
             "seconds": self.seconds,
+            "verdict": {
+                "status": status,
+                "headline": headline,
+                "parts": [vars(f) for f in self.findings()],
+            },
+            "skipped": self.skipped,
             "net": self.net.to_dict() if self.net else None,
             "allreduce": self.allreduce.to_dict() if self.allreduce else None,
             "scaling": self.scaling.to_dict() if self.scaling else None,
@@ -79,13 +103,22 @@ def run_all(
     allreduce: AllreduceOptions | None = None,
     scaling: ScalingOptions | None = None,
     say: Say | None = None,
+    command: str = "",
 ) -> BenchReport:
-    """net, then allreduce, then scaling; each stage's errors propagate (HerdError)."""
+    """net, then allreduce, then scaling; each stage's errors propagate (HerdError). The
+    network test needs two nodes over ssh: elsewhere it is skipped, and the rest runs."""
     say = say or (lambda _: None)
     report = BenchReport(new_job_id(), tuple(n.host for n in cluster.nodes), time.time())
+    report.command = command
     started = time.monotonic()
-    say("1/3 network: every pair of nodes")
-    report.net = bench_net(cluster, net, say=lambda text: say(f"1/3 network: {text}"))
+    say("0/3 machines: cores, GPUs and versions")
+    report.machines = machines(cluster)
+    if cluster.transport == "ssh" and len(cluster.nodes) >= 2:
+        say("1/3 network: every pair of nodes")
+        report.net = bench_net(cluster, net, say=lambda text: say(f"1/3 network: {text}"))
+    else:
+        report.skipped["net"] = "it needs at least 2 nodes reached over ssh"
+        say(f"1/3 network: skipped ({report.skipped['net']})")
     say("2/3 all-reduce: message sizes through a herd job")
     report.allreduce = bench_allreduce(cluster, allreduce)
     say("3/3 scaling: 1, 2, 4, ... nodes")
@@ -94,6 +127,33 @@ def run_all(
     say("drawing the plots")
     report.draw()
     return report
+
+
+def machines(cluster: ClusterSpec) -> list[dict[str, Any]]:
+    """What each node is, from the quick probe launches use (stdlib only, no torch import)."""
+    from ..launch import connect_all, probe_all
+    from ..transport import for_cluster
+
+    async def probe() -> list[dict[str, Any]]:
+        transport = for_cluster(cluster)
+        try:
+            await connect_all(cluster, transport)
+            facts = await probe_all(cluster, transport)
+        finally:
+            await transport.close()
+        return [
+            {
+                "host": node.host,
+                "cpus": facts[node.host].cpu_count,
+                "gpus": facts[node.host].gpu_count,
+                "python": facts[node.host].python_version,
+                "torch": facts[node.host].torch_version,
+                "torchherd": facts[node.host].torchherd_version,
+            }
+            for node in cluster.nodes
+        ]
+
+    return asyncio.run(probe())
 
 
 def write_report(report: BenchReport, directory: Path | None = None) -> Path:
@@ -126,6 +186,31 @@ def _rows(header: list[str], rows: list[list[str]]) -> str:
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
+_STATUS = {
+    "ok": ("✓", "#2a7"),
+    "warn": ("!", "#c80"),
+    "bad": ("✗", "#c33"),
+    "skipped": ("·", "#888"),
+}
+
+
+def _verdict_html(report: BenchReport) -> list[str]:
+    """The summary a reader looks for first: the overall verdict, then one line per part."""
+    findings = report.findings()
+    status, headline = overall(findings)
+    mark, color = _STATUS[status]
+    items = "".join(
+        f'<li><b style="color:{_STATUS[f.status][1]}">{_STATUS[f.status][0]}</b> '
+        f"<b>{html.escape(f.part)}</b>: {html.escape(f.text)}</li>"
+        for f in findings
+    )
+    return [
+        f'<div class="verdict" style="border-left:.4em solid {color}">'
+        f'<p><b style="color:{color}">{mark} Verdict: {html.escape(headline)}</b></p>'
+        f"<ul>{items}</ul></div>"
+    ]
+
+
 def render_html(report: BenchReport) -> str:
     """One page, no external resources: tables of the numbers and the embedded plots."""
     parts = [
@@ -135,13 +220,30 @@ def render_html(report: BenchReport) -> str:
         "<style>body{font-family:sans-serif;max-width:60em;margin:2em auto;padding:0 1em}"
         "table{border-collapse:collapse;margin:1em 0}td,th{padding:.2em .7em;text-align:right;"
         "border-bottom:1px solid #ddd}td:first-child,th:first-child{text-align:left}"
-        "img{max-width:100%}.note{color:#a60}</style></head><body>",
+        "img{max-width:100%}.note{color:#a60}.verdict{background:#f6f6f6;padding:.3em 1em}"
+        "</style></head><body>",
         f"<h1>herd bench {html.escape(report.run_id)}</h1>",
+        *_verdict_html(report),
         f"<p>{len(report.hosts)} node(s): {html.escape(', '.join(report.hosts))}; "
-        f"torchherd {html.escape(__version__)}; "
         f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(report.started))}; "
-        f"{report.seconds:.0f} s.</p>",
+        f"{report.seconds:.0f} s. Launcher: torchherd {html.escape(__version__)}, Python "
+        f"{html.escape(platform.python_version())} on {html.escape(platform.node())}.</p>",
+        f"<p>Command: <code>{html.escape(report.command or 'herd bench all')}</code></p>",
     ]
+    if report.machines:
+        parts.append("<h2>Machines</h2>")
+        rows = [
+            [
+                str(m.get("host", "")),
+                str(m.get("cpus", "-")),
+                str(m.get("gpus", "-")),
+                str(m.get("python") or "-"),
+                str(m.get("torch") or "-"),
+                str(m.get("torchherd") or "-"),
+            ]
+            for m in report.machines
+        ]
+        parts.append(_rows(["node", "CPU cores", "GPUs", "python", "torch", "torchherd"], rows))
     if report.net is not None:
         net = report.net
         parts.append("<h2>Network: TCP between every pair</h2>")
@@ -154,7 +256,7 @@ def render_html(report: BenchReport) -> str:
             ]
             for x in sorted(net.links, key=lambda x: (x.src, x.dst))
         ]
-        parts.append(_rows(["link", "Gbit/s", "rtt ms"], rows))
+        parts.append(_rows(["link", "throughput (Gbit/s)", "round trip (ms)"], rows))
         slow = net.slow_node()
         slowest = net.slowest(1)
         if slowest:
@@ -176,7 +278,7 @@ def render_html(report: BenchReport) -> str:
             ]
             for r in ar.rows
         ]
-        parts.append(_rows(["size", "time us", "algbw GB/s", "busbw GB/s", "correct"], rows))
+        parts.append(_rows(["size", "time (µs)", "algbw (GB/s)", "busbw (GB/s)", "correct"], rows))
         parts.append(
             "<p>busbw = algbw &times; 2(n-1)/n (nccl-tests): comparable with the link speed "
             "whatever the number of ranks.</p>"

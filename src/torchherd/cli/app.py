@@ -2,31 +2,25 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import typer
 
 from .. import __version__
+from .parsing import HerdGroup
+from .state import state
 
 app = typer.Typer(
     name="herd",
     help="Run one PyTorch training job across many machines as easily as on one.\n\n"
-    "Start with `herd demo`. A cluster is described by ./herd.toml (or -c FILE); "
-    "without one, commands run on this machine alone.",
+    "Start with `herd demo`. A cluster is described by ./herd.toml (or -c FILE, or -H "
+    "gpu1:4,gpu2:4); without one, commands run on this machine alone. --debug (on any "
+    "command) shows tracebacks for errors.",
     no_args_is_help=True,
     add_completion=False,
     rich_markup_mode="rich",
     pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},
+    cls=HerdGroup,
 )
-
-
-@dataclass
-class State:
-    debug: bool = False
-
-
-state = State()
 
 
 def _version(value: bool) -> None:
@@ -47,11 +41,5 @@ def root(
 
 
 CLUSTER_HELP = "Cluster file (herd.toml or a hostfile); default: ./herd.toml, else this machine."
-
-# Commands that take a script and its own arguments after herd's options (launch, submit):
-# everything from the script on belongs to the script.
-SCRIPT_COMMAND = {
-    "allow_extra_args": True,
-    "ignore_unknown_options": True,
-    "allow_interspersed_args": False,
-}
+HOSTS_HELP = "Hosts instead of a file: gpu1:4,gpu2:4 (HOST or HOST:NPROC, comma-separated)."
+NODES_HELP = "Only these nodes of the cluster (comma-separated hosts); default: every node."

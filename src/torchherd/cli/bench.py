@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -15,18 +16,19 @@ import typer
 from rich.console import Console
 
 from ..errors import EXIT_JOB_FAILED, UsageError
-from .app import CLUSTER_HELP, app
+from .app import CLUSTER_HELP, HOSTS_HELP, NODES_HELP, app
 from .common import cluster_for
+from .parsing import RUNS_SOMETHING, HerdCommand, HerdGroup
 
 bench_app = typer.Typer(
     help="Measure the cluster: TCP between every pair, all-reduce bandwidth, scaling.\n\n"
     "Tables by default, --json for scripts, PNG plots with --png (pip install "
     "'torchherd\\[bench]'); `herd bench all` writes one HTML report under ~/.herd/bench/.",
     no_args_is_help=True,
+    cls=HerdGroup,
 )
 app.add_typer(bench_app, name="bench")
 
-HOSTS_HELP = "Hosts instead of a file: gpu1:4,gpu2:4."
 JSON_HELP = "Print the result as JSON on stdout (no table)."
 PNG_HELP = "Also write the plot to this PNG file (needs the torchherd\\[bench] extra)."
 
@@ -58,6 +60,14 @@ def _progress(console: Console, what: str, *, lines: bool = False) -> Iterator[A
         yield lambda text: status.update(f"herd bench: {text}")
 
 
+def _plots_before_work(png: str | None) -> None:
+    """With --png, a missing matplotlib is an error before the measurement, not after it."""
+    if png:
+        from ..bench.plots import require_plots
+
+        require_plots()
+
+
 def _write_png(path: str | None, draw: Any) -> None:
     if not path:
         return
@@ -82,10 +92,11 @@ def _print_json(value: dict[str, Any]) -> None:
     sys.stdout.write(json.dumps(value, indent=2) + "\n")
 
 
-@bench_app.command("net")
+@bench_app.command("net", cls=HerdCommand)
 def net_command(
     config: str = typer.Option(None, "-c", "--config", help=CLUSTER_HELP),
     hosts: str = typer.Option(None, "-H", "--hosts", help=HOSTS_HELP),
+    nodes: str = typer.Option(None, "--nodes", help=NODES_HELP),
     seconds: float = typer.Option(
         1.0, "--seconds", min=0.1, help="Longest throughput test per link and direction."
     ),
@@ -103,7 +114,8 @@ def net_command(
     from ..bench.plots import net_heatmap
     from ..bench.render import render_net
 
-    cluster = cluster_for(config, hosts)
+    _plots_before_work(png)
+    cluster = cluster_for(config, hosts, nodes=nodes)
     err = Console(stderr=True, highlight=False)
     with _progress(err, f"measuring {len(cluster.nodes)} node(s)") as say:
         matrix = bench_net(cluster, NetBenchOptions(seconds=seconds, pings=pings), say=say)
@@ -111,10 +123,11 @@ def net_command(
     return 0
 
 
-@bench_app.command("allreduce")
+@bench_app.command("allreduce", cls=HerdCommand)
 def allreduce_command(
     config: str = typer.Option(None, "-c", "--config", help=CLUSTER_HELP),
     hosts: str = typer.Option(None, "-H", "--hosts", help=HOSTS_HELP),
+    nodes: str = typer.Option(None, "--nodes", help=NODES_HELP),
     nproc: int = typer.Option(None, "--nproc", min=1, help="Workers per node (as in launch)."),
     min_size: str = typer.Option("1K", "--min-size", help="Smallest message: 1K, 64K, 1M..."),
     max_size: str = typer.Option("64M", "--max-size", help="Largest message: 32M, 1G..."),
@@ -151,7 +164,8 @@ def allreduce_command(
         nproc=nproc,
     )
     options.sizes()  # a bad range is a usage error before anything starts
-    cluster = cluster_for(config, hosts, nproc=nproc)
+    _plots_before_work(png)
+    cluster = cluster_for(config, hosts, nodes=nodes, nproc=nproc)
     err = Console(stderr=True, highlight=False)
     with _progress(err, f"all-reduce on {len(cluster.nodes)} node(s)"):
         result = bench_allreduce(cluster, options)
@@ -165,13 +179,12 @@ def allreduce_command(
     return 0 if result.correct else EXIT_JOB_FAILED
 
 
-@bench_app.command(
-    "scaling", context_settings={"allow_extra_args": True, "ignore_unknown_options": True}
-)
+@bench_app.command("scaling", cls=HerdCommand, context_settings=RUNS_SOMETHING)
 def scaling_command(
     ctx: typer.Context,
     config: str = typer.Option(None, "-c", "--config", help=CLUSTER_HELP),
     hosts: str = typer.Option(None, "-H", "--hosts", help=HOSTS_HELP),
+    nodes: str = typer.Option(None, "--nodes", help=NODES_HELP),
     nproc: int = typer.Option(None, "--nproc", min=1, help="Workers per node (as in launch)."),
     steps: int = typer.Option(20, "--steps", min=1, help="Timed steps per rank."),
     batch: int = typer.Option(64, "--batch", min=1, help="Samples per rank per step."),
@@ -201,7 +214,8 @@ def scaling_command(
             f"unexpected arguments: {' '.join(ctx.args)}",
             "arguments after the options go to --script SCRIPT; see `herd bench scaling -h`",
         )
-    cluster = cluster_for(config, hosts, nproc=nproc)
+    _plots_before_work(png)
+    cluster = cluster_for(config, hosts, nodes=nodes, nproc=nproc)
     options = ScalingOptions(
         steps=steps,
         batch=batch,
@@ -220,10 +234,11 @@ def scaling_command(
     return 0
 
 
-@bench_app.command("all")
+@bench_app.command("all", cls=HerdCommand)
 def all_command(
     config: str = typer.Option(None, "-c", "--config", help=CLUSTER_HELP),
     hosts: str = typer.Option(None, "-H", "--hosts", help=HOSTS_HELP),
+    nodes: str = typer.Option(None, "--nodes", help=NODES_HELP),
     nproc: int = typer.Option(None, "--nproc", min=1, help="Workers per node (as in launch)."),
     max_size: str = typer.Option("64M", "--max-size", help="Largest all-reduce message."),
     steps: int = typer.Option(20, "--steps", min=1, help="Timed scaling steps per rank."),
@@ -232,10 +247,12 @@ def all_command(
     ),
     as_json: bool = typer.Option(False, "--json", help="Print the whole result as JSON too."),
 ) -> int:
-    """Run net, allreduce and scaling; write report.html (plots embedded) and bench.json.
+    """Run net, allreduce and scaling; write report.html (verdict, machines, versions,
+    command line, tables, plots embedded) and bench.json.
 
     The report goes to ~/.herd/bench/<id>/ ($HERD_HOME moves it) or --output; the path is
     printed at the end. The all-reduce plot's reference line is the slowest link measured.
+    On one machine the network test (which needs two nodes) is skipped and the rest runs.
     """
     from ..bench.allreduce import AllreduceOptions
     from ..bench.render import render_allreduce, render_net, render_scaling
@@ -244,7 +261,7 @@ def all_command(
 
     allreduce = AllreduceOptions(max_size=parse_size(max_size, "--max-size"), nproc=nproc)
     allreduce.sizes()
-    cluster = cluster_for(config, hosts, nproc=nproc)
+    cluster = cluster_for(config, hosts, nodes=nodes, nproc=nproc)
     err = Console(stderr=True, highlight=False)
     with _progress(err, f"herd bench on {len(cluster.nodes)} node(s)", lines=True) as say:
         report = run_all(
@@ -252,19 +269,29 @@ def all_command(
             allreduce=allreduce,
             scaling=ScalingOptions(steps=steps, nproc=nproc),
             say=say,
+            command=shlex.join(["herd", *sys.argv[1:]]),
         )
     page = write_report(report, Path(output) if output else None)
     if as_json:
         _print_json({**report.to_dict(), "report": str(page)})
     else:
         out = Console(highlight=False)
-        assert report.net and report.allreduce and report.scaling
-        render_net(report.net, out)
-        out.print()
-        render_allreduce(report.allreduce, out, report.net.reference_gbits())
-        out.print()
-        render_scaling(report.scaling, out)
-        out.print()
+        if report.net is not None:
+            render_net(report.net, out)
+            out.print()
+        if report.allreduce is not None:
+            reference = report.net.reference_gbits() if report.net else None
+            render_allreduce(report.allreduce, out, reference)
+            out.print()
+        if report.scaling is not None:
+            render_scaling(report.scaling, out)
+            out.print()
+        from ..bench.verdict import overall
+
+        _, headline = overall(report.findings())
+        out.print(f"verdict: {headline}", markup=False)
+        for finding in report.findings():
+            out.print(f"  {finding.part}: {finding.status}: {finding.text}", markup=False)
     if report.plots_missing:
         print(f"herd bench: no plots: {report.plots_missing}", file=sys.stderr)
     print(f"report: {page}", file=sys.stderr if as_json else sys.stdout)

@@ -10,16 +10,26 @@ from rich.console import RenderableType
 from rich.markup import escape
 from rich.table import Table
 
-from ..errors import ConfigError
+from ..errors import ConfigError, UsageError
 from ..scheduler.detect import cluster_for_allocation, detect_allocation
 from ..spec import ClusterSpec, find_cluster, local_cluster, parse_host_list
 
 
 def cluster_for(
-    config: str | None, hosts: str | None = None, *, nproc: int | None = None
+    config: str | None,
+    hosts: str | None = None,
+    *,
+    nodes: str | None = None,
+    nproc: int | None = None,
 ) -> ClusterSpec:
     """A Slurm allocation, else a PBS one, else -c FILE, or -H h1:4,h2:2, or ./herd.toml, or
-    this machine alone (see scheduler/detect.py). Says on stderr when it found an allocation."""
+    this machine alone (see scheduler/detect.py), narrowed to ``--nodes a,b`` when given. Says
+    on stderr when it found an allocation. Every command that reaches nodes takes the same
+    three options (-c, -H, --nodes), so they read the same everywhere."""
+    return select(_whole_cluster(config, hosts, nproc), nodes)
+
+
+def _whole_cluster(config: str | None, hosts: str | None, nproc: int | None) -> ClusterSpec:
     if config and hosts:
         raise ConfigError("give either -c FILE or -H HOSTS, not both", "drop one of them")
     allocation = detect_allocation()
@@ -35,6 +45,16 @@ def cluster_for(
         return parse_host_list(hosts, source="-H")
     cluster = find_cluster(config)
     return cluster if cluster is not None else local_cluster(nproc)
+
+
+def select(cluster: ClusterSpec, nodes: str | None) -> ClusterSpec:
+    """The cluster narrowed to ``--nodes a,b`` (in the cluster's order)."""
+    if nodes is None:
+        return cluster
+    names = [n.strip() for n in nodes.split(",") if n.strip()]
+    if not names:
+        raise UsageError("--nodes is empty", "give hosts like --nodes gpu1,gpu2")
+    return cluster.select(names)
 
 
 class PlainTable(Table):

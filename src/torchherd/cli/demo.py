@@ -15,9 +15,10 @@ from ..logs import RunResult
 from ..plan import JobSpec
 from ..spec import local_cluster
 from .app import app
+from .parsing import HerdCommand
 
 
-@app.command("demo")
+@app.command("demo", cls=HerdCommand)
 def demo(
     nproc: int = typer.Option(2, "--nproc", min=1, max=16, help="CPU workers to start."),
 ) -> int:

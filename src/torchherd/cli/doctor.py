@@ -14,16 +14,16 @@ from ..preflight import Limits
 from ..preflight.doctor import DoctorOptions, Say, doctor
 from ..preflight.network import NetOptions
 from ..preflight.render import render
-from .app import CLUSTER_HELP, app
+from .app import CLUSTER_HELP, HOSTS_HELP, NODES_HELP, app
 from .common import cluster_for
+from .parsing import HerdCommand
 
 
-@app.command("doctor")
+@app.command("doctor", cls=HerdCommand)
 def doctor_command(
     config: str = typer.Option(None, "-c", "--config", help=CLUSTER_HELP),
-    hosts: str = typer.Option(
-        None, "-H", "--hosts", help="Hosts instead of a file: gpu1:4,gpu2:4."
-    ),
+    hosts: str = typer.Option(None, "-H", "--hosts", help=HOSTS_HELP),
+    nodes: str = typer.Option(None, "--nodes", help=NODES_HELP),
     nproc: int = typer.Option(
         None, "--nproc", min=1, help="Workers per node to check for (as in launch)."
     ),
@@ -64,7 +64,7 @@ def doctor_command(
     Prints a table of nodes x checks, then what to do about each problem. Exit 0 when nothing
     failed (warnings allowed), 3 when a check failed, 2 for a bad cluster file.
     """
-    cluster = cluster_for(config, hosts, nproc=nproc)
+    cluster = cluster_for(config, hosts, nodes=nodes, nproc=nproc)
     options = DoctorOptions(
         nproc=nproc,
         full=full,

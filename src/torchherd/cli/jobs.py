@@ -8,6 +8,7 @@ import time
 from typing import Any
 
 import typer
+from rich.table import Table
 
 from ..errors import EXIT_NODE_NOT_READY, EXIT_OK
 from ..jobs import JobRecord, list_records
@@ -17,6 +18,12 @@ from ..scheduler.submit import list_submitted, scheduler_states
 from .app import app
 from .common import result_table
 from .ops import console
+from .parsing import HerdCommand
+
+JOB_HELP = (
+    "Job id, its last part (1122-023330-7016 -> 7016) or a prefix of either, or a --name; "
+    "default: the latest job. See `herd ps`."
+)
 
 
 def runtime(record: JobRecord, now: float | None = None) -> float:
@@ -33,6 +40,9 @@ def ps_row(record: JobRecord) -> dict[str, Any]:
     """One job as `herd ps --json` prints it."""
     return {
         "id": record.id,
+        "name": record.name,
+        "kind": record.kind,
+        "what": record.what,
         "state": record.state,
         "detached": record.detached,
         "nodes": [n["host"] for n in record.nodes],
@@ -44,23 +54,30 @@ def ps_row(record: JobRecord) -> dict[str, Any]:
     }
 
 
-@app.command("ps")
+@app.command("ps", cls=HerdCommand)
 def ps_command(
-    all_jobs: bool = typer.Option(False, "--all", "-a", help="Every job, not only the last 20."),
+    all_jobs: bool = typer.Option(
+        False,
+        "--all",
+        "-a",
+        help="Every job, not only the last 20, and herd's own (the doctor's all-reduce, "
+        "benchmarks).",
+    ),
     as_json: bool = typer.Option(False, "--json", help="One JSON list on stdout, for scripts."),
     no_refresh: bool = typer.Option(
         False, "--no-refresh", help="Do not ask the nodes of running detached jobs how they are."
     ),
 ) -> int:
-    """List jobs: id, state, nodes, world size, started, runtime, exit code; and jobs sent to
-    Slurm/PBS by `herd submit`, with the scheduler's state (squeue/sacct, qstat).
+    """List jobs: id, name, state, nodes, world size, started, runtime, exit code and what ran;
+    and jobs sent to Slurm/PBS by `herd submit`, with the scheduler's state (squeue/sacct,
+    qstat).
 
     Running detached jobs are checked on their nodes (one ssh per node), so a job that ended
     while nobody watched shows how it ended.
     """
     records = list_records()
     if not all_jobs:
-        records = records[-20:]
+        records = [r for r in records if r.kind == "job"][-20:]
     if not no_refresh:
         records = refresh(records)
     submitted = list_submitted()[-20:] if not all_jobs else list_submitted()
@@ -95,29 +112,60 @@ def ps_command(
         if not submitted:
             print("no jobs yet: start one with `herd launch train.py` (or `herd demo`)")
         return EXIT_OK
-    table = result_table(
-        ("ID", "STATE", "NODES", "WORLD", "STARTED", "RUNTIME", "EXIT"), right=("WORLD", "EXIT")
-    )
+    header = ("ID", "NAME", "STATE", "NODES", "WORLD", "STARTED", "RUNTIME", "EXIT", "COMMAND")
+    lines: list[tuple[str, ...]] = []
     for record in records:
         hosts = [str(n["host"]) for n in record.nodes]
         shown = ",".join(hosts) if len(hosts) <= 3 else f"{hosts[0]},…({len(hosts)})"
         state = record.state + (" (detached)" if record.detached else "")
-        table.add_row(
-            record.id,
-            state,
-            shown,
-            str(record.world_size),
-            time.strftime("%m-%d %H:%M:%S", time.localtime(record.started)),
-            clock(runtime(record)),
-            "-" if record.exit_code is None else str(record.exit_code),
+        name = record.name or ("" if record.kind == "job" else f"({record.kind})")
+        lines.append(
+            (
+                record.id,
+                name or "-",
+                state,
+                shown,
+                str(record.world_size),
+                time.strftime("%m-%d %H:%M", time.localtime(record.started)),
+                clock(runtime(record)),
+                "-" if record.exit_code is None else str(record.exit_code),
+                record.what or "-",
+            )
         )
-    console().print(table)
+    out = console()
+    out.print(ps_table(header, lines, out.width))
     return EXIT_OK
 
 
-@app.command("logs")
+# Left out first when a terminal is too narrow for one line per job.
+NARROW_LEAVES_OUT = ("NODES", "WORLD", "STARTED")
+
+
+def ps_table(header: tuple[str, ...], lines: list[tuple[str, ...]], width: int) -> Table:
+    """One line per job: every column as wide as its text and the command cut to what is
+    left; on a narrow terminal without nodes, world size and start time."""
+
+    def widths(columns: tuple[str, ...]) -> list[int]:
+        keep = [header.index(c) for c in columns]
+        return [max(len(line[i]) for line in (header, *lines)) for i in keep]
+
+    columns = header
+    if sum(widths(header)[:-1]) + 2 * (len(header) - 1) + 12 > width:
+        columns = tuple(c for c in header if c not in NARROW_LEAVES_OUT)
+    table = result_table(columns, right=("WORLD", "EXIT"))
+    for column in table.columns:
+        column.no_wrap = True
+    room = width - sum(widths(columns)[:-1]) - 2 * (len(columns) - 1)
+    table.columns[-1].overflow = "ellipsis"
+    table.columns[-1].max_width = max(12, room)
+    for line in lines:
+        table.add_row(*(line[header.index(c)] for c in columns))
+    return table
+
+
+@app.command("logs", cls=HerdCommand)
 def logs_command(
-    job: str = typer.Argument(..., help="Job id (a unique prefix is enough); see `herd ps`."),
+    job: str = typer.Argument(None, help=JOB_HELP, show_default=False),
     rank: int = typer.Option(None, "--rank", "-r", help="Only this global rank's lines."),
     follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing until the job ends."),
     stacks: bool = typer.Option(
@@ -127,11 +175,14 @@ def logs_command(
         "node, a failure), and which ranks it found behind.",
     ),
 ) -> int:
-    """Print a job's output: every rank with host:rank prefixes, or one rank's lines.
+    """Print a job's output (the latest job's without JOB): every rank with host:rank
+    prefixes, or one rank's lines.
 
     Attached jobs are read from the launcher's job directory; detached jobs from their nodes.
     """
     record = find_record(job)
+    if job is None:
+        print(f"herd: job {record.id} (the latest)", file=sys.stderr, flush=True)
     if stacks:
         show_stacks(record, rank, sys.stdout)
         return EXIT_OK
@@ -139,9 +190,13 @@ def logs_command(
     return EXIT_OK
 
 
-@app.command("stop")
+@app.command("stop", cls=HerdCommand)
 def stop_command(
-    job: str = typer.Argument(..., help="Job id (a unique prefix is enough); see `herd ps`."),
+    job: str = typer.Argument(
+        None,
+        help=JOB_HELP.replace("the latest job", "the one running job"),
+        show_default=False,
+    ),
     grace: float = typer.Option(
         10.0, "--grace", min=0, help="Seconds the workers get after SIGTERM before SIGKILL."
     ),
@@ -150,9 +205,9 @@ def stop_command(
 
     Processes are found by the job id every one of them carries, never by name, so other
     jobs on the same nodes are untouched. Works for attached jobs too (their launcher then
-    reports the job as stopped).
+    reports the job as stopped). Without JOB: the job that is running, if there is just one.
     """
-    record = find_record(job)
+    record = find_record(job, running=job is None)
     hosts = [str(n["host"]) for n in record.nodes]
     print(f"herd: stopping job {record.id} on {len(hosts)} node(s)", flush=True)
     report = stop_job(record, grace)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import sys
 import tempfile
 from pathlib import Path
@@ -14,11 +15,15 @@ from ..files import private_dir
 from ..launch import LaunchOptions, launch
 from ..plan import JobSpec, LaunchPlan
 from ..scheduler.requeue import pbs_deadline, requeue_after_save
-from .app import CLUSTER_HELP, SCRIPT_COMMAND, app
+from .app import CLUSTER_HELP, HOSTS_HELP, NODES_HELP, app
 from .common import cluster_for
+from .parsing import RUNS_SOMETHING, LaunchCommand
+
+# An environment variable's name, as POSIX shells accept it.
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
-@app.command("launch", context_settings=SCRIPT_COMMAND)
+@app.command("launch", cls=LaunchCommand, context_settings=RUNS_SOMETHING)
 def launch_command(
     ctx: typer.Context,
     script: str = typer.Argument(
@@ -28,14 +33,43 @@ def launch_command(
         show_default=False,
     ),
     config: str = typer.Option(None, "-c", "--config", help=CLUSTER_HELP),
-    hosts: str = typer.Option(
-        None, "-H", "--hosts", help="Hosts instead of a file: gpu1:4,gpu2:4."
-    ),
+    hosts: str = typer.Option(None, "-H", "--hosts", help=HOSTS_HELP),
+    nodes: str = typer.Option(None, "--nodes", help=NODES_HELP),
     module: str = typer.Option(
-        None, "-m", "--module", help="Run a module (like python -m) instead of a script."
+        None,
+        "-m",
+        "--module",
+        help="Run a module (like python -m) instead of a script; what follows is its own.",
     ),
     nproc: int = typer.Option(
-        None, "--nproc", min=1, help="Workers per node (default: GPUs, or 1)."
+        None,
+        "--nproc",
+        min=1,
+        help="Workers per node (default: GPUs, or 1). torchrun's --nproc-per-node also works.",
+    ),
+    no_python: bool = typer.Option(
+        False,
+        "--no-python",
+        help="Run SCRIPT as a program, not with python (like torchrun --no-python): a path "
+        "(./run.sh) or a command on the nodes' PATH.",
+    ),
+    env: list[str] = typer.Option(
+        None,
+        "--env",
+        "-e",
+        metavar="KEY=VALUE",
+        help="Set this variable for the workers on every node (repeatable); wins over "
+        "\\[cluster] env. Secrets belong in env_file, not on a command line.",
+    ),
+    name: str = typer.Option(
+        None, "--name", help="A name for the job: shown by herd ps, accepted by logs/stop/report."
+    ),
+    ranks: str = typer.Option(
+        None,
+        "--ranks",
+        metavar="RANKS",
+        help="Show only these global ranks live: 0,3-5 or all (default). Every rank's output "
+        "is still kept in the job's files (herd logs JOB --rank R).",
     ),
     max_restarts: int = typer.Option(
         0,
@@ -117,10 +151,15 @@ def launch_command(
     only on evidence (a stopped or blocked rank, nobody working), after herd takes every
     worker's stacks (herd logs JOB --stacks).
 
+    herd's options go before SCRIPT; everything after it is the script's. torchrun's
+    spellings of the options herd shares with it work too (--nproc-per-node, --max_restarts).
+
     Exit: 0 success, 1 job failed, 2 usage/config, 3 node not ready, 4 crash loop,
     5 saved for a time limit, 130 interrupted.
     """
     args = list(ctx.args)
+    worker_env = parse_env(env or [])
+    shown_ranks = parse_ranks(ranks)
     if detach and max_restarts:
         raise UsageError(
             "--max-restarts needs an attached launcher: herd restarts the job on every node, "
@@ -128,7 +167,9 @@ def launch_command(
             "drop --detach (run herd in tmux or screen to survive a closed terminal), "
             "or drop --max-restarts",
         )
-    cluster = cluster_for(config, hosts, nproc=nproc)
+    if module and no_python:
+        raise UsageError("-m and --no-python do not go together", "drop one of them")
+    cluster = cluster_for(config, hosts, nodes=nodes, nproc=nproc)
     if module:
         if script is not None:
             args.insert(0, script)
@@ -140,27 +181,37 @@ def launch_command(
             )
         # Without a workdir the job runs in this directory on every node: check here. With
         # one, the script is a path on the nodes, and torchrun there names it if it is missing.
-        if not cluster.workdir and not Path(script).exists():
+        # A --no-python program without a slash is looked for on the nodes' PATH instead.
+        local_file = not no_python or "/" in script
+        if local_file and not cluster.workdir and not Path(script).exists():
+            what = "program" if no_python else "training script"
             raise UsageError(
-                f"training script {script} not found in {os.getcwd()}",
+                f"{what} {script} not found in {os.getcwd()}",
                 "give its path relative to the working directory "
                 "(herd sync copies it to the nodes)",
             )
         entry, is_module = (script, *args), False
-    if log_dir is not None and not dry_run:
-        check_log_dir(log_dir)
+    if log_dir is not None:
+        # The job record keeps this path, and `herd logs` reads it from any directory.
+        log_dir = log_dir.expanduser().absolute()
+        if not dry_run:
+            check_log_dir(log_dir)
     job = JobSpec(
         entry=tuple(entry),
         module=is_module,
+        no_python=no_python,
         nproc=nproc,
         max_restarts=max_restarts,
         min_nodes=min_nodes,
         crash_loop=crash_loop,
         grace=grace,
         spares=spares,
+        env=worker_env,
+        name=check_name(name),
     )
     options = LaunchOptions(
         dry_run=dry_run,
+        ranks=shown_ranks,
         log_dir=log_dir,
         preflight=not no_preflight,
         detach=detach,
@@ -190,6 +241,50 @@ def save_window(warning: float, grace: float) -> float:
     """Seconds the workers get to save after a time-limit warning ``warning`` seconds before
     the end: the warning less the stop (``grace``) and a margin, never under 5 s."""
     return max(5.0, warning - grace - SAVE_MARGIN)
+
+
+def parse_env(pairs: list[str]) -> dict[str, str]:
+    """--env KEY=VALUE (repeatable) as a dict; a malformed pair is a usage error."""
+    env: dict[str, str] = {}
+    for pair in pairs:
+        key, eq, value = pair.partition("=")
+        if not eq or not ENV_NAME.fullmatch(key):
+            raise UsageError(
+                f"--env {pair!r} is not KEY=VALUE with a variable name as KEY",
+                "write it like --env NCCL_DEBUG=INFO (letters, digits and _ in the name)",
+            )
+        env[key] = value
+    return env
+
+
+def parse_ranks(text: str | None) -> frozenset[int] | None:
+    """--ranks "0,3-5" -> {0, 3, 4, 5}; "all" or nothing -> None (every rank)."""
+    if text is None or text.strip().lower() == "all":
+        return None
+    ranks: set[int] = set()
+    for part in text.split(","):
+        match = re.fullmatch(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?", part)
+        if not match or (match[2] is not None and int(match[2]) < int(match[1])):
+            raise UsageError(
+                f"--ranks {text!r}: cannot read {part.strip()!r} as a rank or a range",
+                "write global ranks like --ranks 0 or --ranks 0,3-5 (or --ranks all)",
+            )
+        first = int(match[1])
+        ranks.update(range(first, int(match[2] or first) + 1))
+    return frozenset(ranks)
+
+
+def check_name(name: str | None) -> str | None:
+    """A job name is shown in tables and matched by logs/stop: printable, one line, short."""
+    if name is None:
+        return None
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", name):
+        raise UsageError(
+            f"--name {name!r}: a job name is 1-64 letters, digits, '.', '_' or '-', starting "
+            "with a letter or digit",
+            "write it like --name gpt-small-lr3e-4",
+        )
+    return name
 
 
 def check_log_dir(path: Path) -> None:

@@ -14,11 +14,10 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskID, TextColumn
 
 from ..errors import EXIT_JOB_FAILED, EXIT_NODE_NOT_READY, EXIT_OK, UsageError
-from ..spec import ClusterSpec
-from .app import CLUSTER_HELP, app
+from .app import CLUSTER_HELP, HOSTS_HELP, NODES_HELP, app
 from .common import cluster_for, result_table
+from .parsing import RUNS_SOMETHING, HerdCommand
 
-NODES_HELP = "Only these nodes (comma-separated hosts); default: every node."
 DEFAULT_TOML = Path("herd.toml")
 HERE = Path(".")
 _COLORS = ("36", "33", "35", "32", "34", "91", "96", "93", "95", "92")
@@ -29,15 +28,6 @@ def console(stderr: bool = False) -> Console:
     stream = sys.stderr if stderr else sys.stdout
     tty = stream.isatty()
     return Console(file=stream, width=None if tty else 200, highlight=False, soft_wrap=not tty)
-
-
-def select(cluster: ClusterSpec, nodes: str | None) -> ClusterSpec:
-    if not nodes:
-        return cluster
-    names = [n.strip() for n in nodes.split(",") if n.strip()]
-    if not names:
-        raise UsageError("--nodes is empty", "give hosts like --nodes gpu1,gpu2")
-    return cluster.select(names)
 
 
 def human_bytes(count: int) -> str:
@@ -53,7 +43,7 @@ def human_bytes(count: int) -> str:
 # init
 
 
-@app.command("init")
+@app.command("init", cls=HerdCommand)
 def init_command(
     hosts: Annotated[
         list[str] | None, typer.Argument(help="HOST or HOST:NPROC, as many as you have.")
@@ -105,9 +95,10 @@ def init_command(
 # ssh-setup
 
 
-@app.command("ssh-setup")
+@app.command("ssh-setup", cls=HerdCommand)
 def ssh_setup_command(
     config: str = typer.Option(None, "-c", "--config", help=CLUSTER_HELP),
+    hosts: str = typer.Option(None, "-H", "--hosts", help=HOSTS_HELP),
     nodes: str = typer.Option(None, "--nodes", help=NODES_HELP),
     key: str = typer.Option(None, "--key", help="Private key to install (default: ssh's own)."),
 ) -> int:
@@ -119,7 +110,7 @@ def ssh_setup_command(
     """
     from ..ops import sshsetup
 
-    cluster = select(cluster_for(config), nodes)
+    cluster = cluster_for(config, hosts, nodes=nodes)
     private, created, results = sshsetup.setup(cluster, key=key)
     table = result_table(("HOST", "KEY", "HOST KEY", "LOGIN"))
     for result in results:
@@ -146,16 +137,14 @@ def ssh_setup_command(
 
 @app.command(
     "exec",
+    cls=HerdCommand,
     options_metavar="[OPTIONS] -- COMMAND...",
-    context_settings={
-        "allow_extra_args": True,
-        "ignore_unknown_options": True,
-        "allow_interspersed_args": False,
-    },
+    context_settings=RUNS_SOMETHING,
 )
 def exec_command(
     ctx: typer.Context,
     config: str = typer.Option(None, "-c", "--config", help=CLUSTER_HELP),
+    hosts: str = typer.Option(None, "-H", "--hosts", help=HOSTS_HELP),
     nodes: str = typer.Option(None, "--nodes", help=NODES_HELP),
     timeout: float = typer.Option(None, "--timeout", min=0.1, help="Seconds before it is ended."),
     as_json: bool = typer.Option(False, "--json", help="Results (with output) as JSON."),
@@ -173,7 +162,7 @@ def exec_command(
     if not words:
         raise UsageError("no command given", "herd exec -- COMMAND [ARGS...]")
     command = " ".join(words)
-    cluster = select(cluster_for(config), nodes)
+    cluster = cluster_for(config, hosts, nodes=nodes)
     width = max(len(n.host) for n in cluster.nodes)
     colors = {n.host: _COLORS[i % len(_COLORS)] for i, n in enumerate(cluster.nodes)}
 
@@ -229,10 +218,11 @@ def exec_command(
 # sync
 
 
-@app.command("sync")
+@app.command("sync", cls=HerdCommand)
 def sync_command(
     path: Annotated[Path, typer.Argument(help="Project directory to copy (default: .).")] = HERE,
     config: str = typer.Option(None, "-c", "--config", help=CLUSTER_HELP),
+    hosts: str = typer.Option(None, "-H", "--hosts", help=HOSTS_HELP),
     nodes: str = typer.Option(None, "--nodes", help=NODES_HELP),
     exclude: Annotated[
         list[str] | None, typer.Option("--exclude", help="rsync pattern to leave out (repeat).")
@@ -251,7 +241,7 @@ def sync_command(
     """
     from ..ops.sync import Syncer, destination
 
-    cluster = select(cluster_for(config), nodes)
+    cluster = cluster_for(config, hosts, nodes=nodes)
     syncer = Syncer(cluster, path, excludes=exclude or [], delete=delete)
     dest = destination(cluster, path)
     show = not as_json and sys.stderr.isatty()

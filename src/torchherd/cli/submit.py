@@ -10,10 +10,11 @@ import typer
 from ..errors import EXIT_OK, UsageError
 from ..scheduler.render import Scheduler, SubmitSpec, render
 from ..scheduler.submit import follow_hint, script_path, submit
-from .app import SCRIPT_COMMAND, app
+from .app import app
+from .parsing import RUNS_SOMETHING, HerdCommand
 
 
-@app.command("submit", context_settings=SCRIPT_COMMAND)
+@app.command("submit", cls=HerdCommand, context_settings=RUNS_SOMETHING)
 def submit_command(
     ctx: typer.Context,
     script: str = typer.Argument(

@@ -15,39 +15,58 @@ from rich.text import Text
 
 from ..errors import EXIT_NODE_NOT_READY, EXIT_OK
 from ..ops.top import NodeLoad, follow, sample_once, slow_ranks
-from .app import CLUSTER_HELP, app
+from .app import CLUSTER_HELP, HOSTS_HELP, NODES_HELP, app
 from .common import cluster_for, result_table
-from .ops import NODES_HELP, select
+from .parsing import HerdCommand
 
 
 def _gib(count: int | None) -> str:
     return "-" if count is None else f"{count / 2**30:.1f}"
 
 
-def _job_text(load: NodeLoad) -> tuple[str, str]:
+# Below this many columns the table is compact: short GPU names and job ids (the id's last
+# part, which `herd logs` and `herd stop` accept), no temperature and power columns, so an
+# 80-column terminal shows one line per node.
+COMPACT_BELOW = 120
+
+
+def _job_text(load: NodeLoad, compact: bool = False) -> tuple[str, str]:
     if not load.jobs:
         return "-", "-"
     job = load.jobs[0]
     more = f" +{len(load.jobs) - 1}" if len(load.jobs) > 1 else ""
+    job_id = str(job["job_id"])
+    if compact:
+        job_id = job_id.rsplit("-", 1)[-1]
     step, rate, age = job.get("step"), job.get("step_rate"), job.get("step_age")
     if step is None:
-        return str(job["job_id"]) + more, "-"
+        return job_id + more, "-"
     text = f"step {step}"
     if age is not None and age > 60:
         text += f", stalled {age:.0f}s"
     elif rate is not None:
         text += f", {rate:.2f}/s"
-    return str(job["job_id"]) + more, text
+    return job_id + more, text
 
 
-def render_view(loads: list[NodeLoad]) -> Group:
+def render_view(loads: list[NodeLoad], width: int | None = None) -> Group:
     """The table, and under it the slow ranks herd named in running jobs."""
     notes = [Text(line, style="yellow") for line in slow_ranks()]
-    return Group(render(loads), *notes)
+    return Group(render(loads, width), *notes)
 
 
-def render(loads: list[NodeLoad]) -> Table:
-    """One row per node; GPU columns show the mean/sum/max over the node's GPUs."""
+def _gpu_name(name: str, compact: bool) -> str:
+    """ "NVIDIA H100 80GB HBM3" -> "H100" when compact."""
+    if not compact:
+        return name
+    words = [w for w in name.split() if w not in ("NVIDIA", "GeForce", "Tesla")]
+    return words[0] if words else name
+
+
+def render(loads: list[NodeLoad], width: int | None = None) -> Table:
+    """One row per node; GPU columns show the mean/sum/max over the node's GPUs. ``width``:
+    the terminal's columns (compact below COMPACT_BELOW); None: as wide as needed."""
+    compact = width is not None and width < COMPACT_BELOW
     columns = (
         "HOST",
         "CPU%",
@@ -55,12 +74,14 @@ def render(loads: list[NodeLoad]) -> Table:
         "GPUS",
         "GPU%",
         "GPU MEM GiB",
-        "TEMP C",
-        "POWER W",
+        *(() if compact else ("TEMP C", "POWER W")),
         "JOB",
         "PROGRESS",
     )
     table = result_table(columns, right=set(columns) - {"HOST", "JOB", "PROGRESS"})
+    for column in table.columns:  # one line per node: cut what does not fit, never wrap
+        column.no_wrap = True
+        column.overflow = "ellipsis"
     for load in loads:
         if load.error is not None:
             error = Text(load.error, style="red")
@@ -68,10 +89,10 @@ def render(loads: list[NodeLoad]) -> Table:
             continue
         cpu = "-" if load.cpu_percent is None else f"{load.cpu_percent:.0f}"
         mem = f"{_gib(load.mem_used)}/{_gib(load.mem_total)}"
-        job, progress = _job_text(load)
+        job, progress = _job_text(load, compact)
         if load.gpus:
             gpu = load.gpu_summary()
-            names = {str(g.get("name", "")) for g in load.gpus}
+            names = {_gpu_name(str(g.get("name", "")), compact) for g in load.gpus}
             label = f"{gpu['count']}× {names.pop()}" if len(names) == 1 else f"{gpu['count']}"
             row = [
                 label,
@@ -82,13 +103,16 @@ def render(loads: list[NodeLoad]) -> Table:
             ]
         else:
             row = ["none", "-", "-", "-", "-"]
+        if compact:
+            row = row[:3]
         table.add_row(load.host, cpu, mem, *row, job, progress)
     return table
 
 
-@app.command("top")
+@app.command("top", cls=HerdCommand)
 def top_command(
     config: str = typer.Option(None, "-c", "--config", help=CLUSTER_HELP),
+    hosts: str = typer.Option(None, "-H", "--hosts", help=HOSTS_HELP),
     nodes: str = typer.Option(None, "--nodes", help=NODES_HELP),
     once: bool = typer.Option(False, "--once", help="Print one table and exit."),
     interval: float = typer.Option(2.0, "--interval", min=0.2, help="Seconds between refreshes."),
@@ -99,21 +123,27 @@ def top_command(
     GPUs come from NVML or nvidia-smi on each node; nodes without GPUs show CPU and memory.
     Progress is the last `step N` that local rank 0 printed, and its rate. Ctrl-C ends it.
     """
-    cluster = select(cluster_for(config), nodes)
+    cluster = cluster_for(config, hosts, nodes=nodes)
     if once or as_json:
         loads = sample_once(cluster, window=min(interval, 1.0))
         if as_json:
             print(json.dumps([load.as_json() for load in loads], indent=2))
         else:
             tty = sys.stdout.isatty()
-            Console(width=None if tty else 200, highlight=False).print(render_view(loads))
+            out = Console(width=None if tty else 200, highlight=False)
+            out.print(render_view(loads, out.width))
         return EXIT_NODE_NOT_READY if any(load.error for load in loads) else EXIT_OK
     latest = {n.host: NodeLoad(n.host, error="waiting for the first sample") for n in cluster.nodes}
-    with Live(render_view(list(latest.values())), refresh_per_second=4, screen=False) as live:
+    screen = Console(highlight=False)
+
+    def table() -> Group:
+        return render_view(list(latest.values()), screen.width)
+
+    with Live(table(), console=screen, refresh_per_second=4, screen=False) as live:
 
         def on_sample(load: NodeLoad) -> None:
             latest[load.host] = load
-            live.update(render_view(list(latest.values())))
+            live.update(table())
 
         with contextlib.suppress(KeyboardInterrupt):
             asyncio.run(follow(cluster, interval, on_sample))

@@ -27,15 +27,24 @@ GPU_SCRIPT = (
 )
 
 HEADER = """\
-# The cluster `herd` runs on (written by `herd init`; edit freely).
-# The first node hosts the rendezvous. See docs/operations.md for every key.
+# The cluster `herd` runs on (written by `herd init`; edit freely, then `herd doctor`).
+# The first node hosts the rendezvous. Every key is listed below (commented out where unset)
+# and explained in torchherd's README, section "herd.toml"; a mistyped key is an error that
+# names the line and the key meant.
 """
 
+# Every [cluster] key (spec.CLUSTER_KEYS), commented out, with what it does.
 CLUSTER_HINTS = """\
 # python = "/opt/venv/bin/python"   # interpreter on the nodes (default: python3)
 # workdir = "~/project"             # where `herd sync` copies the project and jobs run
 # env = { NCCL_DEBUG = "WARN" }     # exported on every node
 # env_file = ".env"                 # secrets: sent over ssh's stdin, never on a command line
+# ssh_config = "ssh_config"         # passed to ssh -F (default: your ~/.ssh/config)
+# setup = "module load cuda"        # shell commands before each node's agent starts
+# connect_timeout = 10              # seconds before a silent node is unreachable
+# rdzv_port = 29500                 # rendezvous port on the first node (default: a free one)
+# min_nodes = 2                     # on a restart, go on without lost nodes while this many remain
+# allow_public_rendezvous = false   # the c10d store has no authentication: keep it private
 """
 
 

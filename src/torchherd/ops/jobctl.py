@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -19,7 +20,7 @@ from typing import Any
 from ..errors import EXIT_INTERRUPTED, EXIT_JOB_FAILED, EXIT_OK, ConfigError
 from ..jobs import JobRecord, list_records, load_record
 from ..plan import LaunchPlan
-from ..redact import MASK, redact_argv, redact_env
+from ..redact import MASK, redact_argv, redact_env, redact_text
 from ..spec import ClusterSpec, NodeSpec, load_cluster_file
 from ..transport import Transport, for_cluster
 from .remote import AgentAnswer, call_agent
@@ -56,11 +57,15 @@ def new_record(
         world_size=plan.world_size,
         command=redact_argv(plan.nodes[0].argv, secrets),
         rdzv_endpoint=plan.rdzv_endpoint,
-        log_dir=str(log_dir),
+        # Absolute: `herd logs` reads it from whatever directory it is run in.
+        log_dir=str(Path(log_dir).expanduser().absolute()),
         # So `herd stop JOB` from another terminal and directory can reach the nodes.
         cluster=cluster_snapshot(cluster, secrets),
         cluster_file=cluster_file_of(cluster),
         detached=detached,
+        name=plan.name,
+        what=redact_text(plan.what, secrets),
+        kind=plan.kind,
     )
 
 
@@ -80,13 +85,23 @@ def cluster_from_record(record: JobRecord) -> ClusterSpec:
     )
 
 
-def find_record(job_id: str) -> JobRecord:
-    """The job's record; a unique prefix of the id is enough. ConfigError names the choices."""
-    record = load_record(job_id)
+def find_record(job_id: str | None, *, running: bool = False) -> JobRecord:
+    """The record a user means by ``job_id``: the whole id, its last part (the random
+    ``7016`` of ``1122-023330-7016``) or a prefix of either, or a ``--name`` (its latest job).
+    None: the latest of the user's jobs (with ``running``, the one that still runs).
+    ConfigError names the choices when that is not exactly one job."""
+    if job_id is None:
+        return latest_record(running=running)
+    # Only a plain name is looked up as a directory: never a path (`..`, `a/b`).
+    plain = re.fullmatch(r"[0-9A-Za-z][0-9A-Za-z._-]*", job_id) is not None
+    record = load_record(job_id) if plain else None
     if record is not None:
         return record
     records = list_records()
-    matches = [r for r in records if r.id.startswith(job_id)]
+    named = [r for r in records if r.name == job_id]
+    if named:
+        return named[-1]
+    matches = [r for r in records if r.id.startswith(job_id) or _tail(r.id).startswith(job_id)]
     if len(matches) == 1:
         return matches[0]
     recent = ", ".join(r.id for r in records[-5:]) or "none yet"
@@ -96,6 +111,28 @@ def find_record(job_id: str) -> JobRecord:
             "give more of the id",
         )
     raise ConfigError(f"no job {job_id!r}", f"`herd ps` lists jobs (most recent: {recent})")
+
+
+def _tail(job_id: str) -> str:
+    return job_id.rsplit("-", 1)[-1]
+
+
+def latest_record(*, running: bool = False) -> JobRecord:
+    """The user's latest job (herd's own measuring jobs left out); with ``running``, the
+    one job still running, refusing to guess between several."""
+    records = [r for r in list_records() if r.kind == "job"]
+    if running:
+        live = [r for r in refresh(records) if r.state in RUNNING_STATES]
+        if len(live) > 1:
+            raise ConfigError(
+                f"{len(live)} jobs are running: {', '.join(r.id for r in live)}",
+                "name the one you mean (its id, the last part of it, or its --name)",
+            )
+        records = live
+    if not records:
+        what = "running job" if running else "job"
+        raise ConfigError(f"no {what} to pick", "`herd ps --all` lists every job")
+    return records[-1]
 
 
 def verb_request(record: JobRecord, cluster: ClusterSpec, node: NodeSpec) -> dict[str, Any]:

@@ -190,38 +190,76 @@ def workdir(node: NodeSpec, findings: Findings) -> CheckResult:
 
 
 def entry(node: NodeSpec, findings: Findings) -> CheckResult:
-    """The job's script (relative to the workdir) or ``-m`` module, for the node's python."""
+    """The job's script (relative to the workdir), ``-m`` module, or ``--no-python`` program
+    (by path, else on the node's PATH), for the node's python."""
     facts = findings.facts.get(node.host)
     if facts is None or not facts.entry or facts.workdir_exists is False:
         return _result("entry", node.host, Status.SKIP, "not asked, or no workdir")
     where = facts.workdir or "the working directory"
+    # On this machine alone there is nothing to sync to: the fix is here.
+    alone = findings.cluster.transport == "local"
     if "module" in facts.entry:
         name = facts.entry["module"]
         if facts.entry.get("found"):
             return _result("entry", node.host, Status.PASS, f"module {name} found")
+        if alone:
+            remedy = (
+                f"run herd from the directory that holds {name.split('.')[0]}, or install it "
+                f"for this python (`{facts.python} -m pip install ...`)"
+            )
+        else:
+            remedy = (
+                f"install it for that python (`herd exec -- {facts.python} -m pip install "
+                "...`), or `herd sync` the project to the workdir"
+            )
         return _result(
             "entry",
             node.host,
             Status.FAIL,
             f"module {name} is not importable by {facts.python} (run from {where})",
-            f"install it for that python (`herd exec -- {facts.python} -m pip install ...`), or "
-            "`herd sync` the project to the workdir",
+            remedy,
+        )
+    if "program" in facts.entry:
+        program = facts.entry["program"]
+        if facts.entry.get("found"):
+            return _result("entry", node.host, Status.PASS, f"{program} found")
+        how = "on the PATH" if "/" not in program else f"as an executable file in {where}"
+        return _result(
+            "entry",
+            node.host,
+            Status.FAIL,
+            f"program {program} not found {how}",
+            "give its path relative to the working directory (and chmod +x it), or install it "
+            "on the node",
         )
     script = facts.entry.get("script", "")
     if facts.entry.get("found"):
         return _result("entry", node.host, Status.PASS, f"{script} found in {where}")
+    remedy = (
+        "give its path relative to this directory"
+        if alone
+        else "`herd sync` the project there, or set [cluster] workdir to where the script is"
+    )
     return _result(
         "entry",
         node.host,
         Status.FAIL,
         f"script {script} not found in {where} ({facts.entry.get('path')} does not exist)",
-        "`herd sync` the project there, or set [cluster] workdir to where the script is",
+        remedy,
     )
 
 
 def planned_nproc(node: NodeSpec, findings: Findings, facts: NodeFacts) -> int:
     """Workers the plan would start here: --nproc, else the node's nproc, else its GPUs, else 1."""
     return findings.nproc or node.nproc or facts.gpu_count or 1
+
+
+def _fewer_workers(findings: Findings, node: NodeSpec, most: int) -> str:
+    """The fix for too many workers, where the number came from: --nproc on the command
+    line, else the node's nproc in the cluster file."""
+    if findings.nproc:
+        return f"use --nproc {most} (or fewer)"
+    return f"set nproc = {most} (or fewer) for {node.host} in {findings.cluster.source}"
 
 
 def workers(node: NodeSpec, findings: Findings) -> CheckResult:
@@ -241,7 +279,7 @@ def workers(node: NodeSpec, findings: Findings) -> CheckResult:
                 Status.FAIL,
                 f"{nproc} workers asked ({where}) but only {gpus} GPU(s) visible: two "
                 "ranks on one GPU fail in NCCL",
-                f"set nproc = {gpus} (or fewer) for {host}, or check CUDA_VISIBLE_DEVICES there",
+                f"{_fewer_workers(findings, node, gpus)}, or check CUDA_VISIBLE_DEVICES there",
                 nproc=nproc,
                 gpus=gpus,
             )
@@ -261,7 +299,7 @@ def workers(node: NodeSpec, findings: Findings) -> CheckResult:
             Status.WARN,
             f"{nproc} workers asked ({where or 'default'}) but only {cores} CPU "
             "core(s): workers will fight over the cores",
-            f"set nproc = {cores} (or fewer) for {host}",
+            _fewer_workers(findings, node, cores),
             nproc=nproc,
             cores=cores,
         )

@@ -23,7 +23,9 @@ def run_collective(
 ) -> tuple[CheckResult, tuple[BusBandwidth, ...]]:
     """Launch the all-reduce job and read its bus bandwidth per message size."""
     try:
-        done = run_measuring_job(cluster, (MODULE, "--seconds", str(seconds)), MARKER, nproc=nproc)
+        done = run_measuring_job(
+            cluster, (MODULE, "--seconds", str(seconds)), MARKER, nproc=nproc, kind="doctor"
+        )
     except HerdError as exc:
         return CheckResult(
             "collective",

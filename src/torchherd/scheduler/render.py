@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from ..errors import UsageError
+from .validate import check_submit_values
 
 Scheduler = Literal["slurm", "pbs"]
 _TIME = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d{1,2}))?(?::(\d{1,2}))?$")
@@ -80,6 +81,15 @@ def hms(seconds: int) -> str:
 
 
 def render(spec: SubmitSpec) -> str:
+    """The job script; UsageError for a value the scheduler would not take (validate.py)."""
+    check_submit_values(
+        spec.scheduler,
+        name=spec.name,
+        partition=spec.partition,
+        account=spec.account,
+        output=spec.output,
+        gpu_resource=spec.gpu_resource,
+    )
     limit = time_seconds(spec.time)
     if spec.grace >= limit:
         raise UsageError(

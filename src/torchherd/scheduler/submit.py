@@ -20,6 +20,7 @@ from ..errors import ConfigError, HerdError
 from ..jobs import herd_home
 from .jobid import JobId, parse_qsub_output, parse_sbatch_output
 from .render import Scheduler
+from .validate import NAME, check
 
 Runner = Callable[[Sequence[str]], subprocess.CompletedProcess[str]]
 SUBMIT_COMMAND = {"slurm": "sbatch", "pbs": "qsub"}
@@ -63,7 +64,9 @@ def list_submitted() -> list[SubmittedJob]:
 
 
 def script_path(scheduler: Scheduler, name: str) -> Path:
-    """Where a new script is kept: a chained PBS job resubmits this very file."""
+    """Where a new script is kept: a chained PBS job resubmits this very file. The name must
+    be one the scheduler accepts (validate.NAME: no '/', no '..', no white space)."""
+    check("--name", name, NAME, scheduler)
     directory = submitted_dir()
     directory.mkdir(parents=True, exist_ok=True)
     suffix = "sbatch" if scheduler == "slurm" else "pbs"

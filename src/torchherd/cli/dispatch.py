@@ -1,0 +1,98 @@
+"""Running the typer application: every command module registered, errors turned into one
+message and an exit code (a traceback only with ``--debug``)."""
+
+from __future__ import annotations
+
+import resource
+import sys
+from typing import Any
+
+import typer
+
+from ..errors import EXIT_INTERRUPTED, EXIT_USAGE, HerdError
+from .app import app, state
+
+# Command modules: importing one registers its commands on `app` (in this order in --help).
+# isort: off
+from . import launch as _launch  # noqa: F401
+from . import doctor as _doctor  # noqa: F401
+from . import ops as _ops  # noqa: F401
+from . import jobs as _jobs  # noqa: F401
+from . import report as _report  # noqa: F401
+from . import submit as _submit  # noqa: F401
+from . import top as _top  # noqa: F401
+from . import bench as _bench  # noqa: F401
+from . import demo as _demo  # noqa: F401
+# isort: on
+
+__all__ = ["app", "dispatch"]
+
+
+def dispatch(argv: list[str] | None = None) -> int:
+    """Run herd with ``argv``; return the exit code."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    raise_open_file_limit()
+    state.debug = False  # set by --debug, before the command or among its options
+    try:
+        result = app(args=args, prog_name="herd", standalone_mode=False)
+    except typer.Exit as exc:
+        return int(exc.exit_code)
+    except typer.Abort:
+        print("herd: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except typer.TyperException as exc:
+        print_usage_mistake(exc)
+        return EXIT_USAGE
+    except HerdError as exc:
+        if state.debug:
+            raise
+        print_error(exc)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("herd: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    return int(result or 0)
+
+
+def print_usage_mistake(exc: Any) -> None:
+    """A command-line mistake: an unknown option names the closest ones; others get typer's
+    own message (which names the option and the usage line)."""
+    possibilities = getattr(exc, "possibilities", None)
+    option = getattr(exc, "option_name", None)
+    ctx = getattr(exc, "ctx", None)
+    command = ctx.command_path if ctx is not None else "herd"
+    if option is not None and hasattr(exc, "possibilities"):
+        print(f"error: {command} has no option {option}", file=sys.stderr)
+        if possibilities:  # closest first (difflib)
+            fix = f"did you mean {possibilities[0]}? ({command} -h lists every option)"
+        else:
+            fix = f"{command} -h lists every option"
+        if ctx is not None and ctx.allow_extra_args:
+            fix += "; options for what runs go after it (or after --)"
+        print(f"  fix: {fix}", file=sys.stderr)
+        return
+    show = getattr(exc, "show", None)
+    if callable(show):
+        show()
+    else:
+        print(f"error: {exc}", file=sys.stderr)
+
+
+def raise_open_file_limit() -> None:
+    """Lift the soft limit on open files to the hard one: each node holds 3-4 descriptors
+    (ssh pipes, a control socket) while a job runs, and the usual soft limit of 1024 runs out
+    at about 250 nodes, while the hard limit (often 524288) is ours to take."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    # An unlimited hard limit still has a kernel ceiling (fs.nr_open, 1 Mi by default).
+    target = hard if hard != resource.RLIM_INFINITY else 1 << 20
+    if soft != resource.RLIM_INFINITY and soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        except (ValueError, OSError):
+            pass  # not ours to raise here: keep what we have
+
+
+def print_error(exc: HerdError) -> None:
+    print(f"error: {exc.message}", file=sys.stderr)
+    if exc.remedy:
+        print(f"  fix: {exc.remedy}", file=sys.stderr)

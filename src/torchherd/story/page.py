@@ -1,0 +1,355 @@
+"""The report page: one self-contained HTML file (inline CSS and SVG, nothing fetched).
+
+From the top: the verdict (how the job ended, after how many restarts, its first failure with
+cause and fix), the job's facts, the timeline of attempts and their table, the step rate per
+attempt and node, loss and throughput from the metrics, then links to every log and stack.
+Keys a newer record adds to an attempt are listed with it as they are.
+"""
+
+from __future__ import annotations
+
+import html
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from .. import __version__
+from .gather import Story
+from .svg import OUTCOME_COLOURS, duration, line_chart, timeline
+
+# Attempt keys the table shows in columns of their own; any other key is listed as it is.
+KNOWN_KEYS = {
+    "n", "started", "ended", "nodes", "world_size", "rdzv_endpoint", "how", "why", "outcome",
+    "noticed", "failure", "behind", "stacks_dir", "max_step",
+}  # fmt: skip
+
+STYLE = """
+body{font-family:system-ui,sans-serif;max-width:64em;margin:1.5em auto;padding:0 1em;color:#222}
+h1{font-size:1.5em;margin-bottom:.2em}h2{font-size:1.15em;margin-top:1.6em;
+border-bottom:1px solid #ddd}
+table{border-collapse:collapse;margin:.6em 0}td,th{padding:.25em .6em;text-align:left;
+vertical-align:top;border-bottom:1px solid #eee}th{background:#f6f6f6}
+.verdict{padding:.6em 1em;border-left:.45em solid;background:#f7f7f7;margin:1em 0}
+.verdict p{margin:.3em 0}.fix{font-weight:bold}code,pre{font-family:ui-monospace,monospace;
+font-size:.9em}pre{background:#f6f6f6;padding:.5em;overflow-x:auto}.note{color:#666}
+.charts{display:flex;flex-wrap:wrap;gap:1em}.outcome{font-weight:bold}
+"""
+
+
+def esc(value: Any) -> str:
+    return html.escape("" if value is None else str(value))
+
+
+def clock(timestamp: Any) -> str:
+    if not isinstance(timestamp, int | float):
+        return "-"
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(timestamp))
+
+
+def table(header: list[str], rows: list[list[str]], raw: bool = False) -> str:
+    """An HTML table; cells are escaped unless ``raw`` (cells already HTML)."""
+    head = "".join(f"<th>{esc(h)}</th>" for h in header)
+    body = "".join(
+        "<tr>" + "".join(f"<td>{c if raw else esc(c)}</td>" for c in row) + "</tr>" for row in rows
+    )
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def pairs(rows: list[list[str]]) -> str:
+    """A two-column table of names and values, without a header."""
+    body = "".join(f"<tr><th>{esc(name)}</th><td>{esc(value)}</td></tr>" for name, value in rows)
+    return f"<table><tbody>{body}</tbody></table>"
+
+
+class Links:
+    """Hrefs to the job's files: relative where the page sits in the job directory, else
+    absolute file URIs."""
+
+    def __init__(self, page: Path) -> None:
+        self.base = page.resolve().parent
+
+    def href(self, path: Path) -> str:
+        target = path.resolve()
+        if self.base == target.parent or self.base in target.parents:
+            return os.path.relpath(target, self.base)
+        return target.as_uri()
+
+    def a(self, path: Path, text: str | None = None) -> str:
+        return f'<a href="{esc(self.href(path))}">{esc(text or path.name)}</a>'
+
+
+def render(story: Story, page: Path) -> str:
+    links = Links(page)
+    record = story.record
+    title = f"herd job {record.id}" + (f" ({record.name})" if record.name else "")
+    parts = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        f"<title>{esc(title)}</title><style>{STYLE}</style></head><body>",
+        f"<h1>{esc(title)}</h1>",
+        _verdict(story),
+        _facts(story),
+        _attempts(story, links),
+        _rates(story),
+        _metrics(story),
+        _failure(story, links),
+        _files(story, links),
+        f'<p class="note">Made by herd report (torchherd {esc(__version__)}) on '
+        f"{esc(clock(story.made))} from {esc(Path(record.log_dir) / '..')}: the job record, "
+        "its logs and stacks, and its metrics.</p>",
+        "</body></html>",
+    ]
+    return "\n".join(parts) + "\n"
+
+
+def _ended_how(story: Story) -> tuple[str, str]:
+    record = story.record
+    restarts = record.restarts or max(0, len(story.attempts) - 1)
+    after = f" after {restarts} restart(s)" if restarts else ""
+    state = record.state
+    colour = OUTCOME_COLOURS.get(state, "#888")
+    if state == "running":
+        return f"still running{after}", colour
+    code = f" (exit code {record.exit_code})" if record.exit_code is not None else ""
+    return f"{state}{after}{code}", colour
+
+
+def _verdict(story: Story) -> str:
+    how, colour = _ended_how(story)
+    record = story.record
+    took = duration((record.ended or story.made) - record.started)
+    lines = [f'<p class="outcome" id="verdict">Job {esc(record.id)} {esc(how)} in {esc(took)}.</p>']
+    failure = story.first_failure
+    if failure:
+        lines.append(f"<p>First failure: {esc(headline(failure))}</p>")
+        if failure.get("cause"):
+            lines.append(f"<p>Cause: {esc(failure['cause'])}</p>")
+        if failure.get("remedy"):
+            lines.append(f'<p class="fix">Fix: {esc(failure["remedy"])}</p>')
+    return f'<div class="verdict" style="border-color:{colour}">{"".join(lines)}</div>'
+
+
+def headline(failure: dict[str, Any]) -> str:
+    """ "node2 rank 3: exit code 1: ValueError: ..." from a failure record."""
+    where = str(failure.get("host") or "the job")
+    if failure.get("rank") is not None:
+        where += f" rank {failure['rank']}"
+    if failure.get("signal"):
+        how = f"killed by {failure['signal']}"
+    elif failure.get("exitcode") is not None:
+        how = f"exit code {failure['exitcode']}"
+    else:
+        how = ""
+    message = str(failure.get("message") or "").strip().splitlines()
+    return ": ".join(bit for bit in (where, how, message[0] if message else "") if bit)
+
+
+def _facts(story: Story) -> str:
+    record = story.record
+    nodes = ", ".join(f"{n.get('host')}×{n.get('nproc', '?')}" for n in record.nodes)
+    rows = [
+        ["command", record.what or " ".join(record.command)],
+        ["nodes", nodes or "-"],
+        ["world size", str(record.world_size)],
+        ["started", clock(record.started)],
+        ["ended", clock(record.ended)],
+        ["rendezvous", record.rdzv_endpoint or "this machine alone"],
+        ["attempts", str(len(story.attempts) or 1)],
+        ["cluster", record.source],
+    ]
+    return "<h2>The job</h2>" + pairs(rows)
+
+
+def _attempts(story: Story, links: Links) -> str:
+    if not story.attempts:
+        return (
+            "<h2>Attempts</h2><p class=note>This record has no attempts (written by an older "
+            "herd): only the job as a whole is known.</p>"
+        )
+    record = story.record
+    end = record.ended or story.made
+    picture = timeline(story.attempts, record.started, end)
+    rows = []
+    for a in story.attempts:
+        began, ended = a.get("started"), a.get("ended")
+        took = (
+            duration(ended - began)
+            if isinstance(began, float | int) and isinstance(ended, float | int)
+            else "-"
+        )
+        started = "first start" if a.get("how") == "first" else str(a.get("how") or "")
+        if a.get("why"):
+            started += f" after: {a['why']}"
+        nodes = a.get("nodes") or []
+        failure = a.get("failure") if isinstance(a.get("failure"), dict) else None
+        stacks = a.get("stacks_dir")
+        stack_cell = (
+            links.a(Path(stacks), "stacks")
+            if stacks and Path(stacks).exists()
+            else (esc(stacks) if stacks else "-")
+        )
+        extra = {k: v for k, v in a.items() if k not in KNOWN_KEYS}
+        rows.append(
+            [
+                esc(a.get("n")),
+                esc(clock(began)),
+                esc(took),
+                esc(", ".join(str(n.get("host")) for n in nodes if isinstance(n, dict)) or "-"),
+                esc(a.get("world_size", "-")),
+                esc(started or "-"),
+                f'<span style="color:{OUTCOME_COLOURS.get(str(a.get("outcome")), "#444")}">'
+                f"{esc(a.get('outcome') or '-')}</span>",
+                esc(a.get("noticed") or "-"),
+                esc(headline(failure) if failure else "-")
+                + "".join(f"<br>behind: {esc(line)}" for line in a.get("behind") or []),
+                stack_cell,
+                esc(a.get("max_step") if a.get("max_step") is not None else "-"),
+                "<br>".join(f"{esc(k)}: {esc(_brief(v))}" for k, v in extra.items()) or "",
+            ]
+        )
+    header = [
+        "attempt", "started", "ran", "nodes", "world", "why it started", "outcome",
+        "how herd noticed", "failure", "stacks", "last step", "more",
+    ]  # fmt: skip
+    return "<h2>Attempts</h2>" + picture + table(header, rows, raw=True)
+
+
+def _brief(value: Any) -> str:
+    text = value if isinstance(value, str) else repr(value)
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
+def _rates(story: Story) -> str:
+    """Steps per second in each attempt, per node where the record says so, else for the
+    job as a whole (its ranks step together)."""
+    rows = []
+    previous = 0
+    for a in story.attempts:
+        began, ended, step = a.get("started"), a.get("ended"), a.get("max_step")
+        seconds = (
+            ended - began
+            if isinstance(began, int | float) and isinstance(ended, int | float)
+            else None
+        )
+        job_rate = (
+            (step - previous) / seconds
+            if isinstance(step, int) and seconds and step >= previous
+            else None
+        )
+        for node in a.get("nodes") or []:
+            if not isinstance(node, dict):
+                continue
+            node_step = _first(node, "step", "max_step")
+            node_rate = _first(node, "steps_per_s", "step_rate")
+            if node_rate is not None:
+                rate, whose = f"{node_rate:.2f}", "this node"
+            elif job_rate is not None:
+                rate, whose = f"≈ {job_rate:.2f}", "the job"
+            else:
+                rate, whose = "-", "no steps reported"
+            last = node_step if node_step is not None else step
+            rows.append(
+                [
+                    str(a.get("n", "-")),
+                    str(node.get("host", "-")),
+                    str(node.get("nproc", "-")),
+                    str(last if last is not None else "-"),
+                    rate,
+                    whose,
+                ]
+            )
+        if isinstance(step, int):
+            previous = step
+    if not rows:
+        return ""
+    return (
+        "<h2>Step rate per node</h2>"
+        + table(["attempt", "node", "workers", "last step", "steps/s", "measured for"], rows)
+        + "<p class=note>Steps come from the ranks' progress beats (torchherd.train's Trainer "
+        "beats every step; a plain script calls torchherd.progress.beat(step)). Where the record "
+        "has no rate of a node's own, the job's is shown, marked ≈: the attempt's last step "
+        "less the one before it, over the attempt's run time (a resume from an earlier snapshot "
+        "makes it a little high). In data-parallel training every node steps together.</p>"
+    )
+
+
+def _first(mapping: dict[str, Any], *keys: str) -> Any:
+    for key in keys:
+        if isinstance(mapping.get(key), int | float):
+            return mapping[key]
+    return None
+
+
+def _metrics(story: Story) -> str:
+    metrics = story.metrics
+    charts = []
+    for key, label, colour in (
+        ("loss", "loss", "#d1495b"),
+        ("samples_per_s", "throughput (samples/s)", "#3b7dd8"),
+        ("tokens_per_s", "throughput (tokens/s)", "#2a9d5c"),
+    ):
+        points = metrics.series(key)
+        if len(points) >= 2:
+            charts.append(line_chart(points, label, colour))
+    if not charts:
+        why = metrics.found_by if metrics.path is None else f"{metrics.path} has no loss or rate"
+        return f"<h2>Loss and throughput</h2><p class=note>No curves: {esc(why)}.</p>"
+    return (
+        "<h2>Loss and throughput</h2>"
+        f'<div class="charts">{"".join(charts)}</div>'
+        f"<p class=note>From {esc(metrics.path)} ({esc(metrics.found_by)}).</p>"
+    )
+
+
+def _failure(story: Story, links: Links) -> str:
+    failure = story.first_failure
+    if not failure:
+        return ""
+    rows = [
+        ["where", f"{failure.get('host') or '-'} rank {failure.get('rank', '-')}"],
+        [
+            "exit",
+            f"signal {failure['signal']}"
+            if failure.get("signal")
+            else f"exit code {failure.get('exitcode', '-')}",
+        ],
+        ["message", str(failure.get("message") or "-")],
+        ["cause", str(failure.get("cause") or "not a known signature")],
+        ["fix", str(failure.get("remedy") or "-")],
+    ]
+    rank = failure.get("rank")
+    log = Path(story.record.log_dir) / f"rank-{rank}.log"
+    see = f"<p>Its output: {links.a(log)}</p>" if rank is not None and log.exists() else ""
+    return '<h2 id="first-failure">First failure</h2>' + pairs(rows) + see
+
+
+def _files(story: Story, links: Links) -> str:
+    record = story.record
+    log_dir = Path(record.log_dir)
+    items = []
+    merged = log_dir / "output.log"
+    if merged.exists():
+        items.append(f"<li>{links.a(merged)}: every rank's lines, prefixed host:rank</li>")
+    for path in story.rank_logs:
+        items.append(f"<li>{links.a(path)}</li>")
+    for node_log in sorted(log_dir.glob("node-*.log")):
+        items.append(f"<li>{links.a(node_log)}</li>")
+    stacks = []
+    for attempt, files in story.stacks.items():
+        summary = log_dir / "stacks" / attempt / "summary.json"
+        entries = [links.a(f) for f in files]
+        if summary.exists():
+            entries.append(links.a(summary))
+        stacks.append(f"<li>{esc(attempt)}: {', '.join(entries)}</li>")
+    if record.detached and not items:
+        items.append(
+            f"<li>a detached job keeps its output on its nodes: <code>herd logs {esc(record.id)}"
+            " --rank R</code></li>"
+        )
+    text = "<h2>Logs</h2><ul>" + ("".join(items) or "<li>none kept</li>") + "</ul>"
+    if stacks:
+        text += (
+            "<h2>Stacks taken before herd stopped an attempt</h2><ul>" + "".join(stacks) + "</ul>"
+        )
+    return text

@@ -1,0 +1,145 @@
+"""The pictures of the report page as inline SVG text: no plotting library, no file beside the
+page. A timeline of attempts, and a line chart of one metric over steps."""
+
+from __future__ import annotations
+
+import html
+import math
+from collections.abc import Sequence
+from typing import Any
+
+# outcome -> fill colour of its attempt's bar
+OUTCOME_COLOURS = {
+    "succeeded": "#2a9d5c",
+    "failed": "#d1495b",
+    "hung": "#e07a1f",
+    "lost": "#8e5cc2",
+    "stopped": "#8a8a8a",
+    "interrupted": "#8a8a8a",
+    "saved": "#3b7dd8",
+    "running": "#7fb8e6",
+}
+FALLBACK_COLOUR = "#b0b0b0"
+
+
+def _text(x: float, y: float, text: str, **attrs: Any) -> str:
+    extra = "".join(f' {k.replace("_", "-")}="{v}"' for k, v in attrs.items())
+    return f'<text x="{x:.1f}" y="{y:.1f}"{extra}>{html.escape(text)}</text>'
+
+
+def duration(seconds: float) -> str:
+    seconds = max(0, int(round(seconds)))
+    if seconds < 60:
+        return f"{seconds} s"
+    if seconds < 3600:
+        return f"{seconds // 60} min {seconds % 60} s"
+    return f"{seconds // 3600} h {seconds % 3600 // 60} min"
+
+
+def timeline(attempts: Sequence[dict[str, Any]], start: float, end: float) -> str:
+    """One bar per attempt on a shared time axis (job start to end), coloured by outcome,
+    with how the fault was noticed at its end and why the next one started."""
+    width, left, right, row = 900, 110, 20, 46
+    height = 40 + row * max(1, len(attempts))
+    span = max(end - start, 1e-3)
+    scale = (width - left - right) / span
+
+    def x(t: float) -> float:
+        return left + (min(max(t, start), end) - start) * scale
+
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}" role="img" aria-label="timeline of attempts" '
+        'font-family="sans-serif" font-size="12">'
+    ]
+    for i, attempt in enumerate(attempts):
+        top = 12 + i * row
+        began = _number(attempt.get("started"), start)
+        ended = _number(attempt.get("ended"), end)
+        outcome = str(attempt.get("outcome") or "unknown")
+        colour = OUTCOME_COLOURS.get(outcome, FALLBACK_COLOUR)
+        x0, x1 = x(began), max(x(ended), x(began) + 2)
+        parts.append(_text(8, top + 17, f"attempt {attempt.get('n', i)}", font_weight="bold"))
+        parts.append(
+            f'<rect x="{x0:.1f}" y="{top}" width="{x1 - x0:.1f}" height="24" rx="3" '
+            f'fill="{colour}"><title>{html.escape(_tooltip(attempt))}</title></rect>'
+        )
+        world = attempt.get("world_size")
+        label = f"{outcome}" + (f", world {world}" if world is not None else "")
+        parts.append(_text(x0 + 4, top + 16, label, fill="#fff"))
+        if outcome not in ("succeeded", "running"):
+            # the fault: where the attempt ended, and how herd noticed it
+            parts.append(
+                f'<path d="M{x1:.1f},{top - 3} l-5,-7 h10 z" fill="#222">'
+                f"<title>{html.escape(str(attempt.get('noticed') or outcome))}</title></path>"
+            )
+        if attempt.get("stacks_dir"):
+            parts.append(_text(x1 + 3, top + 16, "stacks", fill="#555"))
+        noticed = attempt.get("noticed")
+        if noticed:
+            parts.append(_text(x0, top + 37, f"noticed: {noticed}", fill="#555", font_size="11"))
+    axis = height - 10
+    parts.append(
+        f'<line x1="{left}" y1="{axis - 8}" x2="{width - right}" y2="{axis - 8}" stroke="#999"/>'
+    )
+    parts.append(_text(left, axis + 2, "0 s", fill="#555"))
+    parts.append(_text(width - right, axis + 2, duration(span), fill="#555", text_anchor="end"))
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def _number(value: Any, default: float) -> float:
+    return float(value) if isinstance(value, int | float) else default
+
+
+def _tooltip(attempt: dict[str, Any]) -> str:
+    bits = [f"attempt {attempt.get('n')}: {attempt.get('outcome')}"]
+    for key in ("how", "why", "noticed"):
+        if attempt.get(key):
+            bits.append(f"{key}: {attempt[key]}")
+    return "; ".join(bits)
+
+
+def line_chart(points: Sequence[tuple[float, float]], label: str, colour: str = "#3b7dd8") -> str:
+    """``label`` against step, with its first and last step and its range on the axes."""
+    width, height, left, bottom, top, right = 440, 220, 58, 30, 24, 14
+    xs, ys = [p[0] for p in points], [p[1] for p in points]
+    x_lo, x_hi = min(xs), max(xs)
+    y_lo, y_hi = min(ys), max(ys)
+    if math.isclose(x_lo, x_hi):
+        x_hi = x_lo + 1
+    if math.isclose(y_lo, y_hi):
+        y_hi = y_lo + (abs(y_lo) or 1) * 0.1
+    plot_w, plot_h = width - left - right, height - top - bottom
+
+    def px(x: float) -> float:
+        return left + (x - x_lo) / (x_hi - x_lo) * plot_w
+
+    def py(y: float) -> float:
+        return top + (1 - (y - y_lo) / (y_hi - y_lo)) * plot_h
+
+    path = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in points)
+    return "".join(
+        [
+            f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+            f'viewBox="0 0 {width} {height}" role="img" aria-label="{html.escape(label)}" '
+            'font-family="sans-serif" font-size="11">',
+            _text(left, 14, label, font_weight="bold", font_size="12"),
+            f'<rect x="{left}" y="{top}" width="{plot_w}" height="{plot_h}" fill="none" '
+            'stroke="#ccc"/>',
+            f'<polyline points="{path}" fill="none" stroke="{colour}" stroke-width="1.6"/>',
+            _text(left - 4, top + 8, _short(y_hi), text_anchor="end", fill="#555"),
+            _text(left - 4, top + plot_h, _short(y_lo), text_anchor="end", fill="#555"),
+            _text(left, height - 12, f"step {_short(x_lo)}", fill="#555"),
+            _text(
+                left + plot_w, height - 12, f"step {_short(x_hi)}", text_anchor="end", fill="#555"
+            ),
+            "</svg>",
+        ]
+    )
+
+
+def _short(value: float) -> str:
+    if value == int(value) and abs(value) < 1e7:
+        return f"{int(value)}"
+    return f"{value:.4g}"

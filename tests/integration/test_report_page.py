@@ -1,0 +1,199 @@
+"""`herd report JOB` after a real job with a restart, looked at in a real browser.
+
+Two testbed nodes; the worker on node2 kills itself (SIGKILL) in the first attempt once the
+snapshot at step 40 exists; herd takes node1's stacks, restarts the job, the Trainer resumes and
+finishes. The page herd writes is loaded in headless Chromium (Debian's package), its DOM dumped
+and a screenshot taken: a reader must see how the job ended, the two attempts on the timeline
+(the failed one red, the restart green), how herd noticed the fault, the first failure, the step
+rate per node, the loss curve, and links to every rank's log and the stacks that lead to files.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import struct
+import subprocess
+import sys
+import zlib
+from html.parser import HTMLParser
+from pathlib import Path
+from urllib.parse import unquote, urlparse
+
+import pytest
+
+from tests.integration.herd_cli import SCRIPTS
+from tests.testbed import Testbed
+
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+
+def chromium() -> str:
+    found = shutil.which("chromium") or shutil.which("chromium-browser")
+    if found is None:
+        pytest.skip("chromium is not installed (bash scripts/test installs Debian's package)")
+    return found
+
+
+def browse(page: Path, profile: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [chromium(), *CHROMIUM_FLAGS, f"--user-data-dir={profile}", *args, page.as_uri()],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+
+
+class Page(HTMLParser):
+    """The text a reader sees and the links, from Chromium's DOM."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.text: list[str] = []
+        self.links: list[str] = []
+        self._skip = 0
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag in ("style", "script"):
+            self._skip += 1
+        if tag == "a":
+            self.links.append(dict(attrs).get("href") or "")
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag in ("style", "script"):
+            self._skip -= 1
+
+    def handle_data(self, data: str) -> None:
+        if not self._skip and data.strip():
+            self.text.append(" ".join(data.split()))
+
+
+def pixels(png: bytes) -> tuple[int, int, list[bytes]]:
+    """Width, height and the RGB(A) rows of an 8-bit PNG (what Chromium writes)."""
+    assert png[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
+    offset, idat, width = 8, b"", 0
+    height = depth = colour = 0
+    while offset < len(png):
+        (length,) = struct.unpack(">I", png[offset : offset + 4])
+        kind = png[offset + 4 : offset + 8]
+        data = png[offset + 8 : offset + 8 + length]
+        if kind == b"IHDR":
+            width, height, depth, colour = struct.unpack(">IIBB", data[:10])
+        elif kind == b"IDAT":
+            idat += data
+        offset += 12 + length
+    assert depth == 8 and colour in (2, 6), (depth, colour)
+    step = 3 if colour == 2 else 4
+    raw = zlib.decompress(idat)
+    stride = width * step
+    rows, previous = [], bytearray(stride)
+    for y in range(height):
+        kind, line = (
+            raw[y * (stride + 1)],
+            bytearray(raw[y * (stride + 1) + 1 : (y + 1) * (stride + 1)]),
+        )
+        for i in range(stride):
+            left = line[i - step] if i >= step else 0
+            up, corner = previous[i], previous[i - step] if i >= step else 0
+            if kind == 1:
+                line[i] = (line[i] + left) & 0xFF
+            elif kind == 2:
+                line[i] = (line[i] + up) & 0xFF
+            elif kind == 3:
+                line[i] = (line[i] + (left + up) // 2) & 0xFF
+            elif kind == 4:
+                p = left + up - corner
+                pa, pb, pc = abs(p - left), abs(p - up), abs(p - corner)
+                guess = left if pa <= pb and pa <= pc else up if pb <= pc else corner
+                line[i] = (line[i] + guess) & 0xFF
+        rows.append(bytes(line))
+        previous = line
+    return width, height, rows
+
+
+def colour_share(png: bytes, rgb: tuple[int, int, int]) -> float:
+    """The share of pixels within a few steps of ``rgb``."""
+    width, height, rows = pixels(png)
+    step = len(rows[0]) // width
+    close = 0
+    for row in rows:
+        for x in range(0, len(row), step):
+            if all(abs(row[x + c] - rgb[c]) <= 6 for c in range(3)):
+                close += 1
+    return close / (width * height)
+
+
+def test_the_report_page_tells_a_restarted_jobs_story(testbed: Testbed, tmp_path: Path) -> None:
+    chromium()  # skip early (outside CI) when there is no browser here
+    home, run_dir = tmp_path / "home", tmp_path / "run"
+    cluster = testbed.write_cluster_file(
+        tmp_path / "herd.toml",
+        nodes=[{"host": "node1", "nproc": 1}, {"host": "node2", "nproc": 1}],
+        workdir=str(SCRIPTS),
+        env={"HERD_HOME": str(home)},
+    )
+    env = dict(os.environ, HERD_HOME=str(home))
+    launch = [
+        sys.executable, "-m", "torchherd", "launch", "-c", str(cluster), "--max-restarts", "1",
+        "--name", "crash-once", "crash_once.py", "--max-steps", "80", "--snapshot-every", "20",
+        "--batch-size", "16", "--run-dir", str(run_dir),
+    ]  # fmt: skip
+    run = subprocess.run(launch, cwd=SCRIPTS, env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "after 1 restart(s)" in run.stdout
+
+    made = subprocess.run(
+        [sys.executable, "-m", "torchherd", "report", "crash-once"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    page = Path(made.stdout.split("report: ", 1)[1].strip())
+    assert page.name == "report.html" and page.parent.parent.name == "jobs"
+    assert f"--run-dir {run_dir}" in made.stderr  # the metrics, found from the job's arguments
+
+    dom = browse(page, tmp_path / "profile-dom", "--dump-dom")
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    reader = Page()
+    reader.feed(dom.stdout)
+    text = " | ".join(reader.text)
+    assert re.search(r"Job \S+ succeeded after 1 restart\(s\) \(exit code 0\)", text), text
+    assert "First failure: node2 rank 1: killed by SIGKILL" in text
+    assert "attempt 0" in text and "attempt 1" in text
+    assert "failed, world 2" in text and "succeeded, world 2" in text  # the timeline's bars
+    assert "noticed: a worker exited" in text
+    assert "new plan after: node2 rank 1: killed by SIGKILL" in text
+    # step rate per node: both nodes, both attempts, a number of steps per second
+    rates = re.findall(r"(\d) \| (node[12]) \| 1 \| (\d+) \| ≈ ([\d.]+) \| the job", text)
+    assert {(a, node) for a, node, _, _ in rates} == {
+        ("0", "node1"), ("0", "node2"), ("1", "node1"), ("1", "node2"),
+    }, text  # fmt: skip
+    assert all(float(rate) > 0 for *_, rate in rates)
+    assert "loss" in text and "throughput (samples/s)" in text
+    assert "<polyline" in dom.stdout  # the curves are drawn
+    # links: every rank's log and the stacks herd took of node1 before it stopped attempt 0
+    targets = {Path(unquote(urlparse(page.as_uri()).path)).parent / link for link in reader.links}
+    names = {t.name for t in targets}
+    assert {"rank-0.log", "rank-1.log", "output.log", "node1-rank-0.txt"} <= names, names
+    assert all(t.exists() for t in targets), [t for t in targets if not t.exists()]
+
+    shot = tmp_path / "report.png"
+    taken = browse(
+        page, tmp_path / "profile-shot", "--window-size=1200,1600", f"--screenshot={shot}"
+    )
+    assert taken.returncode == 0 and shot.exists(), taken.stderr[-2000:]
+    png = shot.read_bytes()
+    width, height, rows = pixels(png)
+    assert (width, height) == (1200, 1600)
+    assert len({row for row in rows}) > 200  # not a blank page: many different lines
+    assert colour_share(png, (0xD1, 0x49, 0x5B)) > 0.001  # the failed attempt's red bar
+    assert colour_share(png, (0x2A, 0x9D, 0x5C)) > 0.001  # the successful restart's green
