@@ -125,6 +125,8 @@ class Attempt:
         self.trigger: str | None = None
         """The node whose failure made the attempt stop the others."""
         self.ranks_seen: set[tuple[str, int]] = set()
+        self.node_steps: dict[str, list[tuple[float, int]]] = {}
+        """host -> [(when, step) first seen, (when, step) latest]: the node's step rate."""
         self.stopping = False
         self.interrupted = False
         self.saving = False
@@ -322,6 +324,7 @@ class Attempt:
         elif kind == "beat":
             self.hang.signal(event.get("r"), event.get("step"))
             self.slow.computed(host, event)
+            self._stepped(host, event.get("step"))
         elif kind == "phase":
             self.hang.phase(event.get("r"), event.get("name"))
         elif kind == "saved":
@@ -347,6 +350,20 @@ class Attempt:
             self._on_node_failed(node)
         elif kind == "exit":
             self._exited(node, event)
+
+    def _stepped(self, host: str, step: object) -> None:
+        """A node's first and latest step, and when (its step rate, for the job's story)."""
+        if isinstance(step, int):
+            now = self._clock()
+            first = self.node_steps.setdefault(host, [(now, step), (now, step)])[0]
+            self.node_steps[host] = [first, (now, max(step, self.node_steps[host][1][1]))]
+
+    def step_rates(self) -> dict[str, tuple[int, float | None]]:
+        """host -> (latest step, steps per second over the attempt, when known)."""
+        rates: dict[str, tuple[int, float | None]] = {}
+        for host, ((t0, s0), (t1, s1)) in self.node_steps.items():
+            rates[host] = (s1, (s1 - s0) / (t1 - t0) if t1 - t0 >= 1.0 else None)
+        return rates
 
     def _lines(self, host: str, batch: list[Any]) -> None:
         """Worker lines of one node: to the output, and as progress of the ranks that spoke."""

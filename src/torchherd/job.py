@@ -166,6 +166,7 @@ class JobRun:
                 self.current = None
                 self.saves_seen = self.saves_seen or attempt.saves > 0
                 self._close_entry(outcome)
+                self._node_rates(attempt)
                 await asyncio.to_thread(self.record.save)
                 if self.time_limit or self.interrupted:
                     result = self._stopped_between(outcome)
@@ -458,6 +459,14 @@ class JobRun:
                 )
             self.output.note(f"herd: {outcome.reason}")
         return outcome
+
+    def _node_rates(self, attempt: Attempt) -> None:
+        """Each node's own step rate in the attempt's entry (`herd report` draws it)."""
+        rates = attempt.step_rates()
+        for node in self.record.attempts[-1].get("nodes", []):
+            found = rates.get(str(node.get("host")))
+            if found is not None:
+                node["step"], node["steps_per_s"] = found
 
     def _close_entry(self, result: AttemptResult) -> None:
         entry = self.record.attempts[-1]
