@@ -515,6 +515,10 @@ class Attempt:
                 self._stalled(stalled)
                 continue
             for host in self.liveness.silent():
+                link = self.links.get(host)
+                if link is not None and link.has_unread():
+                    self.liveness.heard(host)  # it spoke; this launcher is behind reading
+                    continue
                 self._silent(self.nodes[host])
             self.teardown.cut_overdue()
             if self._ending:

@@ -13,7 +13,10 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import fcntl
 import json
+import sys
+import termios
 from collections.abc import Callable
 from typing import Any
 
@@ -108,6 +111,24 @@ class AgentLink:
                 self.process.kill()
             except ProcessLookupError:
                 pass
+
+    def has_unread(self) -> bool:
+        """Whether the agent said something this launcher has not read yet (bytes waiting in
+        the pipe, or read but not yet handled): a node with unread words is not silent, the
+        launcher is behind."""
+        reader = self.process.stdout
+        if reader is not None and len(getattr(reader, "_buffer", b"")):
+            return True
+        transport = getattr(self.process, "_transport", None)
+        pipe = transport.get_pipe_transport(1) if transport is not None else None
+        handle = pipe.get_extra_info("pipe") if pipe is not None else None
+        if handle is None:
+            return False
+        try:
+            waiting = fcntl.ioctl(handle.fileno(), termios.FIONREAD, b"\0\0\0\0")
+        except (OSError, ValueError):
+            return False
+        return int.from_bytes(waiting, sys.byteorder) > 0
 
     async def wait_ended(self, timeout: float) -> bool:
         try:
