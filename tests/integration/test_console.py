@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.herd_cli import SCRIPTS
+from tests.integration.herd_cli import SCRIPTS, herd
 from tests.integration.herd_cli import one_worker_cluster as cluster
 from tests.testbed import Testbed
 
@@ -153,6 +153,62 @@ def test_ctrl_c_in_a_real_terminal_stops_every_node_cleanly(
     for node in ("node1", "node2", "node3"):
         assert f"{node}  stopped" in out, out
     assert record(home)["state"] == "stopped"
+
+
+def tmux_screen(session: str, escapes: bool) -> str:
+    """Everything the tmux session's terminal showed (its whole history); with ``escapes``,
+    the colours as SGR sequences."""
+    args = ["tmux", "capture-pane", "-p", "-J", "-S", "-", "-t", session]
+    done = subprocess.run(
+        [*args, *(["-e"] if escapes else [])], capture_output=True, text=True, timeout=10
+    )
+    return done.stdout
+
+
+# An SGR sequence that sets a colour (tmux writes 36 as `\x1b[36m`, maybe with attributes).
+COLOUR = re.compile(r"\x1b\[([0-9;]*)m")
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
+def test_prefixes_are_coloured_on_a_terminal_and_plain_in_a_pipe(
+    testbed: Testbed, tmp_path: Path
+) -> None:
+    path, home = cluster(testbed, tmp_path, ["node1", "node2"])
+    session = f"herd-colour-{os.getpid()}"
+    command = " ".join(herd_argv("-c", str(path), "allreduce.py"))
+    shell = f"cd {SCRIPTS} && HERD_HOME={home} {command}; echo HERD-EXIT=$?; sleep 600"
+    subprocess.run(
+        ["tmux", "new-session", "-d", "-s", session, "-x", "250", "-y", "50", shell],
+        check=True,
+        timeout=30,
+    )
+    try:
+        deadline = time.monotonic() + 180
+        while "HERD-EXIT=" not in tmux_screen(session, escapes=False):
+            assert time.monotonic() < deadline, tmux_screen(session, escapes=False)
+            time.sleep(0.2)
+        plain, coloured = tmux_screen(session, False), tmux_screen(session, True)
+    finally:
+        subprocess.run(["tmux", "kill-session", "-t", session], timeout=10, check=False)
+    assert "HERD-EXIT=0" in plain, plain
+    colours = {}
+    for line in coloured.splitlines():
+        match = re.search(r"(node\d):(\d) *(\x1b\[[0-9;]*m)? *\| RESULT", line)
+        if match:
+            # The prefix is printed inside a colour that is set before it and reset after it.
+            before = COLOUR.findall(line[: match.start(1)])
+            assert before and before[-1] not in ("", "0"), repr(line)
+            assert match.group(3), repr(line)
+            colours[match.group(1)] = before[-1]
+    assert sorted(colours) == ["node1", "node2"], coloured
+    assert colours["node1"] != colours["node2"]  # one colour per node
+
+    # The same job with its output in a pipe: the same prefixes, and no escape sequence.
+    piped = herd(["launch", "-c", str(path), "allreduce.py"], home, SCRIPTS)
+    assert piped.returncode == 0, piped.stdout + piped.stderr
+    assert re.search(r"^node1:0 *\| RESULT", piped.stdout, re.M), piped.stdout
+    assert re.search(r"^node2:1 *\| RESULT", piped.stdout, re.M), piped.stdout
+    assert "\x1b" not in piped.stdout + piped.stderr
 
 
 def test_a_closed_terminal_stops_the_job_and_leaves_nothing(
