@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -232,6 +233,15 @@ def test_launcher_killed_agents_end_the_job(testbed: Testbed, tmp_path: Path) ->
     # No herd is left to wait for the agents: they notice the dropped links themselves; the
     # ssh masters (daemons of their own) go ControlPersist (30 s) after their last session.
     assert_nothing_left(testbed, home, settle=45, job_grace=15)
+    # Its record still says "running" (nobody was left to write how it ended): `herd ps`
+    # sees that its launcher is gone and shows it as lost.
+    (job,) = [p.name for p in (home / "jobs").iterdir()]
+    assert json.loads((home / "jobs" / job / "job.json").read_text())["state"] == "running"
+    listed = herd(["ps", "--json"], home, SCRIPTS)
+    assert listed.returncode == 0, listed.stderr
+    assert [(r["id"], r["state"]) for r in json.loads(listed.stdout)] == [(job, "lost")]
+    table = herd(["ps"], home, SCRIPTS).stdout
+    assert any(line.startswith(job) and " lost " in line for line in table.splitlines()), table
 
 
 def test_unreachable_node_is_named_within_connect_timeout(
