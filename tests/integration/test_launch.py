@@ -135,6 +135,46 @@ def test_different_nproc_per_node(testbed: Testbed, tmp_path: Path) -> None:
     assert sorted(f["host"] for f in found.values()) == ["node1", "node1", "node3"]
 
 
+def threads(stdout: str) -> dict[int, dict[str, str]]:
+    """rank -> what tests/integration/scripts/threads.py printed there."""
+    found = {}
+    for match in re.finditer(r"\| THREADS (.*)$", stdout, re.M):
+        fields = dict(item.split("=", 1) for item in match.group(1).split())
+        found[int(fields["rank"])] = fields
+    return found
+
+
+def test_omp_threads_are_the_nodes_cores_shared_by_its_workers(
+    testbed: Testbed, tmp_path: Path
+) -> None:
+    nodes: list[str | dict[str, object]] = [
+        {"host": "node1", "nproc": 1},
+        {"host": "node2", "nproc": 2},
+    ]
+    run = herd(
+        ["launch", "-c", str(cluster(testbed, tmp_path, nodes)), "threads.py"],
+        tmp_path / "home",
+        SCRIPTS,
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    found = threads(run.stdout)
+    assert sorted(found) == [0, 1, 2], run.stdout
+    for fields in found.values():
+        share = max(1, int(fields["cores"]) // int(fields["local_world"]))
+        assert fields["omp"] == str(share), fields  # torchrun alone would give 1 worker none
+        assert fields["torch"] == str(share), fields  # and torch really uses that many
+    # Set by the user: kept as it is on every node.
+    path = testbed.write_cluster_file(
+        tmp_path / "herd.toml",
+        nodes=nodes,
+        workdir=str(SCRIPTS),
+        env={"HERD_HOME": str(tmp_path / "home"), "OMP_NUM_THREADS": "3"},
+    )
+    run = herd(["launch", "-c", str(path), "threads.py"], tmp_path / "home", SCRIPTS)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert {f["omp"] for f in threads(run.stdout).values()} == {"3"}, run.stdout
+
+
 def test_script_or_module_missing_on_the_nodes_is_refused_before_launch(
     testbed: Testbed, tmp_path: Path
 ) -> None:
