@@ -10,9 +10,10 @@ trusted: herd does not use it), render PBS job scripts right, and chain a job at
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
-from tests.fake_pbs.allocation import DOMAIN, FakePbsAllocation
+from tests.fake_pbs.allocation import BIN, DOMAIN, FakePbsAllocation
 from tests.integration.test_launch import results
 from tests.testbed import Testbed
 
@@ -163,3 +164,36 @@ def test_fake_pbs_sync_reaches_every_host_once(testbed: Testbed, tmp_path: Path)
     assert rows == [f"{n.name}.{DOMAIN}" for n in testbed.nodes]  # once each, not per line
     # The testbed's nodes share this filesystem, as HPC nodes usually do: nothing to copy.
     assert all("shared filesystem" in line for line in done.stdout.splitlines() if DOMAIN in line)
+
+
+def without_qstat(fake: FakePbsAllocation, tmp_path: Path) -> str:
+    """A PATH for the job where the FAKE PBS commands are, but qstat is not (a compute node
+    without the PBS client tools, or a job script that did not load them)."""
+    bin_dir = tmp_path / "pbs-bin-without-qstat"
+    bin_dir.mkdir()
+    for tool in BIN.iterdir():
+        if tool.name != "qstat":
+            (bin_dir / tool.name).symlink_to(tool)
+    rest = [d for d in fake.env()["PATH"].split(os.pathsep) if d != str(BIN)]
+    assert not any((Path(d) / "qstat").exists() for d in rest), "a qstat outside the fake"
+    return os.pathsep.join([str(bin_dir), *rest])
+
+
+def test_fake_pbs_launch_without_qstat_runs_and_says_no_walltime_save_is_armed(
+    testbed: Testbed, tmp_path: Path
+) -> None:
+    fake, settings = allocation(testbed, tmp_path)
+    done = fake.herd(
+        ["launch", "-c", str(settings), "--nproc", "1", "allreduce.py"],
+        cwd=SCRIPTS,
+        HERD_HOME=str(tmp_path / "home"),
+        PATH=without_qstat(fake, tmp_path),
+    )
+    assert "Traceback" not in done.stderr, done.stderr
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"the walltime of PBS job {fake.job_id} is unknown (qstat is not on PATH)" in (
+        done.stderr
+    ), done.stderr
+    assert "no snapshot is asked for before the walltime" in done.stderr
+    assert sorted(results(done.stdout)) == [0, 1, 2, 3]
+    assert fake.calls("pbs_attach")  # the rest of the fake was there and used
