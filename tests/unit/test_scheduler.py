@@ -39,6 +39,8 @@ from torchherd.transport.slurm import classify_srun_failure, cpus_per_node, srun
         ("a[1-2]-b[3-4]", ["a1-b3", "a1-b4", "a2-b3", "a2-b4"]),
         ("rack[1-2]n[1,3].ib", ["rack1n1.ib", "rack1n3.ib", "rack2n1.ib", "rack2n3.ib"]),
         ("x[1],y,z[2-3]", ["x1", "y", "z2", "z3"]),
+        ("node1 node2", ["node1", "node2"]),  # white space separates, as in Slurm
+        ("node[1-2] node3\n", ["node1", "node2", "node3"]),
     ],
 )
 def test_hostlist_expands_like_slurm(text: str, hosts: list[str]) -> None:
