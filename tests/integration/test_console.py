@@ -8,6 +8,7 @@ import os
 import re
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -233,7 +234,10 @@ def test_a_closed_terminal_stops_the_job_and_leaves_nothing(
             sleeping += "SLEEPING" in line
             if sleeping == 2:
                 break
-        assert list(scratch.glob("herd-ssh-*")), "no control directory while the job runs"
+        control = list(scratch.glob("herd-ssh-*"))
+        assert control, "no control directory while the job runs"
+        # The ssh control sockets are private to the user, whatever the umask.
+        assert all(stat.S_IMODE(d.stat().st_mode) == 0o700 for d in control), control
         process.send_signal(signal.SIGHUP)
         out = process.communicate(timeout=60)[0]
         assert process.returncode == 130, out
