@@ -20,6 +20,12 @@ class PlotsUnavailable(ConfigError):
     """matplotlib is not installed: the plots (and the HTML report's pictures) cannot be drawn."""
 
 
+def require_plots() -> None:
+    """Raise PlotsUnavailable now, before any measuring, when a plot was asked for and
+    matplotlib is missing: an hour of measuring must not end in that error."""
+    _pyplot()
+
+
 def _pyplot() -> Any:
     try:
         import matplotlib

@@ -58,6 +58,14 @@ def _progress(console: Console, what: str, *, lines: bool = False) -> Iterator[A
         yield lambda text: status.update(f"herd bench: {text}")
 
 
+def _plots_possible(png: str | None) -> None:
+    """--png without matplotlib is an error before anything is measured."""
+    if png:
+        from ..bench.plots import require_plots
+
+        require_plots()
+
+
 def _write_png(path: str | None, draw: Any) -> None:
     if not path:
         return
@@ -103,6 +111,7 @@ def net_command(
     from ..bench.plots import net_heatmap
     from ..bench.render import render_net
 
+    _plots_possible(png)
     cluster = cluster_for(config, hosts)
     err = Console(stderr=True, highlight=False)
     with _progress(err, f"measuring {len(cluster.nodes)} node(s)") as say:
@@ -151,6 +160,7 @@ def allreduce_command(
         nproc=nproc,
     )
     options.sizes()  # a bad range is a usage error before anything starts
+    _plots_possible(png)
     cluster = cluster_for(config, hosts, nproc=nproc)
     err = Console(stderr=True, highlight=False)
     with _progress(err, f"all-reduce on {len(cluster.nodes)} node(s)"):
@@ -201,6 +211,7 @@ def scaling_command(
             f"unexpected arguments: {' '.join(ctx.args)}",
             "arguments after the options go to --script SCRIPT; see `herd bench scaling -h`",
         )
+    _plots_possible(png)
     cluster = cluster_for(config, hosts, nproc=nproc)
     options = ScalingOptions(
         steps=steps,
