@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import struct
 import subprocess
 import sys
@@ -283,16 +282,8 @@ def test_png_without_matplotlib_is_an_error_before_measuring(
     python_without_matplotlib: Path, three: Path, tmp_path: Path, command: str
 ) -> None:
     home, png = tmp_path / "home", tmp_path / "plot.png"
-    done = subprocess.run(
-        [str(python_without_matplotlib), "-m", "torchherd", "bench", command]
-        + ["-c", str(three), "--png", str(png)],
-        cwd=tmp_path,
-        env=dict(os.environ, HERD_HOME=str(home)),
-        capture_output=True,
-        text=True,
-        timeout=300,
-        stdin=subprocess.DEVNULL,
-    )
+    args = ["bench", command, "-c", str(three), "--png", str(png)]
+    done = herd(args, home, tmp_path, python=python_without_matplotlib)
     assert done.returncode == 2, done.stdout + done.stderr
     assert "error: drawing the plots needs matplotlib" in done.stderr, done.stderr
     assert "pip install 'torchherd[bench]'" in done.stderr

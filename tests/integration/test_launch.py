@@ -135,10 +135,11 @@ def test_different_nproc_per_node(testbed: Testbed, tmp_path: Path) -> None:
     assert sorted(f["host"] for f in found.values()) == ["node1", "node1", "node3"]
 
 
-def threads(stdout: str) -> dict[int, dict[str, str]]:
-    """rank -> what tests/integration/scripts/threads.py printed there."""
+def printed(stdout: str, marker: str) -> dict[int, dict[str, str]]:
+    """rank -> the KEY=VALUE words a test script printed after ``marker`` on that rank
+    (scripts/threads.py: THREADS, scripts/where.py: WHERE)."""
     found = {}
-    for match in re.finditer(r"\| THREADS (.*)$", stdout, re.M):
+    for match in re.finditer(rf"\| {marker} (.*)$", stdout, re.M):
         fields = dict(item.split("=", 1) for item in match.group(1).split())
         found[int(fields["rank"])] = fields
     return found
@@ -157,7 +158,7 @@ def test_omp_threads_are_the_nodes_cores_shared_by_its_workers(
         SCRIPTS,
     )
     assert run.returncode == 0, run.stdout + run.stderr
-    found = threads(run.stdout)
+    found = printed(run.stdout, "THREADS")
     assert sorted(found) == [0, 1, 2], run.stdout
     for fields in found.values():
         share = max(1, int(fields["cores"]) // int(fields["local_world"]))
@@ -172,7 +173,7 @@ def test_omp_threads_are_the_nodes_cores_shared_by_its_workers(
     )
     run = herd(["launch", "-c", str(path), "threads.py"], tmp_path / "home", SCRIPTS)
     assert run.returncode == 0, run.stdout + run.stderr
-    assert {f["omp"] for f in threads(run.stdout).values()} == {"3"}, run.stdout
+    assert {f["omp"] for f in printed(run.stdout, "THREADS").values()} == {"3"}, run.stdout
 
 
 def test_script_or_module_missing_on_the_nodes_is_refused_before_launch(

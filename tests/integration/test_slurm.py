@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.conftest import require_testbed
-from tests.integration.test_launch import results
+from tests.integration.test_launch import printed, results
 from tests.integration.training import ARGS as TRAIN_ARGS
 from tests.integration.training import final_loss
 from tests.slurm_testbed import SlurmCluster, slurm_available
@@ -58,6 +58,18 @@ def sbatch(slurm: SlurmCluster, script: Path, home: Path) -> str:
     return done.stdout.strip().split(";")[0]
 
 
+def run_batch(slurm: SlurmCluster, tmp_path: Path, body: str, *options: str) -> tuple[str, str]:
+    """sbatch a job script of ``body`` with ``options`` and wait for its end: (its Slurm job
+    id, its output), asserting that it completed."""
+    output = tmp_path / "out.txt"
+    script = job_script(tmp_path, body, *options, f"--output={output}")
+    job = sbatch(slurm, script, tmp_path / "home")
+    state = slurm.wait_job(job, timeout=300)
+    text = output.read_text()
+    assert state == "COMPLETED", text
+    return job, text
+
+
 def nothing_left(slurm: SlurmCluster, job_id: str) -> None:
     deadline = time.monotonic() + 15
     left = slurm.bed.processes_with_env("HERD_JOB_ID", job_id)
@@ -84,18 +96,13 @@ def assert_three_ranks(output: str) -> None:
 
 
 def test_sbatch_runs_herd_launch_on_every_node(slurm: SlurmCluster, tmp_path: Path) -> None:
-    output = tmp_path / "out.txt"
-    script = job_script(
+    job, text = run_batch(
+        slurm,
         tmp_path,
         f"exec {sys.executable} -m torchherd launch --nproc 1 allreduce.py",
         "--nodes=3",
         "--ntasks-per-node=1",
-        f"--output={output}",
     )
-    job = sbatch(slurm, script, tmp_path / "home")
-    state = slurm.wait_job(job, timeout=300)
-    text = output.read_text()
-    assert state == "COMPLETED", text
     assert f"herd: Slurm job {job} (from SLURM_JOB_ID, SLURM_JOB_NODELIST)" in text
     assert_three_ranks(text)
     nothing_left(slurm, herd_job_id(text))
@@ -205,15 +212,6 @@ def test_exec_and_doctor_inside_an_allocation(slurm: SlurmCluster, tmp_path: Pat
             assert "link(s) measured" in done.stdout  # the network tests ran through srun
 
 
-def where(output: str) -> dict[int, dict[str, str]]:
-    """rank -> what tests/integration/scripts/where.py printed there."""
-    found = {}
-    for match in re.finditer(r"\| WHERE (.*)$", output, re.M):
-        fields = dict(item.split("=", 1) for item in match.group(1).split())
-        found[int(fields["rank"])] = fields
-    return found
-
-
 def test_two_tasks_per_node_still_get_one_agent_step_per_node_after_the_setup(
     slurm: SlurmCluster, tmp_path: Path
 ) -> None:
@@ -224,19 +222,14 @@ def test_two_tasks_per_node_still_get_one_agent_step_per_node_after_the_setup(
     settings = tmp_path / "herd.toml"
     # The nodes come from Slurm; the file gives the settings (it must name a node).
     settings.write_text(f'[cluster]\nsetup = ". {activate}"\n\n[[node]]\nhost = "node1"\n')
-    output = tmp_path / "out.txt"
-    script = job_script(
+    _, text = run_batch(
+        slurm,
         tmp_path,
         f"exec {sys.executable} -m torchherd launch -c {settings} --nproc 1 where.py",
         "--nodes=3",
         "--ntasks-per-node=2",
-        f"--output={output}",
     )
-    job = sbatch(slurm, script, tmp_path / "home")
-    state = slurm.wait_job(job, timeout=300)
-    text = output.read_text()
-    assert state == "COMPLETED", text
-    found = where(text)
+    found = printed(text, "WHERE")
     assert sorted(found) == [0, 1, 2], text  # world 3, not 6
     assert {f["world"] for f in found.values()} == {"3"}
     assert sorted(f["host"] for f in found.values()) == ["node1", "node2", "node3"]
