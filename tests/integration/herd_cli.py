@@ -13,11 +13,17 @@ SCRIPTS = Path(__file__).parent / "scripts"
 
 
 def herd(
-    args: list[str], home: Path, cwd: Path, *, timeout: float = 180
+    args: list[str],
+    home: Path,
+    cwd: Path,
+    *,
+    timeout: float = 180,
+    python: str | Path = sys.executable,
 ) -> subprocess.CompletedProcess[str]:
-    """`herd ARGS` in ``cwd`` with job records under ``home``; output captured as text."""
+    """`herd ARGS` in ``cwd`` with job records under ``home``, run by ``python`` (this
+    suite's by default); output captured as text."""
     return subprocess.run(
-        [sys.executable, "-m", "torchherd", *args],
+        [str(python), "-m", "torchherd", *args],
         cwd=cwd,
         env=dict(os.environ, HERD_HOME=str(home)),
         capture_output=True,

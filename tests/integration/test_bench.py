@@ -9,6 +9,8 @@ from __future__ import annotations
 import base64
 import json
 import struct
+import subprocess
+import sys
 import zlib
 from html.parser import HTMLParser
 from pathlib import Path
@@ -155,14 +157,22 @@ class _Page(HTMLParser):
         self.text.append(data)
 
 
-def test_all_writes_a_self_contained_report(three: Path, tmp_path: Path) -> None:
-    home = tmp_path / "home"
+def test_all_writes_a_self_contained_report_where_asked(three: Path, tmp_path: Path) -> None:
+    home, chosen = tmp_path / "home", tmp_path / "reports" / "exp1"  # not made yet
     args = ["bench", "all", "-c", str(three), "--max-size", "256K", "--steps", "3"]
-    done = herd(args, home, tmp_path, timeout=600)
+    done = herd([*args, "-o", str(chosen)], home, tmp_path, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "1/3 network" in done.stderr and "3/3 scaling" in done.stderr  # progress
     page = Path(done.stdout.strip().splitlines()[-1].removeprefix("report: "))
-    assert page.parent.parent == home / "bench" and page.name == "report.html"
+    assert page == chosen / "report.html", done.stdout
+    assert sorted(p.name for p in chosen.iterdir()) == [
+        "allreduce.png",
+        "bench.json",
+        "net.png",
+        "report.html",
+        "scaling.png",
+    ]
+    assert not (home / "bench").exists()  # nothing went to the default place
     parser = _Page()
     parser.feed(page.read_text())
     parser.close()
@@ -173,7 +183,7 @@ def test_all_writes_a_self_contained_report(three: Path, tmp_path: Path) -> None
         assert src.startswith(prefix)  # embedded: the page needs no other file
         check_png(base64.b64decode(src[len(prefix) :]))
     data = json.loads((page.parent / "bench.json").read_text())
-    assert data["hosts"] == NODES and data["id"] == page.parent.name
+    assert data["hosts"] == NODES and data["id"]
     assert len(data["net"]["links"]) == 6 and data["allreduce"]["correct"]
     assert [p["nodes"] for p in data["scaling"]["points"]] == [1, 2, 3]
     assert "Slowest link" in " ".join(parser.text)
@@ -196,3 +206,87 @@ def test_a_slowed_link_is_named_by_bench_net_and_doctor(
     assert speed["node3"]["status"] == "warn" and "node3" in speed["node3"]["summary"]
     text = herd(["doctor", "-c", str(three)], tmp_path / "home", tmp_path).stdout
     assert "the slow links all touch node3" in text
+
+
+def test_allreduce_exits_1_when_a_sum_is_wrong(testbed: Testbed, tmp_path: Path) -> None:
+    """Rank 1 really sends a wrong value (the job's own hook, HERD_ALLREDUCE_WRONG_RANK): every
+    rank gets a wrong sum back, the check sees it, and the command says so and exits 1."""
+    path = testbed.write_cluster_file(
+        tmp_path / "herd.toml",
+        nodes=["node1", "node2"],
+        env={"HERD_ALLREDUCE_WRONG_RANK": "1"},
+    )
+    args = ["bench", "allreduce", "-c", str(path), "--max-size", "4K", "--iters", "3"]
+    done = herd(args, tmp_path / "home", tmp_path)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "the all-reduce returned wrong sums" in done.stdout, done.stdout
+    rows = [line.split() for line in done.stdout.splitlines() if line.strip()[:1].isdigit()]
+    assert rows and all(row[-1] == "NO" for row in rows), done.stdout
+    assert "Traceback" not in done.stderr
+    # The same nodes without the hook: the sums are right and the command succeeds.
+    right = testbed.write_cluster_file(tmp_path / "right.toml", nodes=["node1", "node2"])
+    done = herd(
+        ["bench", "allreduce", "-c", str(right), "--max-size", "4K", "--iters", "3"],
+        tmp_path / "home",
+        tmp_path,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_scaling_comm_wait_is_high_across_a_slow_link(
+    clean_faults: Testbed, tmp_path: Path
+) -> None:
+    """node2's link limited to 5 Mbit/s (tc): with two nodes most of a step waits on the
+    gradient all-reduce (0.8 MB, over a second on that link, against some 20 ms of compute);
+    one node has nobody to wait for."""
+    clean_faults.rate_limit("node2", 5)
+    path = clean_faults.write_cluster_file(
+        tmp_path / "herd.toml", nodes=["node1", "node2"], connect_timeout=5
+    )
+    args = ["bench", "scaling", "-c", str(path), "--steps", "10", "--batch", "2048"]
+    result = run_json([*args, "--width", "256"], tmp_path)
+    one, two = result["points"]
+    assert (one["nodes"], two["nodes"]) == (1, 2)
+    assert two["comm_share"] > 0.6, two
+    # The share's time: waiting on 2 nodes dwarfs what one node shows, which on a busy
+    # machine is the scheduler's noise (tens of ms a step) rather than communication.
+    waited = [p["seconds"] * p["comm_share"] for p in (one, two)]
+    assert waited[1] > 5 * waited[0], (one, two)
+
+
+@pytest.fixture(scope="module")
+def python_without_matplotlib(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A venv with everything this suite's interpreter has except matplotlib (the bench
+    extra): each of its site-packages entries linked in, matplotlib's left out."""
+    import matplotlib
+
+    packages = Path(matplotlib.__file__).parents[1]
+    root = tmp_path_factory.mktemp("no-matplotlib") / "venv"
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--without-pip", str(root)], check=True, timeout=60
+    )
+    target = next(root.glob("lib/python3*/site-packages"))
+    for entry in packages.iterdir():
+        if not entry.name.startswith(("matplotlib", "mpl_toolkits", "pylab")):
+            (target / entry.name).symlink_to(entry)
+    python = root / "bin" / "python"
+    probe = "import importlib.util as u; print(u.find_spec('matplotlib'), u.find_spec('torchherd'))"
+    found = subprocess.run([str(python), "-c", probe], capture_output=True, text=True, timeout=60)
+    words = found.stdout.split()
+    assert words[0] == "None" and words[1] != "None", found.stdout + found.stderr
+    return python
+
+
+@pytest.mark.parametrize("command", ["net", "allreduce", "scaling"])
+def test_png_without_matplotlib_is_an_error_before_measuring(
+    python_without_matplotlib: Path, three: Path, tmp_path: Path, command: str
+) -> None:
+    home, png = tmp_path / "home", tmp_path / "plot.png"
+    args = ["bench", command, "-c", str(three), "--png", str(png)]
+    done = herd(args, home, tmp_path, python=python_without_matplotlib)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "error: drawing the plots needs matplotlib" in done.stderr, done.stderr
+    assert "pip install 'torchherd[bench]'" in done.stderr
+    assert "Traceback" not in done.stderr
+    # Refused before anything ran: no job was started on the nodes, nothing was printed.
+    assert not (home / "jobs").exists() and done.stdout == "" and not png.exists()

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -15,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.herd_cli import SCRIPTS
+from tests.integration.herd_cli import SCRIPTS, herd
 from tests.integration.herd_cli import one_worker_cluster as cluster
 from tests.testbed import Testbed
 
@@ -29,17 +31,26 @@ def herd_argv(*args: str) -> list[str]:
     return [sys.executable, "-m", "torchherd", "launch", *args]
 
 
+# A worker line as the console and output.log show it: `node1:0 | text` (`node1 | text` for
+# torchrun's own lines); herd's notes and the summary have no such prefix.
+WORKER_LINE = re.compile(r"^node\d+(:\d+)? *\| ")
+NOT_SHOWN = re.compile(r"\[herd: (\d+) line\(s\) not shown")
+
+
 def test_a_console_that_stops_reading_does_not_stop_the_job(
     testbed: Testbed, tmp_path: Path
 ) -> None:
     path, home = cluster(testbed, tmp_path, ["node1", "node2", "node3"])
     process = subprocess.Popen(
-        herd_argv("-c", str(path), "chatty.py", "--seconds", "50", "--rate", "100"),
+        herd_argv("-c", str(path), "chatty.py", "--seconds", "50", "--rate", "250"),
         cwd=SCRIPTS,
         env=dict(os.environ, HERD_HOME=str(home)),
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
+        # Unbuffered: communicate(timeout=...) reads the descriptor itself, and would miss
+        # what a buffered readline() had read ahead.
+        bufsize=0,
     )
     try:
         assert process.stdout is not None
@@ -50,6 +61,7 @@ def test_a_console_that_stops_reading_does_not_stop_the_job(
             seen += line
         # Nobody reads for longer than any silence limit the agents ever had (30 s, now 10 s):
         # the pipe fills at once, and a launcher that writes to it on its event loop stalls.
+        # Meanwhile the workers print more lines than the console's queue holds.
         time.sleep(40)
         assert process.poll() is None, "herd ended while its console was not read"
         out = seen.decode() + process.communicate(timeout=180)[0].decode(errors="replace")
@@ -60,8 +72,18 @@ def test_a_console_that_stops_reading_does_not_stop_the_job(
     assert process.returncode == 0, out[-3000:]
     assert out.count("DONE rank=") == 3, out[-3000:]
     assert record(home)["state"] == "succeeded"
-    lines = (Path(str(record(home)["log_dir"])) / "output.log").read_text().count(" line ")
-    assert lines > 3 * 100 * 20, lines  # every line is in the log, whatever the console saw
+    log = (Path(str(record(home)["log_dir"])) / "output.log").read_text().splitlines()
+    # output.log holds exactly the lines each rank printed (each rank says how many).
+    printed = {int(m[0]): int(m[1]) for m in re.findall(r"DONE rank=(\d+) lines=(\d+)", out)}
+    assert sorted(printed) == [0, 1, 2]
+    for rank, count in printed.items():
+        assert sum(f"| rank {rank} line " in line for line in log) == count, (rank, count)
+    # The console showed some worker lines, left the others out, and said how many: the
+    # lines shown plus those counted are every worker line of the job.
+    shown = sum(bool(WORKER_LINE.match(line)) for line in out.splitlines())
+    left_out = [int(n) for n in NOT_SHOWN.findall(out)]
+    assert left_out and sum(left_out) > 0, out[-3000:]
+    assert shown + sum(left_out) == sum(bool(WORKER_LINE.match(line)) for line in log)
 
 
 def test_a_closed_pipe_and_a_huge_line_end_nothing(testbed: Testbed, tmp_path: Path) -> None:
@@ -134,6 +156,62 @@ def test_ctrl_c_in_a_real_terminal_stops_every_node_cleanly(
     assert record(home)["state"] == "stopped"
 
 
+def tmux_screen(session: str, escapes: bool) -> str:
+    """Everything the tmux session's terminal showed (its whole history); with ``escapes``,
+    the colours as SGR sequences."""
+    args = ["tmux", "capture-pane", "-p", "-J", "-S", "-", "-t", session]
+    done = subprocess.run(
+        [*args, *(["-e"] if escapes else [])], capture_output=True, text=True, timeout=10
+    )
+    return done.stdout
+
+
+# An SGR sequence that sets a colour (tmux writes 36 as `\x1b[36m`, maybe with attributes).
+COLOUR = re.compile(r"\x1b\[([0-9;]*)m")
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
+def test_prefixes_are_coloured_on_a_terminal_and_plain_in_a_pipe(
+    testbed: Testbed, tmp_path: Path
+) -> None:
+    path, home = cluster(testbed, tmp_path, ["node1", "node2"])
+    session = f"herd-colour-{os.getpid()}"
+    command = " ".join(herd_argv("-c", str(path), "allreduce.py"))
+    shell = f"cd {SCRIPTS} && HERD_HOME={home} {command}; echo HERD-EXIT=$?; sleep 600"
+    subprocess.run(
+        ["tmux", "new-session", "-d", "-s", session, "-x", "250", "-y", "50", shell],
+        check=True,
+        timeout=30,
+    )
+    try:
+        deadline = time.monotonic() + 180
+        while "HERD-EXIT=" not in tmux_screen(session, escapes=False):
+            assert time.monotonic() < deadline, tmux_screen(session, escapes=False)
+            time.sleep(0.2)
+        plain, coloured = tmux_screen(session, False), tmux_screen(session, True)
+    finally:
+        subprocess.run(["tmux", "kill-session", "-t", session], timeout=10, check=False)
+    assert "HERD-EXIT=0" in plain, plain
+    colours = {}
+    for line in coloured.splitlines():
+        match = re.search(r"(node\d):(\d) *(\x1b\[[0-9;]*m)? *\| RESULT", line)
+        if match:
+            # The prefix is printed inside a colour that is set before it and reset after it.
+            before = COLOUR.findall(line[: match.start(1)])
+            assert before and before[-1] not in ("", "0"), repr(line)
+            assert match.group(3), repr(line)
+            colours[match.group(1)] = before[-1]
+    assert sorted(colours) == ["node1", "node2"], coloured
+    assert colours["node1"] != colours["node2"]  # one colour per node
+
+    # The same job with its output in a pipe: the same prefixes, and no escape sequence.
+    piped = herd(["launch", "-c", str(path), "allreduce.py"], home, SCRIPTS)
+    assert piped.returncode == 0, piped.stdout + piped.stderr
+    assert re.search(r"^node1:0 *\| RESULT", piped.stdout, re.M), piped.stdout
+    assert re.search(r"^node2:1 *\| RESULT", piped.stdout, re.M), piped.stdout
+    assert "\x1b" not in piped.stdout + piped.stderr
+
+
 def test_a_closed_terminal_stops_the_job_and_leaves_nothing(
     testbed: Testbed, tmp_path: Path
 ) -> None:
@@ -156,7 +234,10 @@ def test_a_closed_terminal_stops_the_job_and_leaves_nothing(
             sleeping += "SLEEPING" in line
             if sleeping == 2:
                 break
-        assert list(scratch.glob("herd-ssh-*")), "no control directory while the job runs"
+        control = list(scratch.glob("herd-ssh-*"))
+        assert control, "no control directory while the job runs"
+        # The ssh control sockets are private to the user, whatever the umask.
+        assert all(stat.S_IMODE(d.stat().st_mode) == 0o700 for d in control), control
         process.send_signal(signal.SIGHUP)
         out = process.communicate(timeout=60)[0]
         assert process.returncode == 130, out
@@ -188,7 +269,9 @@ def test_a_full_log_disk_does_not_stop_the_job(testbed: Testbed, tmp_path: Path)
         subprocess.run(["umount", str(small)], check=False)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr
     assert "Traceback" not in done.stderr, done.stderr
-    assert "cannot write the job's logs" in done.stdout, done.stdout[-2000:]
+    # Said once, however many lines and flushes met the full disk afterwards.
+    assert done.stdout.count("cannot write the job's logs") == 1, done.stdout[-2000:]
+    assert "No space left on device" in done.stdout
     assert done.stdout.count("DONE rank=") == 2
     assert record(home)["state"] == "succeeded"
 

@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import signal
+import stat
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -56,6 +60,7 @@ def test_detached_job_survives_the_launcher_and_is_stopped_from_another_process(
     testbed: Testbed, tmp_path: Path
 ) -> None:
     project, home, config = setup(testbed, tmp_path)
+    os.umask(0o022)  # the usual umask, which herd must not rely on
     started = time.monotonic()
     launched = herd(["launch", "-c", str(config), "--detach", "job.py"], home, project)
     assert launched.returncode == 0, launched.stdout + launched.stderr
@@ -69,6 +74,11 @@ def test_detached_job_survives_the_launcher_and_is_stopped_from_another_process(
     events = home / "nodes" / job / "node1" / "events.jsonl"
     wait_for(lambda: events.exists() and "step 20" in events.read_text(), what="rank 0 steps")
     assert len(testbed.processes_with_env("HERD_JOB_ID", job)) >= 5  # + 3 workers
+    # The nodes' files hold the job's output: private, whatever the umask (022 here).
+    for node in ("node1", "node2"):
+        for name in ("events.jsonl", "agent.log"):
+            path = home / "nodes" / job / node / name
+            assert stat.S_IMODE(path.stat().st_mode) == 0o600, (path, oct(path.stat().st_mode))
 
     ps = json.loads(herd(["ps", "--json"], home, project).stdout)
     row = next(r for r in ps if r["id"] == job)
@@ -100,14 +110,20 @@ def test_detached_job_survives_the_launcher_and_is_stopped_from_another_process(
         stdout=subprocess.PIPE,
         text=True,
     )
+    watchdog = threading.Timer(60, follower.kill)  # reading has no timeout of its own
+    watchdog.start()
     try:
-        time.sleep(1)
+        assert follower.stdout is not None
+        first = follower.stdout.readline()  # the follower is attached and printing
+        assert first, "herd logs -f printed nothing"
         stop = herd(["stop", job], home, tmp_path)  # another process, another directory
         assert stop.returncode == 0, stop.stdout + stop.stderr
         assert f"job {job} stopped on every node" in stop.stdout
         assert testbed.processes_with_env("HERD_JOB_ID", job) == []
-        followed, _ = follower.communicate(timeout=30)  # -f ends with the job
+        followed = first + follower.stdout.read()  # -f ends with the job
+        follower.wait(timeout=10)
     finally:
+        watchdog.cancel()
         follower.kill()
     assert follower.returncode == 0
     assert "node1   | herd: job ended on node1 (stopped)" in followed
@@ -191,3 +207,136 @@ def test_stopping_one_of_two_jobs_on_the_same_nodes_spares_the_other(
     finally:
         assert herd(["stop", second], home, project).returncode == 0
     wait_for(lambda: not testbed.processes_with_env("HERD_JOB_ID", second), what="cleanup")
+
+
+# A node's interpreter that is slow to start a detached job's agent: it says so (a marker
+# file), then holds the agent back until the test lets it go (a release file).
+SLOW_START = """#!/bin/sh
+case "$*" in *"torchherd.agent run"*)
+    touch {marker}
+    while [ ! -e {release} ]; do sleep 0.05; done ;;
+esac
+exec {python} "$@"
+"""
+
+
+class SlowStart:
+    """A detached launch on node1 (quick) and node2 (its agent held back by SLOW_START), with
+    everything the launcher prints collected by a thread."""
+
+    def __init__(self, testbed: Testbed, tmp_path: Path) -> None:
+        project, self.home, _ = setup(testbed, tmp_path)
+        self.marker, self.release = tmp_path / "starting", tmp_path / "release"
+        python = tmp_path / "slow-python"
+        python.write_text(
+            SLOW_START.format(marker=self.marker, release=self.release, python=sys.executable)
+        )
+        python.chmod(0o755)
+        config = testbed.write_cluster_file(
+            tmp_path / "slow.toml",
+            nodes=["node1", {"host": "node2", "python": str(python)}],
+            workdir=str(project),
+            env={"HERD_HOME": str(self.home)},
+        )
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "torchherd", "launch", "-c", str(config), "--detach", "job.py"],
+            cwd=project,
+            env=dict(os.environ, HERD_HOME=str(self.home)),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        self.lines: list[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self.lines.append(line)
+
+    @property
+    def output(self) -> str:
+        return "".join(self.lines)
+
+    def job_id(self) -> str:
+        match = re.search(r"herd \S+: job (\S+) on", self.output)
+        assert match, self.output
+        return match.group(1)
+
+    def interrupt_while_node2_starts(self) -> None:
+        """Ctrl-C once node1 has started the job and node2's start is on its way."""
+        wait_for(self.marker.exists, what="node2's agent to be starting")
+        wait_for(lambda: self.node_started("node1"), what="the job on node1")
+        self.process.send_signal(signal.SIGINT)
+        wait_for(lambda: "once each has answered" in self.output, what="herd to say it waits")
+
+    def node_started(self, node: str) -> bool:
+        """The node's detached agent said "started" (its torchrun then waits for the other
+        node at the rendezvous)."""
+        if "job " not in self.output:
+            return False
+        events = self.home / "nodes" / self.job_id() / node / "events.jsonl"
+        return events.exists() and '"e":"started"' in events.read_text()
+
+    def finish(self, timeout: float = 120) -> int:
+        code = self.process.wait(timeout=timeout)
+        self._reader.join(10)
+        return code
+
+    def close(self, testbed: Testbed) -> None:
+        self.release.touch()
+        if self.process.poll() is None:
+            self.process.kill()
+        # Whatever a test left (a failing one): its own job's processes, by job id.
+        if "job " in self.output:
+            for pid in testbed.processes_with_env("HERD_JOB_ID", self.job_id()):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+
+
+def test_ctrl_c_during_a_detached_start_stops_the_job_on_every_node(
+    testbed: Testbed, tmp_path: Path
+) -> None:
+    start = SlowStart(testbed, tmp_path)
+    try:
+        start.interrupt_while_node2_starts()
+        start.release.touch()  # node2 answers after the Ctrl-C: its job is stopped too
+        code = start.finish()
+        job = start.job_id()
+        assert code == 130, start.output
+        assert "interrupted while the job was starting; it was stopped on every node" in (
+            start.output
+        )
+        assert "Traceback" not in start.output
+        assert testbed.processes_with_env("HERD_JOB_ID", job) == []
+        assert start.node_started("node2"), "node2 never started: nothing was proven there"
+        wait_for(
+            lambda: not any(testbed.node_processes(n) for n in testbed.nodes),
+            timeout=10,
+            what="the nodes' ssh sessions to end",
+        )
+    finally:
+        start.close(testbed)
+
+
+def test_a_second_ctrl_c_stops_waiting_and_still_sweeps_the_nodes(
+    testbed: Testbed, tmp_path: Path
+) -> None:
+    start = SlowStart(testbed, tmp_path)
+    try:
+        start.interrupt_while_node2_starts()
+        start.process.send_signal(signal.SIGINT)  # node2 has not answered, and never will
+        code = start.finish(timeout=60)
+        job = start.job_id()
+        assert code == 130, start.output
+        assert "herd: stopping the job on every node" in start.output
+        assert "Traceback" not in start.output
+        # node1 had started the job: it was swept, although node2 never answered.
+        on_node1 = set(testbed.processes_with_env("HERD_NODE", "node1"))
+        assert not on_node1 & set(testbed.processes_with_env("HERD_JOB_ID", job))
+    finally:
+        start.close(testbed)

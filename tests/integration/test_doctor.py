@@ -5,6 +5,7 @@ which the testbed sets up on purpose)."""
 from __future__ import annotations
 
 import importlib.metadata
+import importlib.util
 import json
 import os
 import subprocess
@@ -112,21 +113,27 @@ def test_missing_working_directory(
 
 
 def _venv_running_this_torchherd(
-    root: Path, *, system_site_packages: bool, version: str | None = None
+    root: Path, *, with_torch: bool, version: str | None = None
 ) -> Path:
     """A real venv over this interpreter where this source tree's torchherd is importable.
 
     torchherd is installed the way pip lays out any installed distribution (a .pth naming the
     source, a dist-info whose METADATA carries the version) without building anything: a build
     would need setuptools' `wheel` support, which a stock base interpreter lacks. ``version``
-    gives the installed distribution another version than this one's.
+    gives the installed distribution another version than this one's. ``with_torch`` makes
+    this suite's torch importable too (never the base interpreter's: it has none on a fresh
+    machine, and CI must not depend on one).
     """
-    flags = ["--system-site-packages"] if system_site_packages else []
     subprocess.run(
-        [sys.executable, "-m", "venv", "--without-pip", *flags, str(root)], check=True, timeout=60
+        [sys.executable, "-m", "venv", "--without-pip", str(root)], check=True, timeout=60
     )
     packages = next(root.glob("lib/python3*/site-packages"))
-    (packages / "torchherd-src.pth").write_text(str(SRC) + "\n")
+    paths = [str(SRC)]
+    if with_torch:
+        torch = importlib.util.find_spec("torch")
+        assert torch is not None and torch.origin, "this suite's interpreter has no torch"
+        paths.append(str(Path(torch.origin).parents[1]))  # after ours: our dist-info wins
+    (packages / "torchherd-src.pth").write_text("\n".join(paths) + "\n")
     version = version or importlib.metadata.version("torchherd")
     info = packages / f"torchherd-{version}.dist-info"
     info.mkdir()
@@ -138,7 +145,7 @@ def _venv_running_this_torchherd(
 
 def _venv_without_torch(root: Path) -> Path:
     """A real venv (no system site-packages: no torch) where torchherd is importable."""
-    python = _venv_running_this_torchherd(root, system_site_packages=False)
+    python = _venv_running_this_torchherd(root, with_torch=False)
     probe = subprocess.run(
         [str(python), "-c", "import torchherd, importlib.util as u; print(u.find_spec('torch'))"],
         capture_output=True,
@@ -202,9 +209,9 @@ def test_node_whose_python_has_neither_torchherd_nor_torch(
 
 @pytest.fixture(scope="module")
 def other_version_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A venv (with the system's torch) where torchherd is installed as version 0.1.0.post1."""
+    """A venv (with this suite's torch) where torchherd is installed as version 0.1.0.post1."""
     root = tmp_path_factory.mktemp("other-version") / "venv"
-    python = _venv_running_this_torchherd(root, system_site_packages=True, version="0.1.0.post1")
+    python = _venv_running_this_torchherd(root, with_torch=True, version="0.1.0.post1")
     answer = subprocess.run(
         [str(python), "-c", "import importlib.metadata as m; print(m.version('torchherd'))"],
         capture_output=True,
@@ -238,6 +245,7 @@ def test_node_whose_environment_differs_in_versions(
         }
     }
     assert statuses(report, "versions")["node1"] == "pass"
+    assert result(report, "torch", "node3")["status"] == "pass"  # only the version differs
 
     # herd launch runs the fast subset and refuses, unless told not to.
     script = tmp_path / "train.py"

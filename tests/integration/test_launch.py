@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -134,6 +135,47 @@ def test_different_nproc_per_node(testbed: Testbed, tmp_path: Path) -> None:
     assert sorted(f["host"] for f in found.values()) == ["node1", "node1", "node3"]
 
 
+def printed(stdout: str, marker: str) -> dict[int, dict[str, str]]:
+    """rank -> the KEY=VALUE words a test script printed after ``marker`` on that rank
+    (scripts/threads.py: THREADS, scripts/where.py: WHERE)."""
+    found = {}
+    for match in re.finditer(rf"\| {marker} (.*)$", stdout, re.M):
+        fields = dict(item.split("=", 1) for item in match.group(1).split())
+        found[int(fields["rank"])] = fields
+    return found
+
+
+def test_omp_threads_are_the_nodes_cores_shared_by_its_workers(
+    testbed: Testbed, tmp_path: Path
+) -> None:
+    nodes: list[str | dict[str, object]] = [
+        {"host": "node1", "nproc": 1},
+        {"host": "node2", "nproc": 2},
+    ]
+    run = herd(
+        ["launch", "-c", str(cluster(testbed, tmp_path, nodes)), "threads.py"],
+        tmp_path / "home",
+        SCRIPTS,
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    found = printed(run.stdout, "THREADS")
+    assert sorted(found) == [0, 1, 2], run.stdout
+    for fields in found.values():
+        share = max(1, int(fields["cores"]) // int(fields["local_world"]))
+        assert fields["omp"] == str(share), fields  # torchrun alone would give 1 worker none
+        assert fields["torch"] == str(share), fields  # and torch really uses that many
+    # Set by the user: kept as it is on every node.
+    path = testbed.write_cluster_file(
+        tmp_path / "herd.toml",
+        nodes=nodes,
+        workdir=str(SCRIPTS),
+        env={"HERD_HOME": str(tmp_path / "home"), "OMP_NUM_THREADS": "3"},
+    )
+    run = herd(["launch", "-c", str(path), "threads.py"], tmp_path / "home", SCRIPTS)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert {f["omp"] for f in printed(run.stdout, "THREADS").values()} == {"3"}, run.stdout
+
+
 def test_script_or_module_missing_on_the_nodes_is_refused_before_launch(
     testbed: Testbed, tmp_path: Path
 ) -> None:
@@ -232,6 +274,15 @@ def test_launcher_killed_agents_end_the_job(testbed: Testbed, tmp_path: Path) ->
     # No herd is left to wait for the agents: they notice the dropped links themselves; the
     # ssh masters (daemons of their own) go ControlPersist (30 s) after their last session.
     assert_nothing_left(testbed, home, settle=45, job_grace=15)
+    # Its record still says "running" (nobody was left to write how it ended): `herd ps`
+    # sees that its launcher is gone and shows it as lost.
+    (job,) = [p.name for p in (home / "jobs").iterdir()]
+    assert json.loads((home / "jobs" / job / "job.json").read_text())["state"] == "running"
+    listed = herd(["ps", "--json"], home, SCRIPTS)
+    assert listed.returncode == 0, listed.stderr
+    assert [(r["id"], r["state"]) for r in json.loads(listed.stdout)] == [(job, "lost")]
+    table = herd(["ps"], home, SCRIPTS).stdout
+    assert any(line.startswith(job) and " lost " in line for line in table.splitlines()), table
 
 
 def test_unreachable_node_is_named_within_connect_timeout(

@@ -18,11 +18,13 @@ from pathlib import Path
 import pytest
 
 from tests.integration.conftest import require_testbed
-from tests.integration.test_launch import results
+from tests.integration.test_launch import printed, results
 from tests.integration.training import ARGS as TRAIN_ARGS
 from tests.integration.training import final_loss
 from tests.slurm_testbed import SlurmCluster, slurm_available
 from tests.testbed import Testbed
+from torchherd.errors import ConfigError
+from torchherd.scheduler.hostlist import expand_hostlist
 
 SCRIPTS = Path(__file__).parent / "scripts"
 
@@ -56,6 +58,18 @@ def sbatch(slurm: SlurmCluster, script: Path, home: Path) -> str:
     return done.stdout.strip().split(";")[0]
 
 
+def run_batch(slurm: SlurmCluster, tmp_path: Path, body: str, *options: str) -> tuple[str, str]:
+    """sbatch a job script of ``body`` with ``options`` and wait for its end: (its Slurm job
+    id, its output), asserting that it completed."""
+    output = tmp_path / "out.txt"
+    script = job_script(tmp_path, body, *options, f"--output={output}")
+    job = sbatch(slurm, script, tmp_path / "home")
+    state = slurm.wait_job(job, timeout=300)
+    text = output.read_text()
+    assert state == "COMPLETED", text
+    return job, text
+
+
 def nothing_left(slurm: SlurmCluster, job_id: str) -> None:
     deadline = time.monotonic() + 15
     left = slurm.bed.processes_with_env("HERD_JOB_ID", job_id)
@@ -82,18 +96,13 @@ def assert_three_ranks(output: str) -> None:
 
 
 def test_sbatch_runs_herd_launch_on_every_node(slurm: SlurmCluster, tmp_path: Path) -> None:
-    output = tmp_path / "out.txt"
-    script = job_script(
+    job, text = run_batch(
+        slurm,
         tmp_path,
         f"exec {sys.executable} -m torchherd launch --nproc 1 allreduce.py",
         "--nodes=3",
         "--ntasks-per-node=1",
-        f"--output={output}",
     )
-    job = sbatch(slurm, script, tmp_path / "home")
-    state = slurm.wait_job(job, timeout=300)
-    text = output.read_text()
-    assert state == "COMPLETED", text
     assert f"herd: Slurm job {job} (from SLURM_JOB_ID, SLURM_JOB_NODELIST)" in text
     assert_three_ranks(text)
     nothing_left(slurm, herd_job_id(text))
@@ -201,3 +210,89 @@ def test_exec_and_doctor_inside_an_allocation(slurm: SlurmCluster, tmp_path: Pat
         else:
             assert "All 3 node(s) ready" in done.stdout, done.stdout
             assert "link(s) measured" in done.stdout  # the network tests ran through srun
+
+
+def test_two_tasks_per_node_still_get_one_agent_step_per_node_after_the_setup(
+    slurm: SlurmCluster, tmp_path: Path
+) -> None:
+    """The allocation has 6 tasks (2 per node); herd starts one agent per node, each in a job
+    step of its own (one task on one node), in the shell where [cluster] setup ran."""
+    activate = tmp_path / "activate"
+    activate.write_text("export FROM_SETUP=cluster-wide\necho activated\n")
+    settings = tmp_path / "herd.toml"
+    # The nodes come from Slurm; the file gives the settings (it must name a node).
+    settings.write_text(f'[cluster]\nsetup = ". {activate}"\n\n[[node]]\nhost = "node1"\n')
+    _, text = run_batch(
+        slurm,
+        tmp_path,
+        f"exec {sys.executable} -m torchherd launch -c {settings} --nproc 1 where.py",
+        "--nodes=3",
+        "--ntasks-per-node=2",
+    )
+    found = printed(text, "WHERE")
+    assert sorted(found) == [0, 1, 2], text  # world 3, not 6
+    assert {f["world"] for f in found.values()} == {"3"}
+    assert sorted(f["host"] for f in found.values()) == ["node1", "node2", "node3"]
+    steps = {f["step"] for f in found.values()}
+    assert len(steps) == 3 and "-" not in steps, found  # one job step per node
+    assert {(f["step_tasks"], f["step_nodes"]) for f in found.values()} == {("1", "1")}
+    assert {f["setup"] for f in found.values()} == {"cluster-wide"}, found
+    nothing_left(slurm, herd_job_id(text))
+
+
+def test_sync_is_refused_inside_an_allocation_with_its_reason(
+    slurm: SlurmCluster, tmp_path: Path
+) -> None:
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "train.py").write_text("print('hi')\n")
+    done = slurm.run(
+        ["salloc", "--nodes=2", sys.executable, "-m", "torchherd", "sync", str(project)],
+        cwd=project,
+        env=herd_env(slurm, tmp_path / "home"),
+        timeout=120,
+    )
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "herd sync copies over ssh, and Slurm job" in done.stderr, done.stderr
+    assert "starts its agents with srun" in done.stderr
+    assert "fix: Slurm clusters share the filesystem" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize(
+    "nodelist",
+    [
+        "node[1-3]",
+        "gpu[01-04,07],cpu1",
+        "n[098-101]",
+        "a[1-2]x[3-4]",
+        "node1 node2",
+        "node[1-2] node3",
+        "node[1-2],\nnode3",
+    ],
+)
+def test_hostlists_expand_as_scontrol_does(slurm: SlurmCluster, nodelist: str) -> None:
+    done = slurm.run(["scontrol", "show", "hostnames", nodelist])
+    assert done.returncode == 0 and done.stdout.split(), done.stderr
+    assert expand_hostlist(nodelist) == done.stdout.split()
+
+
+def test_a_node_list_herd_cannot_read_is_expanded_by_scontrol(
+    slurm: SlurmCluster, tmp_path: Path
+) -> None:
+    """Slurm reads `node[1- 3]` (a space in a range); herd's own reader does not, so it asks
+    `scontrol show hostnames`, and the command reaches all three nodes."""
+    unreadable = "node[1- 3]"
+    with pytest.raises(ConfigError):
+        expand_hostlist(unreadable)
+    done = slurm.run(
+        ["salloc", "--nodes=3", "env", f"SLURM_JOB_NODELIST={unreadable}"]
+        + [sys.executable, "-m", "torchherd", "exec", "--", "hostname"],
+        cwd=SCRIPTS,
+        env=herd_env(slurm, tmp_path / "home"),
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "SLURM_JOB_NODELIST): 3 node(s): node1, node2, node3" in done.stderr, done.stderr
+    answers = sorted(line for line in done.stdout.splitlines() if " | " in line)
+    assert answers == ["node1 | node1", "node2 | node2", "node3 | node3"], done.stdout

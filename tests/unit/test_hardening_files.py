@@ -277,9 +277,14 @@ def test_a_time_limit_during_a_detached_start_stops_the_job_and_asks_for_a_reque
 
     monkeypatch.setenv("HERD_HOME", str(tmp_path / "home"))
     cluster, plan = _muted_b_cluster(tmp_path)
-    slow = tmp_path / "slow-python"  # a node slow to start the job, not to stop it
+    # A node slow to start the job, not to stop it: its agent's start says it is on its way
+    # (a marker file) and waits until the test lets it go (a release file).
+    marker, release = tmp_path / "starting", tmp_path / "release"
+    slow = tmp_path / "slow-python"
     slow.write_text(
-        f'#!/bin/sh\ncase "$*" in *" run") sleep 1.5 ;; esac\nexec "{sys.executable}" "$@"\n'
+        f'#!/bin/sh\ncase "$*" in *" run")\n  touch "{marker}"\n'
+        f'  while [ ! -e "{release}" ]; do sleep 0.02; done ;;\nesac\n'
+        f'exec "{sys.executable}" "$@"\n'
     )
     slow.chmod(0o755)
     cluster = cluster.model_copy(
@@ -296,15 +301,28 @@ def test_a_time_limit_during_a_detached_start_stops_the_job_and_asks_for_a_reque
     prepared = Prepared(cluster=cluster, facts={}, secrets={}, plan=plan)
     stream = io.StringIO()
 
+    async def time_limit_while_starting() -> None:
+        while not marker.exists():  # node a's start is on its way
+            await asyncio.sleep(0.02)
+        # What Slurm's --signal=B:USR1@T does, now; node a answers once herd has heard it.
+        os.kill(os.getpid(), signal.SIGUSR1)
+        deadline = time.monotonic() + 30  # a herd deaf to the signal fails below, not hangs
+        while "while the job was starting" not in stream.getvalue():
+            if time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.02)
+        release.touch()
+
     async def start() -> RunResult:
         loop = asyncio.get_running_loop()
-        # What Slurm's --signal=B:USR1@T does, while node a's start is still on its way.
-        loop.call_later(0.3, os.kill, os.getpid(), signal.SIGUSR1)
+        warning = asyncio.create_task(time_limit_while_starting())
         try:
             return await _start_detached(
                 prepared, LaunchOptions(detach=True), LocalTransport(cluster), stream, loop
             )
         finally:
+            release.touch()  # never leave node a waiting, whatever happened
+            warning.cancel()
             for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1):
                 loop.remove_signal_handler(sig)
 

@@ -39,6 +39,8 @@ from torchherd.transport.slurm import classify_srun_failure, cpus_per_node, srun
         ("a[1-2]-b[3-4]", ["a1-b3", "a1-b4", "a2-b3", "a2-b4"]),
         ("rack[1-2]n[1,3].ib", ["rack1n1.ib", "rack1n3.ib", "rack2n1.ib", "rack2n3.ib"]),
         ("x[1],y,z[2-3]", ["x1", "y", "z2", "z3"]),
+        ("node1 node2", ["node1", "node2"]),  # white space separates, as in Slurm
+        ("node[1-2] node3\n", ["node1", "node2", "node3"]),
     ],
 )
 def test_hostlist_expands_like_slurm(text: str, hosts: list[str]) -> None:
@@ -234,3 +236,29 @@ def test_cluster_file_accepts_setup() -> None:
     assert ClusterSpec(nodes=(NodeSpec(host="a"),)).setup_for(NodeSpec(host="a")) is None
     with pytest.raises(ConfigError, match="carry_env"):
         parse_cluster_toml('[cluster]\ncarry_env = {}\n\n[[node]]\nhost = "a"\n', "f")
+
+
+def test_pbs_without_its_client_tools_runs_on_and_says_what_it_cannot_do(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A PBS compute node whose PATH has no qstat/qsub (the job script did not load the PBS
+    module): the real commands are looked up and not found; herd says so, never a traceback."""
+    from torchherd.scheduler.requeue import pbs_deadline, requeue_after_save
+
+    monkeypatch.setenv("PATH", str(tmp_path))  # an empty folder: no scheduler command at all
+    cluster = parse_cluster_toml('[[node]]\nhost = "n1"\n', "herd.toml").model_copy(
+        update={"transport": "pbs", "scheduler_job_id": "12.server"}
+    )
+    said: list[str] = []
+    assert pbs_deadline(cluster, 120, say=said.append) is None
+    assert (
+        said and "the walltime of PBS job 12.server is unknown (qstat is not on PATH)" in (said[0])
+    )
+    script = tmp_path / "job.pbs"
+    script.write_text("#!/bin/bash\n")
+    line = requeue_after_save(cluster, 3, {"HERD_JOB_SCRIPT": str(script)})
+    assert line == f"herd: cannot resubmit {script}: qsub is not on PATH"
+    slurm = cluster.model_copy(update={"transport": "slurm", "scheduler_job_id": "77"})
+    assert requeue_after_save(slurm, 3, {}) == (
+        "herd: cannot requeue job 77: scontrol is not on PATH"
+    )

@@ -24,6 +24,8 @@ import tempfile
 import time
 from typing import Any
 
+from ..files import private_dir, write_private
+
 TORCH_TIMEOUT = 90.0
 """Seconds the torch import may take (CUDA initialisation on a loaded node is slow)."""
 DISK_TEST_BYTES = 16 << 20
@@ -196,7 +198,8 @@ def _torch_fingerprint() -> str | None:
             except OSError:
                 continue
             parts.append(f"{entry.path}:{stat.st_size}:{stat.st_mtime_ns}")
-    parts += [f"{name}={os.environ.get(name, '')}" for name in _FINGERPRINT_VARS]
+    # Unset and empty differ: CUDA_VISIBLE_DEVICES="" hides every GPU, unset shows them all.
+    parts += [f"{name}={os.environ.get(name)!r}" for name in _FINGERPRINT_VARS]
     try:
         with open("/proc/driver/nvidia/version") as driver:
             parts.append(driver.read())
@@ -225,12 +228,11 @@ def _write_cache(fingerprint: str | None, value: dict[str, Any]) -> None:
     if fingerprint is None:
         return
     path = _cache_path(fingerprint)
+    folder = os.path.dirname(path)
     try:
-        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-        temporary = f"{path}.{os.getpid()}.tmp"
-        with open(temporary, "w") as handle:
-            json.dump(value, handle)
-        os.replace(temporary, path)
+        # Private like herd's other files (0700, 0600): one left wider is tightened.
+        private_dir(folder, home=folder)
+        write_private(path, json.dumps(value))
     except OSError:
         pass  # a read-only home only costs the next run an import
 

@@ -24,6 +24,9 @@ from .report import bus_bandwidth
 
 MARKER = "HERD_ALLREDUCE "
 DEFAULT_SIZES = (4 << 10, 256 << 10, 4 << 20, 32 << 20)
+WRONG_RANK_VAR = "HERD_ALLREDUCE_WRONG_RANK"
+"""For tests of the check itself: the rank named here sends one more than its share, so the sum
+every rank gets back is really wrong and the check must say so (exit 1)."""
 
 
 def sizes_between(smallest: int, largest: int, factor: int) -> list[int]:
@@ -97,7 +100,8 @@ def main(argv: list[str] | None = None) -> None:
 def _correct(tensor: torch.Tensor, rank: int, world: int) -> bool:
     """Every rank sends rank + 1 everywhere; every element must come back as the exact sum
     (small integers are exact in float32), and every rank must agree that it did."""
-    tensor.fill_(rank + 1)
+    wrong = os.environ.get(WRONG_RANK_VAR) == str(rank)
+    tensor.fill_(rank + 1 + int(wrong))
     dist.all_reduce(tensor)
     mine = 1.0 if bool(torch.all(tensor == world * (world + 1) / 2)) else 0.0
     ok = torch.tensor([mine], device=tensor.device)

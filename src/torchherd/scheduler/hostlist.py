@@ -1,9 +1,10 @@
 """Slurm hostlists (``gpu[01-04,07]``, ``a[1-2]-b[3-4]``) and PBS nodefiles, read into host names.
 
-The expander follows Slurm's own rules: a comma outside brackets separates entries, each bracket
-holds numbers and ranges separated by commas, a range keeps the zero padding of its lower bound,
-and several brackets in one entry give every combination (left bracket varying slowest). Anything
-it cannot read falls back to ``scontrol show hostnames``, Slurm's own expander.
+The expander follows Slurm's own rules: a comma or white space outside brackets separates
+entries, each bracket holds numbers and ranges separated by commas, a range keeps the zero
+padding of its lower bound, and several brackets in one entry give every combination (left
+bracket varying slowest). Anything it cannot read falls back to ``scontrol show hostnames``,
+Slurm's own expander.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ def _split_entries(text: str) -> list[str]:
             depth -= 1
             if depth < 0:
                 raise _bad(text, "a ']' without its '['")
-        if char == "," and depth == 0:
+        if (char == "," or char.isspace()) and depth == 0:
             entries.append("".join(current).strip())
             current = []
         else:

@@ -15,8 +15,10 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from ..errors import HerdError
 from ..spec import ClusterSpec
@@ -42,7 +44,10 @@ def requeue_after_save(
         done_count = _int(environ.get("SLURM_RESTART_COUNT"))
         if done_count >= max_requeues:
             return _limit(done_count, max_requeues)
-        result = run(["scontrol", "requeue", job])
+        try:
+            result = run(["scontrol", "requeue", job])
+        except (OSError, subprocess.SubprocessError) as exc:
+            return f"herd: cannot requeue job {job}: {_could_not_run('scontrol', exc)}"
         if result.returncode != 0:
             return f"herd: cannot requeue job {job}: {(result.stderr or result.stdout).strip()}"
         return (
@@ -66,13 +71,26 @@ def requeue_after_save(
         f"{REQUEUE_COUNT_VAR}={done_count + 1}",
         script,
     ]
-    result = run(argv)
+    try:
+        result = run(argv)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"herd: cannot resubmit {script}: {_could_not_run('qsub', exc)}"
     if result.returncode != 0:
         return f"herd: cannot resubmit {script}: {(result.stderr or result.stdout).strip()}"
     return (
         f"herd: submitted {result.stdout.strip()} to run after PBS job {job} "
         f"(requeue {done_count + 1} of {max_requeues}); it resumes from the snapshot"
     )
+
+
+def _could_not_run(command: str, exc: Exception) -> str:
+    """Why a scheduler command did not run, in words (a node without the scheduler's client
+    tools on its PATH is the usual reason)."""
+    if isinstance(exc, FileNotFoundError):
+        return f"{command} is not on PATH"
+    if isinstance(exc, subprocess.TimeoutExpired):
+        return f"{command} did not answer in {exc.timeout:g} s"
+    return f"{command} could not run: {exc}"
 
 
 def _limit(done: int, limit: int) -> str:
@@ -88,24 +106,48 @@ def _int(text: str | None) -> int:
 
 def pbs_seconds_left(job: str, run: Runner = _run) -> float | None:
     """Seconds until the walltime of a running PBS job ends, from qstat; None if unknown."""
-    result = run(["qstat", "-f", "-F", "json", job])
+    return _pbs_walltime_left(job, run)[0]
+
+
+def _pbs_walltime_left(job: str, run: Runner) -> tuple[float | None, str]:
+    """Seconds left of the job's walltime, or None and why qstat could not say."""
+    try:
+        result = run(["qstat", "-f", "-F", "json", job])
+    except (OSError, subprocess.SubprocessError) as exc:
+        return None, _could_not_run("qstat", exc)
     try:
         info = next(iter(json.loads(result.stdout)["Jobs"].values()))
         limit = time_seconds(str(info["Resource_List"]["walltime"]))
         used_text = (info.get("resources_used") or {}).get("walltime")
         used = time_seconds(str(used_text)) if used_text else 0
     except (ValueError, KeyError, TypeError, StopIteration, AttributeError, HerdError):
-        return None
-    return float(limit - used)
+        said = (result.stderr or "").strip().splitlines()
+        return None, f"qstat: {said[-1]}" if said else "qstat gave no walltime for it"
+    return float(limit - used), ""
 
 
-def pbs_deadline(cluster: ClusterSpec, grace: float, run: Runner = _run) -> threading.Timer | None:
+def _on_stderr(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def pbs_deadline(
+    cluster: ClusterSpec,
+    grace: float,
+    run: Runner = _run,
+    say: Callable[[str], None] = _on_stderr,
+) -> threading.Timer | None:
     """Under PBS: a started timer that sends this process SIGUSR1 ``grace`` seconds before the
-    walltime (herd then saves and stops as on Slurm's warning). None elsewhere."""
+    walltime (herd then saves and stops as on Slurm's warning). None elsewhere, and where the
+    walltime cannot be read (then ``say`` tells that no save is armed, and the job runs)."""
     if cluster.transport != "pbs" or not cluster.scheduler_job_id:
         return None
-    left = pbs_seconds_left(cluster.scheduler_job_id, run)
+    left, why = _pbs_walltime_left(cluster.scheduler_job_id, run)
     if left is None:
+        say(
+            f"herd: the walltime of PBS job {cluster.scheduler_job_id} is unknown ({why}): "
+            "no snapshot is asked for before the walltime ends the job\n"
+            "  fix: make qstat reachable in the job script (load the PBS module) for that"
+        )
         return None
     timer = threading.Timer(max(0.0, left - grace), os.kill, (os.getpid(), signal.SIGUSR1))
     timer.daemon = True
