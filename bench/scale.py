@@ -1,0 +1,536 @@
+"""Scale of the control plane: what the launcher costs per node, from 10 to 1,000 nodes.
+
+On the simulated cluster (tests/simcluster: herd's real node agents on this machine, each node
+a host of its own, a stand-in only for torchrun and torch), for each N: the launcher (herd's
+own launch, one process: tests/simcluster/launcher.py) starts a job of N nodes x NPROC ranks,
+and the bench measures that process alone (its own CPU time and peak RSS from /proc; the
+agents are its children and are not counted):
+
+  start      command -> every node's torchrun (stand-in) running: wall time, launcher CPU
+  steady     every rank printing 1 line/s and beating once a second: launcher CPU per minute
+  full       every rank printing 10 lines/s: launcher CPU, lines the launcher took per second,
+             and the worst line delay (a line's time stamp -> the launcher writing it to the
+             job's output.log; the agents' heartbeats travel in the same stream, so they are
+             this late too), besides the delay to the console (stdout)
+  silent     one node freezes (its agent stopped, as a machine that hangs): seconds until the
+             launcher says it stopped answering, then until the launcher has stopped every
+             node and exited (it first takes the other nodes' stacks)
+  misjudged  any node called lost or failed that was not the frozen one, or an agent that
+             stopped its job for want of the launcher's pings
+
+Then the growth from the smallest to the largest N as ratios, and the targets with met / not
+met lines:
+  - launcher CPU per node at start <= 5 ms;
+  - steady: <= 0.5 % of a core per 100 nodes;
+  - start of the largest N within 2x the start of the smallest, agent start excluded: on this
+    machine every node's agent and probe share 2 cores, so the wall time grows with N for the
+    simulation's sake; what a real cluster adds is the launcher's own extra work, so the bench
+    judges start(small) + launcher CPU(large) - launcher CPU(small) against 2 x start(small);
+  - worst line (heartbeat) delay <= 1 s with every rank at 10 lines/s;
+  - no node loss misjudged at any N.
+
+Memory: every simulated node is an agent, a stand-in and NPROC sleeping workers (about 20 MB
+per node); an N that does not fit in the memory available now is skipped, with the reason.
+
+    python bench/scale.py [--nodes 10,100,300,1000] [--nproc 8] [--steady 60] [--full 20]
+                          [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "src"))
+sys.path.insert(1, str(REPO))
+from tests.simcluster import SimCluster  # noqa: E402
+
+TICKS = os.sysconf("SC_CLK_TCK")
+START_TARGET_MS = 5.0
+STEADY_TARGET = 0.5  # % of a core per 100 nodes
+START_RATIO_TARGET = 2.0
+DELAY_TARGET = 1.0
+FULL_RATE = 10.0
+STEADY_RATE = 1.0
+SILENT_FOR = 20.0  # longer than herd's 10 s of silence, so the node is called lost
+# Memory a simulated node takes until measured (agent ~10 MB, stand-in ~4, workers ~2), and
+# what is left free for everything else on the machine.
+NODE_MB_GUESS = 20.0
+RESERVE_MB = 2048.0
+STAMP = re.compile(rb"at=(\d+\.\d+)")
+NOTICED = re.compile(r"herd: (\S+) stopped answering")
+MISJUDGED = re.compile(
+    r"herd: (\S+) (?:stopped answering|failed; stopping)|no word from the launcher"
+)
+
+
+@dataclass
+class Result:
+    nodes: int
+    nproc: int
+    start_s: float = 0.0
+    start_cpu_s: float = 0.0
+    start_rss_mb: float = 0.0
+    steady_cpu_per_min_s: float = 0.0
+    steady_rss_mb: float = 0.0
+    full_cpu_per_s: float = 0.0
+    full_lines_per_s: float = 0.0
+    full_asked_lines_per_s: float = 0.0
+    worst_delay_s: float = 0.0
+    worst_console_delay_s: float = 0.0
+    steady_worst_delay_s: float = 0.0
+    notice_s: float | None = None
+    stop_s: float | None = None
+    gone_s: float | None = None
+    peak_rss_mb: float = 0.0
+    node_mb: float = 0.0
+    misjudged: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+
+# ---------------------------------------------------------------------------------------------
+# the launcher process, from /proc
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of the process itself (its children are not counted)."""
+    with open(f"/proc/{pid}/stat") as handle:
+        fields = handle.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICKS
+
+
+def status_mb(pid: int, key: str) -> float:
+    with open(f"/proc/{pid}/status") as handle:
+        for line in handle:
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def available_mb() -> float:
+    with open("/proc/meminfo") as handle:
+        for line in handle:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def pss_mb(pids: list[int]) -> float:
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/smaps_rollup") as handle:
+                for line in handle:
+                    if line.startswith("Pss:"):
+                        total += int(line.split()[1])
+                        break
+        except OSError:
+            continue
+    return total / 1024
+
+
+# ---------------------------------------------------------------------------------------------
+# reading what the launcher writes
+
+
+class Delays:
+    """Worst delay of time-stamped lines read from a stream, within a window that can be reset."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.worst = 0.0
+        self.stamps = 0
+
+    def take(self, chunk: bytes) -> None:
+        now = time.time()
+        stamps = STAMP.findall(chunk)
+        if not stamps:
+            return
+        oldest = min(float(s) for s in stamps)
+        with self.lock:
+            self.worst = max(self.worst, now - oldest)
+            self.stamps += len(stamps)
+
+    def reset(self) -> tuple[float, int]:
+        with self.lock:
+            worst, stamps = self.worst, self.stamps
+            self.worst, self.stamps = 0.0, 0
+        return worst, stamps
+
+
+class Console:
+    """The launcher's stdout: herd's own notes (with the time they came), line delays."""
+
+    def __init__(self, stream: int) -> None:
+        self.stream = stream
+        self.notes: list[tuple[float, str]] = []
+        self.delays = Delays()
+        self.job_id: str | None = None
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self) -> None:
+        pending = b""
+        while True:
+            chunk = os.read(self.stream, 1 << 20)
+            if not chunk:
+                return
+            self.delays.take(chunk)
+            pending += chunk
+            *lines, pending = pending.split(b"\n")
+            for raw in lines:
+                if b"at=" in raw:
+                    continue
+                text = raw.decode(errors="replace")
+                self.notes.append((time.time(), text))
+                found = re.search(r"herd \S+: job (\S+) on", text)
+                if found:
+                    self.job_id = found.group(1)
+
+    def first(self, pattern: re.Pattern[str], after: float = 0.0) -> tuple[float, str] | None:
+        for at, text in list(self.notes):
+            if at >= after and pattern.search(text):
+                return at, text
+        return None
+
+
+class LogTail:
+    """Follows the job's output.log (written by the launcher's event loop) for line delays."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.delays = Delays()
+        self.lines = 0
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._follow, daemon=True)
+        self.thread.start()
+
+    def _follow(self) -> None:
+        while not self.path.exists() and not self.stopped.wait(0.1):
+            pass
+        if self.stopped.is_set():
+            return
+        with open(self.path, "rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            while not self.stopped.is_set():
+                chunk = handle.read(1 << 22)
+                if not chunk:
+                    time.sleep(0.05)
+                    continue
+                self.delays.take(chunk)
+                self.lines += chunk.count(b"\n")
+
+    def stop(self) -> None:
+        self.stopped.set()
+
+
+# ---------------------------------------------------------------------------------------------
+# one N
+
+
+def measure(nodes: int, nproc: int, steady: float, full: float, scratch: Path) -> Result:
+    result = Result(nodes, nproc)
+    sim = SimCluster(scratch / f"sim{nodes}", nodes, nproc).build(
+        lines_per_second=STEADY_RATE, beats_per_second=1
+    )
+    env = dict(os.environ, HERD_HOME=str(sim.home), PYTHONPATH=f"{REPO / 'src'}:{REPO}")
+    stderr = open(sim.root / "launcher.err", "wb")  # noqa: SIM115 - the launcher owns it
+    started = time.time()
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "tests.simcluster.launcher", str(sim.root), "--grace", "5"],
+        cwd=REPO,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=stderr,
+    )
+    assert launcher.stdout is not None
+    console = Console(launcher.stdout.fileno())
+    tail: LogTail | None = None
+    try:
+        running = sim.wait_events("run", nodes, timeout=120 + nodes * 1.0)
+        if len(running) < nodes:
+            result.problems.append(f"only {len(running)} of {nodes} nodes running in time")
+            return result
+        result.start_s = running[-1] - started
+        result.start_cpu_s = cpu_seconds(launcher.pid)
+        result.start_rss_mb = status_mb(launcher.pid, "VmHWM")
+        print(f"  {nodes} nodes running after {result.start_s:.1f} s", flush=True)
+        assert console.job_id is not None, console.notes
+        tail = LogTail(sim.home / "jobs" / console.job_id / "output.log")
+
+        time.sleep(min(10.0, steady))  # the first beats and lines settle
+        tail.delays.reset()
+        before = cpu_seconds(launcher.pid)
+        time.sleep(steady)
+        result.steady_cpu_per_min_s = (cpu_seconds(launcher.pid) - before) * 60 / steady
+        result.steady_rss_mb = status_mb(launcher.pid, "VmRSS")
+        result.steady_worst_delay_s = tail.delays.reset()[0]
+        result.node_mb = pss_mb(sim.processes()) / nodes
+        print(f"  steady: {result.steady_cpu_per_min_s:.2f} s CPU/min", flush=True)
+
+        sim.set_control(lines_per_second=FULL_RATE, beats_per_second=1)
+        time.sleep(2.0)  # every stand-in has read the new rate
+        tail.delays.reset()
+        console.delays.reset()
+        lines_before, before = tail.lines, cpu_seconds(launcher.pid)
+        time.sleep(full)
+        result.full_cpu_per_s = (cpu_seconds(launcher.pid) - before) / full
+        result.full_lines_per_s = (tail.lines - lines_before) / full
+        result.full_asked_lines_per_s = nodes * nproc * FULL_RATE
+        result.worst_delay_s = tail.delays.reset()[0]
+        result.worst_console_delay_s = console.delays.reset()[0]
+        print(
+            f"  full speed: {result.full_lines_per_s:.0f} lines/s taken, worst delay "
+            f"{result.worst_delay_s:.2f} s",
+            flush=True,
+        )
+
+        sim.set_control(lines_per_second=STEADY_RATE, beats_per_second=1)
+        time.sleep(5.0)  # the backlog drains
+        frozen = nodes // 2
+        sim.set_control(
+            lines_per_second=STEADY_RATE,
+            beats_per_second=1,
+            silent={"nodes": [frozen], "seconds": SILENT_FOR},
+        )
+        silent = sim.wait_events("silent", 1, timeout=30)
+        if not silent:
+            result.problems.append("the frozen node never went silent")
+            return result
+        noticed = wait_for(lambda: console.first(NOTICED, after=silent[0]), 60)
+        if noticed is None:
+            result.problems.append(f"sim{frozen} froze, and the launcher never noticed")
+            return result
+        result.notice_s = noticed[0] - silent[0]
+        result.peak_rss_mb = max(result.start_rss_mb, result.steady_rss_mb)
+        deadline = time.monotonic() + 600
+        while launcher.poll() is None:
+            try:  # the high-water mark, while the process is there to ask
+                result.peak_rss_mb = max(result.peak_rss_mb, status_mb(launcher.pid, "VmHWM"))
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                result.problems.append("the launcher did not end within 600 s of the lost node")
+                return result
+            time.sleep(0.2)
+        result.stop_s = time.time() - noticed[0]
+        left = wait_for(lambda: None if sim.processes() else True, 120)
+        result.gone_s = time.time() - noticed[0] if left else None
+        for _at, text in console.notes:
+            found = MISJUDGED.search(text)
+            if found and (found.group(1) or "") != f"sim{frozen}":
+                result.misjudged.append(text)
+        print(f"  sim{frozen} noticed after {result.notice_s:.1f} s", flush=True)
+        return result
+    finally:
+        if tail is not None:
+            tail.stop()
+        end(launcher, sim)
+        stderr.close()
+
+
+def wait_for(check, timeout: float):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = check()
+        if found:
+            return found
+        time.sleep(0.1)
+    return None
+
+
+def end(launcher: subprocess.Popen[bytes], sim: SimCluster) -> None:
+    """Whatever still runs after a measurement: the launcher, then the simulated nodes."""
+    if launcher.poll() is None:
+        launcher.send_signal(signal.SIGINT)
+        try:
+            launcher.wait(120)
+        except subprocess.TimeoutExpired:
+            launcher.kill()
+            launcher.wait()
+    for sig in (signal.SIGCONT, signal.SIGKILL):
+        for pid in sim.processes():
+            try:
+                os.kill(pid, sig)
+            except OSError:
+                pass
+
+
+# ---------------------------------------------------------------------------------------------
+# the report
+
+
+def per_node_ms(seconds: float, nodes: int) -> float:
+    return seconds * 1000 / nodes
+
+
+def steady_share(result: Result) -> float:
+    """Launcher CPU in steady running, as % of one core per 100 nodes."""
+    return result.steady_cpu_per_min_s / 60 * 100 / (result.nodes / 100)
+
+
+def table(results: list[Result]) -> str:
+    rows = [
+        ("start: wall s", lambda r: f"{r.start_s:.1f}"),
+        ("start: launcher CPU s", lambda r: f"{r.start_cpu_s:.2f}"),
+        ("start: CPU ms / node", lambda r: f"{per_node_ms(r.start_cpu_s, r.nodes):.1f}"),
+        ("start: peak RSS MB", lambda r: f"{r.start_rss_mb:.0f}"),
+        ("steady: CPU s / min", lambda r: f"{r.steady_cpu_per_min_s:.2f}"),
+        ("steady: % core / 100 nodes", lambda r: f"{steady_share(r):.2f}"),
+        ("steady: RSS MB", lambda r: f"{r.steady_rss_mb:.0f}"),
+        ("steady: RSS KB / node", lambda r: f"{r.steady_rss_mb * 1024 / r.nodes:.0f}"),
+        ("steady: worst delay s", lambda r: f"{r.steady_worst_delay_s:.2f}"),
+        ("full: lines/s asked", lambda r: f"{r.full_asked_lines_per_s:.0f}"),
+        ("full: lines/s taken", lambda r: f"{r.full_lines_per_s:.0f}"),
+        ("full: launcher % core", lambda r: f"{r.full_cpu_per_s * 100:.0f}"),
+        ("full: CPU us / line", lambda r: f"{cpu_per_line_us(r):.0f}"),
+        ("full: worst delay s", lambda r: f"{r.worst_delay_s:.2f}"),
+        ("full: worst console delay s", lambda r: f"{r.worst_console_delay_s:.2f}"),
+        ("silent node noticed after s", lambda r: _maybe(r.notice_s)),
+        ("then launcher done after s", lambda r: _maybe(r.stop_s)),
+        ("then nodes all gone after s", lambda r: _maybe(r.gone_s)),
+        ("launcher peak RSS MB", lambda r: f"{r.peak_rss_mb:.0f}"),
+        ("simulated node MB (PSS)", lambda r: f"{r.node_mb:.1f}"),
+        ("misjudged", lambda r: str(len(r.misjudged))),
+    ]
+    width = max(len(name) for name, _ in rows)
+    lines = [
+        f"{'nodes x ranks'.ljust(width)}  "
+        + "  ".join(f"{r.nodes}x{r.nproc}".rjust(9) for r in results)
+    ]
+    for name, value in rows:
+        lines.append(f"{name.ljust(width)}  " + "  ".join(value(r).rjust(9) for r in results))
+    return "\n".join(lines)
+
+
+def cpu_per_line_us(result: Result) -> float:
+    if not result.full_lines_per_s:
+        return 0.0
+    return result.full_cpu_per_s / result.full_lines_per_s * 1e6
+
+
+def _maybe(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
+def ratios(small: Result, large: Result) -> list[str]:
+    def ratio(a: float, b: float) -> str:
+        return f"{b / a:.2f}" if a else "-"
+
+    growth = large.nodes / small.nodes
+    return [
+        f"growth from {small.nodes} to {large.nodes} nodes (x{growth:g} nodes):",
+        f"  start wall time               x{ratio(small.start_s, large.start_s)}",
+        f"  start launcher CPU            x{ratio(small.start_cpu_s, large.start_cpu_s)}",
+        "  start CPU per node            "
+        f"x{ratio(small.start_cpu_s / small.nodes, large.start_cpu_s / large.nodes)}",
+        f"  steady CPU                    "
+        f"x{ratio(small.steady_cpu_per_min_s, large.steady_cpu_per_min_s)}",
+        f"  launcher RSS (steady)         x{ratio(small.steady_rss_mb, large.steady_rss_mb)}",
+        f"  worst delay (full speed)      x{ratio(small.worst_delay_s, large.worst_delay_s)}",
+        f"  silent node noticed after     x{ratio(small.notice_s or 0, large.notice_s or 0)}",
+        f"  launcher done after           x{ratio(small.stop_s or 0, large.stop_s or 0)}",
+    ]
+
+
+def targets(results: list[Result]) -> list[str]:
+    def verdict(ok: bool) -> str:
+        return "met" if ok else "NOT met"
+
+    lines = ["targets:"]
+    for r in results:
+        per_node = per_node_ms(r.start_cpu_s, r.nodes)
+        lines.append(
+            f"  {r.nodes:>5} nodes: start CPU {per_node:.1f} ms/node (<= {START_TARGET_MS:g}): "
+            f"{verdict(per_node <= START_TARGET_MS)}; steady {steady_share(r):.2f} % core/100 "
+            f"nodes (<= {STEADY_TARGET}): {verdict(steady_share(r) <= STEADY_TARGET)}"
+        )
+    small, large = results[0], results[-1]
+    launcher_bound = small.start_s + large.start_cpu_s - small.start_cpu_s
+    lines.append(
+        f"  start of {large.nodes} vs {small.nodes}, agent start excluded: "
+        f"{launcher_bound:.1f} s vs {small.start_s:.1f} s, ratio "
+        f"{launcher_bound / small.start_s:.2f} (<= {START_RATIO_TARGET:g}): "
+        f"{verdict(launcher_bound <= START_RATIO_TARGET * small.start_s)}"
+        f"  (as measured here, wall: {large.start_s:.1f} s)"
+    )
+    for r in results:
+        fed = r.full_lines_per_s >= 0.9 * r.full_asked_lines_per_s
+        note = (
+            ""
+            if fed
+            else f" (only {r.full_lines_per_s:.0f} of {r.full_asked_lines_per_s:.0f} lines/s "
+            "reached it)"
+        )
+        lines.append(
+            f"  {r.nodes:>5} nodes: worst delay at {FULL_RATE:g} lines/s per rank "
+            f"{r.worst_delay_s:.2f} s (<= {DELAY_TARGET:g}): "
+            f"{verdict(r.worst_delay_s <= DELAY_TARGET and fed)}{note}"
+        )
+    misjudged = [(r.nodes, text) for r in results for text in r.misjudged]
+    lines.append(
+        f"  no node loss misjudged at any N: {verdict(not misjudged)}"
+        + "".join(f"\n    {n} nodes: {text}" for n, text in misjudged)
+    )
+    return lines
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--nodes", default="10,100,300,1000", help="node counts, comma-separated")
+    parser.add_argument("--nproc", type=int, default=8, help="ranks per node")
+    parser.add_argument("--steady", type=float, default=60.0, help="seconds of steady running")
+    parser.add_argument("--full", type=float, default=20.0, help="seconds at full speed")
+    parser.add_argument("--json", type=Path, default=None, help="also write the results here")
+    args = parser.parse_args()
+    counts = [int(n) for n in args.nodes.split(",")]
+    results: list[Result] = []
+    node_mb = NODE_MB_GUESS
+    with tempfile.TemporaryDirectory(prefix="herd-scale-") as scratch:
+        for nodes in counts:
+            need = nodes * node_mb * 1.2 + RESERVE_MB
+            free = available_mb()
+            if need > free:
+                print(
+                    f"{nodes} nodes: skipped: they need about {need / 1024:.1f} GiB "
+                    f"({node_mb:.0f} MB per simulated node), {free / 1024:.1f} GiB available",
+                    flush=True,
+                )
+                continue
+            print(f"{nodes} nodes x {args.nproc} ranks:", flush=True)
+            result = measure(nodes, args.nproc, args.steady, args.full, Path(scratch))
+            for problem in result.problems:
+                print(f"  problem: {problem}", flush=True)
+            if result.node_mb:
+                node_mb = max(node_mb * 0.5, result.node_mb)
+            if not result.problems:
+                results.append(result)
+    if not results:
+        print("no measurement")
+        return 1
+    print()
+    print(table(results))
+    if len(results) > 1:
+        print()
+        print("\n".join(ratios(results[0], results[-1])))
+    print()
+    print("\n".join(targets(results)))
+    if args.json:
+        args.json.write_text(json.dumps([asdict(r) for r in results], indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
