@@ -33,7 +33,11 @@ Memory: every simulated node is an agent, a stand-in and NPROC sleeping workers 
 per node); an N that does not fit in the memory available now is skipped, with the reason.
 
     python bench/scale.py [--nodes 10,100,300,1000] [--nproc 8] [--steady 60] [--full 20]
-                          [--json FILE]
+                          [--json FILE] [--profile DIR]
+
+With --profile, py-spy samples the launcher during the start and the full-speed phases (raw
+stacks in DIR) and the bench prints where its CPU went: the functions with the most samples,
+as CPU ms per node (start) and CPU us per line (full speed).
 """
 
 from __future__ import annotations
@@ -97,6 +101,7 @@ class Result:
     node_mb: float = 0.0
     misjudged: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
+    profile: list[str] = field(default_factory=list)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -236,10 +241,78 @@ class LogTail:
 
 
 # ---------------------------------------------------------------------------------------------
+# where the launcher's CPU goes (py-spy)
+
+
+class Profiler:
+    """py-spy recording one process until stopped; raw stacks (``frame;frame;... count``)."""
+
+    def __init__(self, pid: int, path: Path) -> None:
+        self.path = path
+        argv = ["py-spy", "record", "--pid", str(pid), "--format", "raw", "--output", str(path)]
+        argv += ["--rate", "200", "--nolineno", "--nonblocking"]
+        for _ in range(50):  # a process that just started is not Python yet for py-spy
+            self.process = subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            )
+            try:
+                self.process.wait(0.3)
+            except subprocess.TimeoutExpired:
+                return  # it is sampling
+
+    def stop(self) -> Path:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGINT)  # py-spy writes what it has, then exits
+        try:
+            self.process.wait(60)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+        return self.path
+
+
+def hot_spots(path: Path, cpu_seconds: float, per: float, unit: str, top: int = 14) -> list[str]:
+    """The functions with the most samples: self and inclusive, as CPU per ``unit``."""
+    own: dict[str, int] = {}
+    within: dict[str, int] = {}
+    total = 0
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return [f"  (no profile in {path})"]
+    for line in text.splitlines():
+        stack, _, count_text = line.rpartition(" ")
+        if not count_text.isdigit():
+            continue
+        count = int(count_text)
+        frames = [f for f in stack.split(";") if f and not f.startswith("process ")]
+        if not frames:
+            continue
+        total += count
+        own[frames[-1]] = own.get(frames[-1], 0) + count
+        for frame in set(frames):
+            within[frame] = within.get(frame, 0) + count
+    if not total:
+        return ["  (no samples)"]
+    scale = cpu_seconds / total / per
+    factor = 1e6 if unit == "line" else 1e3
+    name = "us" if unit == "line" else "ms"
+    lines = [f"  self ({name} of launcher CPU per {unit}; {total} samples):"]
+    for frame, count in sorted(own.items(), key=lambda item: -item[1])[:top]:
+        lines.append(f"    {count * scale * factor:8.2f}  {count * 100 / total:5.1f} %  {frame}")
+    lines.append(f"  inclusive, herd's own functions ({name} per {unit}):")
+    ours = [(f, c) for f, c in within.items() if "torchherd" in f or "simcluster" in f]
+    for frame, count in sorted(ours, key=lambda item: -item[1])[:top]:
+        lines.append(f"    {count * scale * factor:8.2f}  {count * 100 / total:5.1f} %  {frame}")
+    return lines
+
+
+# ---------------------------------------------------------------------------------------------
 # one N
 
 
-def measure(nodes: int, nproc: int, steady: float, full: float, scratch: Path) -> Result:
+def measure(
+    nodes: int, nproc: int, steady: float, full: float, scratch: Path, profile: Path | None
+) -> Result:
     result = Result(nodes, nproc)
     sim = SimCluster(scratch / f"sim{nodes}", nodes, nproc).build(
         lines_per_second=STEADY_RATE, beats_per_second=1
@@ -257,6 +330,7 @@ def measure(nodes: int, nproc: int, steady: float, full: float, scratch: Path) -
     )
     assert launcher.stdout is not None
     console = Console(launcher.stdout.fileno())
+    profiler = Profiler(launcher.pid, profile / f"start-{nodes}.txt") if profile else None
     tail: LogTail | None = None
     try:
         running = sim.wait_events("run", nodes, timeout=120 + nodes * 1.0)
@@ -266,6 +340,9 @@ def measure(nodes: int, nproc: int, steady: float, full: float, scratch: Path) -
         result.start_s = running[-1] - started
         result.start_cpu_s = cpu_seconds(launcher.pid)
         result.start_rss_mb = status_mb(launcher.pid, "VmHWM")
+        if profiler is not None:
+            result.profile += [f"start, {nodes} nodes:"]
+            result.profile += hot_spots(profiler.stop(), result.start_cpu_s, nodes, "node")
         print(f"  {nodes} nodes running after {result.start_s:.1f} s", flush=True)
         assert console.job_id is not None, console.notes
         tail = LogTail(sim.home / "jobs" / console.job_id / "output.log")
@@ -285,9 +362,18 @@ def measure(nodes: int, nproc: int, steady: float, full: float, scratch: Path) -
         tail.delays.reset()
         console.delays.reset()
         lines_before, before = tail.lines, cpu_seconds(launcher.pid)
+        profiler = Profiler(launcher.pid, profile / f"full-{nodes}.txt") if profile else None
         time.sleep(full)
         result.full_cpu_per_s = (cpu_seconds(launcher.pid) - before) / full
         result.full_lines_per_s = (tail.lines - lines_before) / full
+        if profiler is not None:
+            result.profile += [f"full speed, {nodes} nodes:"]
+            result.profile += hot_spots(
+                profiler.stop(),
+                result.full_cpu_per_s * full,
+                result.full_lines_per_s * full,
+                "line",
+            )
         result.full_asked_lines_per_s = nodes * nproc * FULL_RATE
         result.worst_delay_s = tail.delays.reset()[0]
         result.worst_console_delay_s = console.delays.reset()[0]
@@ -494,6 +580,9 @@ def main() -> int:
     parser.add_argument("--steady", type=float, default=60.0, help="seconds of steady running")
     parser.add_argument("--full", type=float, default=20.0, help="seconds at full speed")
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
+    parser.add_argument(
+        "--profile", type=Path, default=None, help="sample the launcher with py-spy, stacks here"
+    )
     args = parser.parse_args()
     counts = [int(n) for n in args.nodes.split(",")]
     results: list[Result] = []
@@ -510,7 +599,9 @@ def main() -> int:
                 )
                 continue
             print(f"{nodes} nodes x {args.nproc} ranks:", flush=True)
-            result = measure(nodes, args.nproc, args.steady, args.full, Path(scratch))
+            if args.profile:
+                args.profile.mkdir(parents=True, exist_ok=True)
+            result = measure(nodes, args.nproc, args.steady, args.full, Path(scratch), args.profile)
             for problem in result.problems:
                 print(f"  problem: {problem}", flush=True)
             if result.node_mb:
@@ -527,6 +618,10 @@ def main() -> int:
         print("\n".join(ratios(results[0], results[-1])))
     print()
     print("\n".join(targets(results)))
+    for result in results:
+        if result.profile:
+            print()
+            print("\n".join(result.profile))
     if args.json:
         args.json.write_text(json.dumps([asdict(r) for r in results], indent=2))
     return 0
