@@ -187,6 +187,9 @@ def main() -> int:
             nodes=[{"host": n.name, "nproc": 1} for n in bed.nodes],
             workdir=str(SCRIPTS),
             env={"HERD_HOME": str(home)},
+            # N nodes' probes share this machine's 2 cores: give them time (a replan's probe
+            # waits connect_timeout + 5 s).
+            connect_timeout=30,
         )
         for phase in args.phases.split(","):
             print(f"{phase} on {args.nodes} nodes...", flush=True)
