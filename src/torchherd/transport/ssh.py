@@ -242,7 +242,8 @@ class SshTransport(Transport):
 
     def master_pids(self) -> list[int]:
         """This transport's masters: the processes of this user whose command line names its
-        private control directory (no `ssh -O` per node: one look at /proc for all)."""
+        private control directory (no `ssh -O check` per node: one look at /proc for all; the
+        control socket cannot say, its listener's pid is the ssh that forked the master)."""
         marker = f"ControlPath={self._control_dir}/".encode()
         uid = os.getuid()
         found = []
@@ -250,11 +251,11 @@ class SshTransport(Transport):
             if not entry.isdigit():
                 continue
             try:
-                if os.stat(f"/proc/{entry}").st_uid != uid:
-                    continue
                 with open(f"/proc/{entry}/cmdline", "rb") as handle:
-                    if marker in handle.read():
-                        found.append(int(entry))
+                    if marker not in handle.read():
+                        continue
+                if os.stat(f"/proc/{entry}").st_uid == uid:
+                    found.append(int(entry))
             except OSError:
                 continue  # gone meanwhile
         return found
