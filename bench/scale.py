@@ -46,6 +46,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -314,7 +315,10 @@ def measure(
     nodes: int, nproc: int, steady: float, full: float, scratch: Path, profile: Path | None
 ) -> Result:
     result = Result(nodes, nproc)
-    sim = SimCluster(scratch / f"sim{nodes}", nodes, nproc).build(
+    # The nodes' files (beats every second from every rank) on a tmpfs: they are other
+    # machines' disks, and must not slow the launcher's own.
+    node_home = Path(tempfile.mkdtemp(prefix="herd-scale-nodes-", dir="/dev/shm"))
+    sim = SimCluster(scratch / f"sim{nodes}", nodes, nproc, node_home).build(
         lines_per_second=STEADY_RATE, beats_per_second=1
     )
     env = dict(os.environ, HERD_HOME=str(sim.home), PYTHONPATH=f"{REPO / 'src'}:{REPO}")
@@ -425,6 +429,12 @@ def measure(
             tail.stop()
         end(launcher, sim)
         stderr.close()
+        shutil.rmtree(node_home, ignore_errors=True)
+        if result.problems:  # what the launcher said, to know why
+            said = [text for _, text in console.notes if not re.match(r"\s+sim\d+\s+\w+$", text)]
+            result.problems += [f"launcher said: {text}" for text in said[-30:]]
+            errors = (sim.root / "launcher.err").read_text(errors="replace").strip()
+            result.problems += [f"launcher stderr: {line}" for line in errors.splitlines()[-20:]]
 
 
 def wait_for(check, timeout: float):  # type: ignore[no-untyped-def]

@@ -6,13 +6,16 @@ A simulated cluster is a directory:
                        (standin.py) for ``-m torchherd.agent.elastic`` and the real
                        interpreter for everything else (probe, agent, verbs)
     work/simjob.py     the job's script (the stand-in reads its arguments; nothing runs it)
-    home/              HERD_HOME: job records on the launcher, node directories on the nodes
+    home/              the launcher's HERD_HOME: job records, the job's logs
+    node-home/         the nodes' HERD_HOME: node directories, beat files (or elsewhere: a
+                       tmpfs keeps the nodes' writes off the launcher's disk)
     control.json       what the ranks do now (see standin.py); change it while the job runs
     events             what the stand-ins did: ``run|silent|exit NODE [CODE] WALLTIME``
     cluster.json       how it was built, for the launcher (launcher.py)
 
 Every node is planned and checked as a node of a cluster reached over the network (rendezvous
-on the first, explicit addresses: this machine's own), and reached through SimulatedHosts.
+on the first, explicit addresses: this machine's own), and reached through SimulatedHosts. The
+nodes' processes run at a lower CPU priority than the launcher (see SHIM).
 """
 
 from __future__ import annotations
@@ -40,10 +43,16 @@ SHIM = """#!/bin/sh
 {var}={index}; {root_var}={root}; export {var} {root_var}
 if [ "$1" = "-m" ] && [ "$2" = "torchherd.agent.elastic" ]; then
     shift 2
-    exec {python} -S {standin} "$@"
+    exec nice -n {standin_nice} {python} -S {standin} "$@"
 fi
-exec {python} "$@"
+exec nice -n {agent_nice} {python} "$@"
 """
+# CPU priorities of what the nodes run. On this one machine they stand for N machines, each of
+# which would have cores of its own: herd's agents keep the launcher's priority, the stand-ins
+# (the workload, which would run on the nodes' other cores) get the lowest, so that they do
+# not starve the agents' and the launcher's heartbeats.
+AGENT_NICE = 0
+STANDIN_NICE = 19
 
 JOB_SCRIPT = '''"""The simulated cluster's job: torchrun's stand-in reads its arguments."""
 '''
@@ -64,6 +73,8 @@ class SimCluster:
     root: Path
     nodes: int
     nproc: int = 8
+    node_home: Path | None = None
+    """The nodes' HERD_HOME; default: ROOT/node-home."""
 
     @property
     def control_file(self) -> Path:
@@ -76,6 +87,10 @@ class SimCluster:
     @property
     def home(self) -> Path:
         return self.root / "home"
+
+    @property
+    def nodes_home(self) -> Path:
+        return self.node_home or self.root / "node-home"
 
     @property
     def workdir(self) -> Path:
@@ -99,22 +114,30 @@ class SimCluster:
                     root=shlex.quote(str(self.root)),
                     python=shlex.quote(sys.executable),
                     standin=shlex.quote(str(STANDIN)),
+                    agent_nice=AGENT_NICE,
+                    standin_nice=STANDIN_NICE,
                 )
             )
             shim.chmod(0o755)
         self.workdir.mkdir(parents=True, exist_ok=True)
         (self.workdir / "simjob.py").write_text(JOB_SCRIPT)
         self.home.mkdir(exist_ok=True)
+        self.nodes_home.mkdir(parents=True, exist_ok=True)
         self.events_file.touch()
         self.set_control(**({"lines_per_second": 1, "beats_per_second": 1} | control))
-        description = {"nodes": self.nodes, "nproc": self.nproc, "addr": this_machine_address()}
+        description = {
+            "nodes": self.nodes,
+            "nproc": self.nproc,
+            "addr": this_machine_address(),
+            "node_home": str(self.nodes_home),
+        }
         (self.root / "cluster.json").write_text(json.dumps(description))
         return self
 
     @classmethod
     def open(cls, root: Path) -> SimCluster:
         description = json.loads((root / "cluster.json").read_text())
-        return cls(root, description["nodes"], description["nproc"])
+        return cls(root, description["nodes"], description["nproc"], Path(description["node_home"]))
 
     def spec(self) -> ClusterSpec:
         addr = json.loads((self.root / "cluster.json").read_text())["addr"]
@@ -125,7 +148,7 @@ class SimCluster:
         return ClusterSpec(
             nodes=nodes,
             workdir=str(self.workdir),
-            env={"HERD_HOME": str(self.home)},
+            env={"HERD_HOME": str(self.nodes_home)},
             # The nodes share this machine's address; it may be a public one.
             allow_public_rendezvous=True,
             source=f"simulated cluster {self.root}",
