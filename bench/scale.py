@@ -737,7 +737,7 @@ def main() -> int:
     node_mb = NODE_MB_GUESS
     with tempfile.TemporaryDirectory(prefix="herd-scale-") as scratch:
         for nodes in counts:
-            need = nodes * node_mb * 1.2 + RESERVE_MB
+            need = nodes * node_mb * 1.1 + RESERVE_MB
             free = available_mb()
             if need > free:
                 print(
