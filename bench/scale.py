@@ -7,7 +7,8 @@ and the bench measures that process alone (its own CPU time and peak RSS from /p
 agents are its children and are not counted):
 
   start      command -> every node's torchrun (stand-in) running: wall time, launcher CPU
-  steady     every rank printing 1 line/s and beating once a second: launcher CPU per minute
+  steady     every rank printing 1 line/s and beating once a second (--steady-lines,
+             --steady-beats): launcher CPU per minute
   full       every rank printing 10 lines/s: launcher CPU, lines the launcher took per second,
              and the worst line delay (a line's time stamp -> the launcher writing it to the
              job's output.log; the agents' heartbeats travel in the same stream, so they are
@@ -39,7 +40,8 @@ Memory: every simulated node is an agent, a stand-in and NPROC sleeping workers 
 per node); an N that does not fit in the memory available now is skipped, with the reason.
 
     python bench/scale.py [--nodes 10,100,300,1000] [--nproc 8] [--steady 60] [--full 20]
-                          [--full-max-nodes 100] [--json FILE] [--profile DIR]
+                          [--full-max-nodes 100] [--steady-lines 1] [--steady-beats 1]
+                          [--json FILE] [--profile DIR]
 
 With --profile, py-spy samples the launcher during the start and the full-speed phases (raw
 stacks in DIR) and the bench prints where its CPU went: the functions with the most samples,
@@ -73,7 +75,8 @@ STEADY_TARGET = 0.5  # % of a core per 100 nodes
 START_RATIO_TARGET = 2.0
 DELAY_TARGET = 1.0
 FULL_RATE = 10.0
-STEADY_RATE = 1.0
+# What every rank does in steady running (set from --steady-lines and --steady-beats).
+STEADY: dict[str, float] = {"lines_per_second": 1.0, "beats_per_second": 1.0}
 SILENT_FOR = 20.0  # longer than herd's 10 s of silence, so the node is called lost
 # Memory a simulated node takes until measured (agent ~10 MB, stand-in ~4, workers ~2), and
 # what is left free for everything else on the machine.
@@ -406,9 +409,7 @@ def measure(
     # The nodes' files (beats every second from every rank) on a tmpfs: they are other
     # machines' disks, and must not slow the launcher's own.
     node_home = Path(tempfile.mkdtemp(prefix="herd-scale-nodes-", dir="/dev/shm"))
-    sim = SimCluster(scratch / f"sim{nodes}", nodes, nproc, node_home).build(
-        lines_per_second=STEADY_RATE, beats_per_second=1
-    )
+    sim = SimCluster(scratch / f"sim{nodes}", nodes, nproc, node_home).build(**STEADY)
     run = Run(sim, profile)
     try:
         profiler = Profiler(run.pid, profile / f"start-{nodes}.txt") if profile else None
@@ -457,7 +458,7 @@ def steady_phase(run: Run, result: Result, seconds: float) -> None:
 
 def full_phase(run: Run, result: Result, seconds: float, profile: Path | None) -> None:
     assert run.tail is not None
-    run.sim.set_control(lines_per_second=FULL_RATE, beats_per_second=1)
+    run.sim.set_control(**(STEADY | {"lines_per_second": FULL_RATE}))
     time.sleep(2.0)  # every stand-in has read the new rate
     run.tail.delays.reset()
     run.console.delays.reset()
@@ -488,18 +489,14 @@ def full_phase(run: Run, result: Result, seconds: float, profile: Path | None) -
         f"lines/s taken, worst delay {result.worst_delay_s:.2f} s",
         flush=True,
     )
-    run.sim.set_control(lines_per_second=STEADY_RATE, beats_per_second=1)
+    run.sim.set_control(**STEADY)
     time.sleep(5.0)  # the backlog drains
 
 
 def silent_phase(run: Run, result: Result) -> None:
     """One node freezes: until the launcher says so, then until it has stopped everything."""
     frozen = result.nodes // 2
-    run.sim.set_control(
-        lines_per_second=STEADY_RATE,
-        beats_per_second=1,
-        silent={"nodes": [frozen], "seconds": SILENT_FOR},
-    )
+    run.sim.set_control(**STEADY, silent={"nodes": [frozen], "seconds": SILENT_FOR})
     silent = [at for kind, node, at, _ in run.sim.events()[run.events_before :] if kind == "silent"]
     deadline = time.monotonic() + 30
     while not silent and time.monotonic() < deadline:
@@ -722,6 +719,12 @@ def main() -> int:
     parser.add_argument("--steady", type=float, default=60.0, help="seconds of steady running")
     parser.add_argument("--full", type=float, default=20.0, help="seconds at full speed")
     parser.add_argument(
+        "--steady-lines", type=float, default=1.0, help="lines per second per rank, steady"
+    )
+    parser.add_argument(
+        "--steady-beats", type=float, default=1.0, help="step beats per second per rank, steady"
+    )
+    parser.add_argument(
         "--full-max-nodes",
         type=int,
         default=100,
@@ -732,6 +735,7 @@ def main() -> int:
         "--profile", type=Path, default=None, help="sample the launcher with py-spy, stacks here"
     )
     args = parser.parse_args()
+    STEADY.update(lines_per_second=args.steady_lines, beats_per_second=args.steady_beats)
     counts = [int(n) for n in args.nodes.split(",")]
     results: list[Result] = []
     node_mb = NODE_MB_GUESS

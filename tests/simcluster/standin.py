@@ -54,7 +54,9 @@ NODE_INDEX_VAR = "SIMCLUSTER_NODE_INDEX"
 NO_ERROR_FILE = "To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html"
 # torchrun's own stop: SIGTERM to the workers, SIGKILL after this many seconds.
 STOP_GRACE = 5.0
-TICK = 0.1
+# Seconds between the ranks' lines and beats: short at high rates, long at low ones, so that a
+# thousand idle stand-ins on one machine do not take its cores by waking up.
+FAST_TICK, SLOW_TICK = 0.1, 0.5
 LOOK_EVERY = 0.5
 MAX_BEATS_PER_SECOND = 2.0  # torchherd.progress.beat writes at most twice a second
 
@@ -314,7 +316,8 @@ class StandIn:
         started = last = time.monotonic()
         code = 0
         while True:
-            time.sleep(TICK)
+            fast = float(self.control.value("lines_per_second", 1.0)) > 1 / SLOW_TICK
+            time.sleep(FAST_TICK if fast else SLOW_TICK)
             now = time.monotonic()
             if self.stop_signal is not None:
                 self.stop_workers()
