@@ -600,6 +600,7 @@ def table(results: list[Result]) -> str:
         ("launcher peak RSS MB", lambda r: f"{r.peak_rss_mb:.0f}"),
         ("simulated node MB (PSS)", lambda r: f"{r.node_mb:.1f}"),
         ("misjudged", lambda r: str(len(r.misjudged))),
+        ("measured in full", lambda r: "no" if r.problems else "yes"),
         ("called lost while stopping", lambda r: str(r.lost_while_stopping)),
     ]
     width = max(len(name) for name, _ in rows)
@@ -755,11 +756,11 @@ def main() -> int:
                 args.profile.mkdir(parents=True, exist_ok=True)
             full = args.full if nodes <= args.full_max_nodes else None
             result = measure(nodes, args.nproc, args.steady, full, Path(scratch), args.profile)
-            for problem in result.problems:
+            for problem in result.problems[:12]:
                 print(f"  problem: {problem}", flush=True)
             if result.node_mb:
                 node_mb = max(node_mb * 0.5, result.node_mb)
-            if not result.problems:
+            if result.start_s:  # what was measured counts, the rest shows as "-"
                 results.append(result)
     if not results:
         print("no measurement")
