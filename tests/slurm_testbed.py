@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -306,6 +307,16 @@ class SlurmCluster:
                 return state
             time.sleep(1)
         raise TimeoutError(f"job {job_id} still {state or 'unknown'} after {timeout:g} s")
+
+    def steps_launched(self, job_id: str) -> dict[str, set[str]]:
+        """The job's steps as the nodes' slurmd logged them: step id -> the nodes it ran on."""
+        steps: dict[str, set[str]] = {}
+        for node in self.bed.nodes:
+            with contextlib.suppress(OSError):
+                text = (self.tmp / "log" / f"slurmd.{node.name}.log").read_text(errors="replace")
+                for step in re.findall(rf"launch task StepId={re.escape(job_id)}\.(\w+) ", text):
+                    steps.setdefault(step, set()).add(node.name)
+        return steps
 
     def job_field(self, job_id: str, name: str) -> str:
         proc = self.run(["scontrol", "show", "job", "-o", job_id])

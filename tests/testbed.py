@@ -281,6 +281,22 @@ def _sshd_binary() -> str | None:
     return str(Path(found).resolve()) if found else None
 
 
+def _make_neighbour_room(nodes: int) -> None:
+    """Raise the kernel's ARP table limits where a full mesh of ``nodes`` needs it (never lower).
+
+    The table is shared by every network namespace: Gloo connects every pair of nodes, so N
+    nodes hold about N*(N-1) entries, past the default limit of 1024 from 32 nodes on; the
+    kernel then says "neighbour: arp_cache: neighbor table overflow!" and connections fail
+    with "No route to host".
+    """
+    need = 2 * nodes * nodes + 1024
+    for name, value in (("gc_thresh3", need), ("gc_thresh2", need // 2)):
+        path = Path("/proc/sys/net/ipv4/neigh/default") / name
+        with contextlib.suppress(OSError, ValueError):
+            if int(path.read_text()) < value:
+                path.write_text(f"{value}\n")
+
+
 def _toml_key(key: str) -> str:
     return key if re.fullmatch(r"[A-Za-z0-9_-]+", key) else _toml_str(key)
 
@@ -412,6 +428,7 @@ class Testbed:
             atexit.unregister(self.close)
 
     def _build(self) -> None:
+        _make_neighbour_room(self._count)
         self.tmp = Path(tempfile.mkdtemp(prefix=f"{_TMP_PREFIX}{self.tag}-"))
         self.subnet = self._pick_subnet()
         hosts = list(self.subnet.hosts())

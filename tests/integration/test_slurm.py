@@ -1,7 +1,8 @@
 """herd inside a real Slurm (Debian's slurmctld/slurmd/munge over the namespace testbed).
 
 The batch script runs on the first node only; `herd launch` there must find the allocation,
-start exactly one agent per node through srun and run the job on all of them.
+start exactly one agent per node and run the job on all of them, asking slurmctld for one job
+step across the allocation for the probe and one for the agents, not one per node.
 """
 
 from __future__ import annotations
@@ -131,6 +132,12 @@ def test_salloc_interactive_run(slurm: SlurmCluster, tmp_path: Path) -> None:
     assert "herd: Slurm job" in done.stderr
     assert_three_ranks(done.stdout)
     nothing_left(slurm, herd_job_id(done.stdout))
+    # One step for the probe and one for the agents, each a task on every node (one srun per
+    # node would make six steps of one node each).
+    job = re.search(r"Granted job allocation (\d+)", done.stderr)
+    assert job, done.stderr
+    steps = slurm.steps_launched(job.group(1))
+    assert sorted(steps.values(), key=sorted) == [{"node1", "node2", "node3"}] * 2, steps
 
 
 def herd_cli(

@@ -1,8 +1,10 @@
 """The user's StrictHostKeyChecking: read from real `ssh -G` output, kept unless it is ssh's
-default; an unknown key under `yes` is named as such (recorded OpenSSH 9.x words)."""
+default, and only asked once learned is needed; an unknown key under `yes` is named as such
+(recorded OpenSSH 9.x words)."""
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 from pathlib import Path
 
@@ -41,8 +43,17 @@ def test_the_policy_asks_ssh_once_per_node(tmp_path: Path) -> None:
     ssh = shutil.which("ssh")
     assert ssh is not None
     policy = HostKeyPolicy([ssh, "-F", str(config)])
+    # Not learned yet: nothing is passed, so the user's own config applies as it is.
+    assert policy.option("plain") == {} and not policy.learned("plain")
+
+    async def learn_all() -> None:
+        for host in ("strict", "new", "plain"):
+            await policy.learn(host)
+
+    asyncio.run(learn_all())
     assert policy.option("strict") == {}
     assert policy.option("new") == {}
     assert policy.option("plain") == {"StrictHostKeyChecking": "accept-new"}
     config.write_text("Host plain\n    StrictHostKeyChecking yes\n")
+    asyncio.run(policy.learn("plain"))
     assert policy.option("plain") == {"StrictHostKeyChecking": "accept-new"}  # remembered

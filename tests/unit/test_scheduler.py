@@ -1,14 +1,18 @@
 """Slurm/PBS pieces that need no scheduler: hostlists, nodefiles, job ids, detection, the
-environment that travels, srun's command line and the setup prelude."""
+environment that travels, srun's command lines (one step across the nodes for agent verbs, a
+step per node for the rest), how a step's words finish a node's command, and the setup
+prelude."""
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from torchherd.agent.relay import CANNOT_CONNECT
 from torchherd.errors import ConfigError, HerdError
 from torchherd.scheduler.detect import (
     Allocation,
@@ -26,7 +30,14 @@ from torchherd.scheduler.jobid import (
 )
 from torchherd.spec import ClusterSpec, NodeSpec, expand_nodelist, parse_cluster_toml
 from torchherd.transport.base import SETUP_FAILED_EXIT, remote_line, setup_failure
-from torchherd.transport.slurm import classify_srun_failure, cpus_per_node, srun_argv
+from torchherd.transport.relay import LINK_LOST, LINK_LOST_MARK, RelayedProcess, StepBatch
+from torchherd.transport.slurm import (
+    classify_srun_failure,
+    cpus_per_node,
+    relayed,
+    srun_argv,
+    step_argv,
+)
 
 
 @pytest.mark.parametrize(
@@ -208,6 +219,76 @@ def test_srun_failures_are_told_from_task_failures() -> None:
     assert found is not None and found.reason == "srun-error" and "a2" in found.remedy
     task = "srun: error: a2: task 0: Exited with exit code 1\n"
     assert classify_srun_failure("a2", 1, task) is None
+
+
+def test_agent_verbs_are_one_step_across_the_nodes() -> None:
+    assert relayed(["/venv/bin/python", "-m", "torchherd.agent", "run"])
+    assert relayed(("python3", "-m", "torchherd.agent", "probe"))
+    assert not relayed(["sh", "-c", "wrapper", "herd-exec"])
+    assert not relayed("python3 -m torchherd.agent run")  # a shell line: not one of ours
+    argv = step_argv("srun", "55", ["a1", "a2", "a3"], 4)
+    for option in (
+        "--jobid=55",
+        "--nodes=3",
+        "--ntasks=3",
+        "--ntasks-per-node=1",
+        "--nodelist=a1,a2,a3",
+        # One node's command ending (even badly) must not end the other nodes' commands.
+        "--kill-on-bad-exit=0",
+        "--wait=0",
+        "--cpus-per-task=4",
+        "--overlap",
+        "--label",
+        "--input=all",
+    ):
+        assert option in argv
+
+
+def test_a_task_that_never_connected_is_finished_from_the_steps_words() -> None:
+    # What srun prints (--label) when a node's python has no torchherd: the task's own line,
+    # labelled with its task id, then srun's line for the task's end.
+    words = (
+        "echo '1: /venv/bin/python: Error while finding module specification for "
+        "torchherd.agent.relay (ModuleNotFoundError: No module named torchherd)' >&2; "
+        "echo 'srun: error: a2: task 1: Exited with exit code 1' >&2; exit 1"
+    )
+
+    async def main() -> tuple[RelayedProcess, RelayedProcess]:
+        loop = asyncio.get_running_loop()
+        batch = StepBatch("1")
+        waiting, connected = RelayedProcess("a2", loop), RelayedProcess("a1", loop)
+        batch.add("a2", "a2", waiting)
+        batch.add("a1", "a1", connected)
+        connected.finish(0)  # its relay connected and its command ended well
+        batch.srun = await asyncio.create_subprocess_exec(
+            "sh", "-c", words, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+        )
+
+        class Server:
+            def forget(self, batch: str, node: str) -> None:
+                pass
+
+        await batch.watch(Server())  # type: ignore[arg-type]
+        return waiting, connected
+
+    waiting, connected = asyncio.run(main())
+    assert waiting.returncode == 1 and connected.returncode == 0
+    stderr = asyncio.run(_read_all(waiting))
+    assert "No module named torchherd" in stderr
+
+
+async def _read_all(process: RelayedProcess) -> str:
+    assert process.stderr is not None
+    return (await process.stderr.read()).decode()
+
+
+def test_relay_failures_are_unreachable_nodes() -> None:
+    dialled = f"{CANNOT_CONNECT}: 10.0.0.1:40000 (SLURM_LAUNCH_NODE_IPADDR): timed out\n"
+    found = classify_srun_failure("a2", 1, dialled)
+    assert found is not None and found.reason == "relay" and "TCP" in found.remedy
+    lost = classify_srun_failure("a2", LINK_LOST, f"{LINK_LOST_MARK} a2\n")
+    assert lost is not None and lost.reason == "link-lost"
+    assert classify_srun_failure("a2", 3, "Traceback ...\n") is None  # the command's own exit
 
 
 def test_setup_prelude_runs_in_the_shell_of_the_command(tmp_path: Path) -> None:

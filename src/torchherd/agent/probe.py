@@ -2,7 +2,9 @@
 
 The quick probe (what every launch runs) reads only cheap facts with the standard library:
 names, addresses, routes, versions from package metadata, a free port, and whether the job's
-script (or ``-m`` module) is there. It never imports torch.
+script (or ``-m`` module) is there. It never imports torch, nor importlib.metadata (which
+imports email, zipfile and more, and cost more than the rest of the probe): versions are read
+from the names of the installed distributions' metadata directories.
 With ``"full": true`` (herd doctor) it adds torch, CUDA, NCCL, GPUs, memory, disk and credential
 files from ``probe_full``, which imports torch only in a subprocess.
 """
@@ -12,11 +14,9 @@ from __future__ import annotations
 import errno
 import fcntl
 import importlib.machinery
-import importlib.metadata
 import importlib.util
 import ipaddress
 import os
-import random
 import shutil
 import socket
 import struct
@@ -152,6 +152,34 @@ def _ssh_server_addr() -> str | None:
 
 
 def _version(package: str) -> str | None:
+    """The version importlib.metadata.version would give (the first distribution of that name
+    on sys.path), from its ``NAME-VERSION.dist-info`` directory; importlib.metadata itself
+    only where no such directory tells (an egg, a custom finder)."""
+    wanted = _project(package)
+    for entry in sys.path:
+        try:
+            names = os.listdir(entry or ".")
+        except OSError:
+            continue
+        for name in names:
+            stem, _, kind = name.rpartition(".")
+            if kind not in ("dist-info", "egg-info"):
+                continue
+            project, _, version = stem.partition("-")
+            if _project(project) == wanted:
+                version = version.split("-")[0]  # an egg-info's "-pyX.Y" is not the version
+                return version or _metadata_version(package)
+    return _metadata_version(package)
+
+
+def _project(name: str) -> str:
+    """A project name as metadata directories may spell it (PEP 503 normalised)."""
+    return name.lower().replace("-", "_").replace(".", "_")
+
+
+def _metadata_version(package: str) -> str | None:
+    import importlib.metadata
+
     try:
         return importlib.metadata.version(package)
     except importlib.metadata.PackageNotFoundError:
@@ -264,7 +292,7 @@ def check_port(port: int) -> dict[str, Any]:
         return {"port": port, "free": _is_free(port)}
     candidates = list(range(*PORT_RANGE))
     # A random start makes two jobs launched at the same moment unlikely to pick the same port.
-    start = random.randrange(len(candidates))
+    start = int.from_bytes(os.urandom(4), "big") % len(candidates)
     for candidate in candidates[start:] + candidates[:start]:
         if _is_free(candidate):
             return {"port": candidate, "free": True}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import resource
 import shlex
 import time
 from abc import ABC, abstractmethod
@@ -17,6 +18,27 @@ T = TypeVar("T")
 # How many nodes are contacted at once. Hundreds of nodes are reached in waves of this size,
 # which keeps the launcher under typical file-descriptor and sshd MaxStartups limits.
 DEFAULT_FANOUT = 64
+# File descriptors the launcher may hold per node during a job: a link's pipes (stdin, stdout,
+# stderr) or socket, and the job's log files (one per rank), with room to spare.
+FDS_PER_NODE = 16
+FDS_BESIDES = 256
+
+
+def raise_fd_limit(nodes: int) -> int:
+    """Raise this process's soft limit on open files to what ``nodes`` nodes need, up to the
+    hard limit (the default soft limit, often 1024, ends a launch of a few hundred nodes with
+    "Too many open files"); never lowers it. Returns the soft limit now in force."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = FDS_BESIDES + FDS_PER_NODE * nodes
+    if hard != resource.RLIM_INFINITY:
+        want = min(want, hard)
+    if soft != resource.RLIM_INFINITY and soft < want:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+            soft = want
+        except (ValueError, OSError):
+            pass  # not allowed here: the launch goes on within the limit it has
+    return soft
 
 
 @dataclass(frozen=True)
@@ -144,6 +166,7 @@ class Transport(ABC):
     """Starts commands on the nodes of one cluster."""
 
     def __init__(self, cluster: ClusterSpec, fanout: int = DEFAULT_FANOUT) -> None:
+        raise_fd_limit(len(cluster.nodes))
         self.cluster = cluster
         self._fanout = asyncio.Semaphore(fanout) if fanout else None
         self.fanout_limit = fanout

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import re
 import shutil
 import signal
 import tempfile
@@ -17,7 +16,7 @@ from collections.abc import Mapping
 
 from ..errors import ConfigError
 from ..spec import ClusterSpec, NodeSpec
-from .base import Command, Transport, Unreachable, local_output
+from .base import Command, Transport, Unreachable
 from .host_keys import HostKeyPolicy
 
 # ssh's words for each way a connection fails, checked in this order; first match wins.
@@ -88,6 +87,7 @@ def classify_ssh_failure(
 
 
 def _alive(pid: int) -> bool:
+    """Whether the pid is still there (an exited master waits for init to reap it)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -95,6 +95,13 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def _signal(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def _kill_group(pgid: int) -> None:
@@ -152,10 +159,27 @@ class SshTransport(Transport):
         return argv
 
     async def connect(self, node: NodeSpec) -> Unreachable | None:
-        """Open this node's master connection: a real login, so failures say why."""
+        """Open this node's master connection: a real login, so failures say why.
+
+        The first try passes no StrictHostKeyChecking (a known key connects the same under
+        every setting); only a node refused for its host key makes herd learn the user's
+        setting, and try again with ``accept-new`` where that setting is ssh's default."""
         if node.host in self._masters:
             return None
-        await self._host_keys.learn(node.host)
+        failure = await self._open_master(node)
+        if (
+            failure is not None
+            and failure.reason in ("host-key-unknown", "host-key-changed")
+            and not self._host_keys.learned(node.host)
+        ):
+            await self._host_keys.learn(node.host)
+            if self._host_keys.option(node.host):
+                failure = await self._open_master(node)
+        if failure is None:
+            self._masters.add(node.host)
+        return failure
+
+    async def _open_master(self, node: NodeSpec) -> Unreachable | None:
         argv = self.base_argv(node, master=True) + ["-N", "-f", "-T", node.host]
         # -f backgrounds the master after authentication; its stdio must not be our pipes,
         # or a reader would wait for the master to exit. Errors come back through a file.
@@ -188,11 +212,7 @@ class SshTransport(Transport):
             errors.seek(0)
             stderr = errors.read().decode(errors="replace")
         if code != 0:
-            failure = classify_ssh_failure(
-                node.host, SSH_ERROR, stderr, self.cluster.connect_timeout
-            )
-            return failure
-        self._masters.add(node.host)
+            return classify_ssh_failure(node.host, SSH_ERROR, stderr, self.cluster.connect_timeout)
         return None
 
     async def start(
@@ -220,33 +240,39 @@ class SshTransport(Transport):
     def classify_failure(self, node: NodeSpec, returncode: int, stderr: str) -> Unreachable | None:
         return classify_ssh_failure(node.host, returncode, stderr, self.cluster.connect_timeout)
 
-    async def _control(self, host: str, operation: str) -> str:
-        """``ssh -O OPERATION`` to this host's master; its stderr ("" if it did not answer)."""
-        argv = self.base_argv(self.cluster.node(host)) + ["-O", operation, host]
-        err = await local_output(argv, 5, stderr=True)
-        return (err or b"").decode(errors="replace")
+    def master_pids(self) -> list[int]:
+        """This transport's masters: the processes of this user whose command line names its
+        private control directory (no `ssh -O check` per node: one look at /proc for all; the
+        control socket cannot say, its listener's pid is the ssh that forked the master)."""
+        marker = f"ControlPath={self._control_dir}/".encode()
+        uid = os.getuid()
+        found = []
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as handle:
+                    if marker not in handle.read():
+                        continue
+                if os.stat(f"/proc/{entry}").st_uid == uid:
+                    found.append(int(entry))
+            except OSError:
+                continue  # gone meanwhile
+        return found
 
     async def close(self) -> None:
-        """Ask every master to exit, then remove the private control directory."""
-
-        async def stop(host: str) -> None:
-            # `-O exit` returns once the master agreed to go, not once it is gone; the master
-            # (daemonised by -f, in a session of its own) is waited for by the pid `-O check`
-            # gives ("Master running (pid=N)"), so nothing herd started outlives herd.
-            found = re.search(r"pid=(\d+)", await self._control(host, "check"))
-            await self._control(host, "exit")
-            master = int(found.group(1)) if found else None
-            if master is None:
-                return
-            for _ in range(40):
-                if not _alive(master):
-                    return
-                await asyncio.sleep(0.05)
-            try:
-                os.kill(master, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-
-        await asyncio.gather(*(stop(host) for host in list(self._masters)))
+        """End every master (SIGTERM: it closes its connection and its socket), wait until
+        they are gone (SIGKILL after 2 s), then remove the private control directory, so
+        nothing herd started outlives herd."""
+        masters = self.master_pids() if self._masters else []
+        for pid in masters:
+            _signal(pid, signal.SIGTERM)
+        for _ in range(40):
+            masters = [pid for pid in masters if _alive(pid)]
+            if not masters:
+                break
+            await asyncio.sleep(0.05)
+        for pid in masters:
+            _signal(pid, signal.SIGKILL)
         self._masters.clear()
         shutil.rmtree(self._control_dir, ignore_errors=True)

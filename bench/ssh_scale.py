@@ -1,0 +1,251 @@
+"""Real nodes: what the launcher costs per node over real ssh, on the namespace testbed.
+
+N testbed nodes (real sshd each, one Gloo worker a node); the launcher is the `herd` command.
+Phases (each one run):
+
+  exec       herd exec -- true
+  launch     herd launch of a trivial job (every rank all-reduces once), to its end
+  interrupt  a long job, stopped with Ctrl-C (SIGINT) once every rank steps
+  lost       a long job with --max-restarts 1 --min-nodes N-1; once every rank steps, the last
+             node's link goes down: herd must go on without it and finish the job
+
+For each: wall time, and the launcher's CPU per node, as the launcher process alone (/proc) and
+with the ssh clients it started and waited for (wait4's rusage); the ssh masters detach after
+their handshake, which is counted (their parent did it), their later traffic is not. Target:
+<= 40 ms per node (launcher with its ssh clients). Needs root.
+
+Most of the ssh clients' share is the key exchange: OpenSSH 9's default, the post-quantum
+hybrid sntrup761x25519, costs about 75 ms of CPU per connection here, curve25519 about 10.
+herd keeps the user's choice; ``--kex ALGORITHMS`` writes it into the testbed's ssh config, as a
+user would, to measure it.
+
+    python bench/ssh_scale.py [--nodes 32] [--phases exec,launch,interrupt,lost] [--profile DIR]
+                              [--kex curve25519-sha256] [--hang-timeout S]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+from tests.testbed import Testbed  # noqa: E402
+
+SCRIPTS = REPO / "tests" / "integration" / "scripts"
+TICKS = os.sysconf("SC_CLK_TCK")
+TARGET_MS = 40.0
+
+
+@dataclass
+class Run:
+    phase: str
+    nodes: int
+    wall: float
+    own_cpu: float
+    with_children_cpu: float
+    code: int
+    ok: bool
+    note: str = ""
+
+
+class Launcher:
+    """One herd command: its output lines (with when they came), its own CPU, its rusage."""
+
+    def __init__(self, argv: list[str], env: dict[str, str], profile: Path | None) -> None:
+        self.started = time.monotonic()
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "torchherd", *argv],
+            cwd=SCRIPTS,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        self.lines: list[tuple[float, str]] = []
+        self.own_cpu = 0.0
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+        self.profiler = None
+        if profile is not None:
+            self.profiler = subprocess.Popen(
+                ["py-spy", "record", "--pid", str(self.process.pid), "--format", "raw"]
+                + ["--output", str(profile), "--rate", "200", "--nolineno", "--nonblocking"],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self.lines.append((time.monotonic(), line.rstrip("\n")))
+
+    def count(self, pattern: str) -> int:
+        return sum(1 for _, line in list(self.lines) if re.search(pattern, line))
+
+    def wait_for(self, pattern: str, count: int, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while self.count(pattern) < count:
+            if time.monotonic() > deadline or self.process.poll() is not None:
+                return False
+            time.sleep(0.1)
+        return True
+
+    def finish(self, timeout: float = 600) -> tuple[int, float, float, float]:
+        """(exit code, wall s, own CPU s, CPU s with waited-for children)."""
+        deadline = time.monotonic() + timeout
+        pid = self.process.pid
+        while True:
+            try:
+                with open(f"/proc/{pid}/stat") as handle:
+                    fields = handle.read().rsplit(")", 1)[1].split()
+                if fields[0] != "Z":
+                    self.own_cpu = (int(fields[11]) + int(fields[12])) / TICKS
+            except OSError:
+                pass
+            # wait4 reaps it and says what it and the children it waited for used.
+            found, status, usage = os.wait4(pid, os.WNOHANG)
+            if found:
+                break
+            if time.monotonic() > deadline:
+                self.process.kill()
+            time.sleep(0.05)
+        wall = time.monotonic() - self.started
+        self.process.returncode = os.waitstatus_to_exitcode(status)
+        self.reader.join(5)
+        if self.profiler is not None:
+            self.profiler.send_signal(signal.SIGINT)
+            self.profiler.wait(60)
+        total = usage.ru_utime + usage.ru_stime
+        return self.process.returncode, wall, self.own_cpu, total
+
+
+def herd_env(home: Path) -> dict[str, str]:
+    return dict(os.environ, HERD_HOME=str(home), PYTHONUNBUFFERED="1")
+
+
+def run_phase(
+    phase: str,
+    bed: Testbed,
+    cluster: Path,
+    home: Path,
+    profile: Path | None,
+    hang_timeout: str | None = None,
+) -> Run:
+    nodes = len(bed.nodes)
+    env = herd_env(home)
+    out = profile / f"{phase}-{nodes}.txt" if profile else None
+    note = ""
+    if phase == "exec":
+        launcher = Launcher(["exec", "-c", str(cluster), "--", "true"], env, out)
+        code, wall, own, total = launcher.finish()
+        ok = code == 0
+    elif phase == "launch":
+        launcher = Launcher(["launch", "-c", str(cluster), "allreduce.py"], env, out)
+        code, wall, own, total = launcher.finish()
+        ok = code == 0 and launcher.count(r"RESULT rank=") == nodes
+    elif phase == "interrupt":
+        launcher = Launcher(["launch", "-c", str(cluster), "steps.py", "--quiet"], env, out)
+        stepping = launcher.wait_for(r"STEPPING rank=", nodes, 300)
+        asked = time.monotonic()
+        launcher.process.send_signal(signal.SIGINT)
+        code, wall, own, total = launcher.finish()
+        ok = stepping and code == 130
+        note = f"stopped {time.monotonic() - asked:.1f} s after Ctrl-C"
+    else:
+        argv = ["launch", "-c", str(cluster), "--max-restarts", "1", "--min-nodes"]
+        argv += [str(nodes - 1)]
+        if hang_timeout is not None:
+            argv += ["--hang-timeout", hang_timeout]
+        argv += ["steps.py", "--quiet", "--steps", "300"]
+        launcher = Launcher(argv, env, out)
+        stepping = launcher.wait_for(r"STEPPING rank=", nodes, 300)
+        victim = bed.nodes[-1]
+        cut = time.monotonic()
+        bed.partition(victim)
+        try:
+            noticed = launcher.wait_for(rf"{victim.name} stopped answering", 1, 120)
+            noticed_after = time.monotonic() - cut
+            code, wall, own, total = launcher.finish()
+        finally:
+            bed.heal(victim)
+        went_on = launcher.count(rf"going on without {victim.name}") == 1
+        ok = stepping and noticed and went_on and code == 0
+        note = f"lost node noticed after {noticed_after:.1f} s, went on without it: {went_on}"
+    if not ok:
+        tail = "\n".join(line for _, line in launcher.lines[-25:])
+        note += f"\n--- last lines ---\n{tail}"
+    return Run(phase, nodes, wall, own, total, code, ok, note)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--nodes", type=int, default=32)
+    parser.add_argument("--phases", default="exec,launch,interrupt,lost")
+    parser.add_argument("--profile", type=Path, default=None, help="py-spy raw stacks here")
+    parser.add_argument("--kex", default=None, help="KexAlgorithms for the nodes' ssh config")
+    parser.add_argument(
+        "--hang-timeout",
+        default=None,
+        help="for the lost phase: N nodes re-importing torch on this machine's cores may be "
+        "silent longer than herd's default limit",
+    )
+    args = parser.parse_args()
+    if args.profile:
+        args.profile.mkdir(parents=True, exist_ok=True)
+    runs: list[Run] = []
+    with Testbed(args.nodes) as bed, tempfile.TemporaryDirectory(prefix="herd-ssh-") as scratch:
+        home = Path(scratch) / "home"
+        if args.kex:
+            config = bed.ssh_config.read_text()
+            bed.ssh_config.write_text(f"Host *\n    KexAlgorithms {args.kex}\n\n{config}")
+        cluster = bed.write_cluster_file(
+            Path(scratch) / "herd.toml",
+            nodes=[{"host": n.name, "nproc": 1} for n in bed.nodes],
+            workdir=str(SCRIPTS),
+            env={"HERD_HOME": str(home)},
+            # N nodes' probes share this machine's 2 cores: give them time (a replan's probe
+            # waits connect_timeout + 5 s).
+            connect_timeout=30,
+        )
+        for phase in args.phases.split(","):
+            print(f"{phase} on {args.nodes} nodes...", flush=True)
+            run = run_phase(phase, bed, cluster, home, args.profile, args.hang_timeout)
+            runs.append(run)
+            print(
+                f"  {'ok' if run.ok else 'FAILED'} (exit {run.code}) in {run.wall:.1f} s; "
+                f"launcher {run.own_cpu * 1000 / run.nodes:.0f} ms/node, with its ssh clients "
+                f"{run.with_children_cpu * 1000 / run.nodes:.0f} ms/node  {run.note}",
+                flush=True,
+            )
+    print()
+    print(f"{'phase':10} {'nodes':>5} {'wall s':>7} {'launcher ms/node':>17} {'+ssh ms/node':>13}")
+    for run in runs:
+        print(
+            f"{run.phase:10} {run.nodes:>5} {run.wall:>7.1f} "
+            f"{run.own_cpu * 1000 / run.nodes:>17.1f} "
+            f"{run.with_children_cpu * 1000 / run.nodes:>13.1f}"
+        )
+    print()
+    for run in runs:
+        per_node = run.with_children_cpu * 1000 / run.nodes
+        print(
+            f"{run.phase}: {per_node:.0f} ms of launcher CPU per node (<= {TARGET_MS:g}): "
+            f"{'met' if per_node <= TARGET_MS else 'NOT met'}"
+            + ("" if run.ok else " (the run itself FAILED)")
+        )
+    return 0 if all(run.ok for run in runs) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,85 @@
+"""The simulated cluster (tests/simcluster) behaves, for herd, as a cluster does.
+
+Real node agents, SimulatedHosts as the transport, the torchrun stand-in for torch: herd's own
+launch must see every rank's prefixed lines and step beats, name a failed rank as the first
+failure, call a frozen node lost after its silence and stop the others, and leave nothing of
+the job behind. bench/scale.py measures the launcher on it; this keeps it honest.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tests.simcluster import SimCluster
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def launch(sim: SimCluster, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.simcluster.launcher", str(sim.root), "--grace", "3", *args],
+        cwd=REPO,
+        env=dict(os.environ, HERD_HOME=str(sim.home)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def job_record(sim: SimCluster) -> dict[str, object]:
+    [job] = list((sim.home / "jobs").iterdir())
+    return dict(json.loads((job / "job.json").read_text()))
+
+
+def nothing_left(sim: SimCluster, within: float = 30) -> None:
+    deadline = time.monotonic() + within
+    while sim.processes() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not sim.processes(), f"left running: {sim.processes()}"
+
+
+def test_ranks_speak_and_beat_and_a_failed_rank_is_named(tmp_path: Path) -> None:
+    sim = SimCluster(tmp_path / "sim", nodes=3, nproc=2).build(lines_per_second=4)
+    process = launch(sim)
+    try:
+        assert len(sim.wait_events("run", 3, timeout=60)) == 3
+        time.sleep(3)
+        sim.set_control(lines_per_second=4, fail={"nodes": [1], "local_rank": 1, "exitcode": 7})
+        out = process.communicate(timeout=120)[0]
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 1, out
+    for rank in range(6):
+        assert re.search(rf"^sim{rank // 2}:{rank} +\| step \d+ loss", out, re.M), out
+    assert "first failure: sim1 rank 3: exit code 7" in out
+    assert "sim0  stopped" in out and "sim2  stopped" in out
+    attempt = job_record(sim)["attempts"][0]  # type: ignore[index]
+    assert attempt["max_step"] >= 3  # the stand-in's beats reached the launcher
+    nothing_left(sim)
+
+
+def test_a_frozen_node_is_called_lost_and_the_others_are_stopped(tmp_path: Path) -> None:
+    sim = SimCluster(tmp_path / "sim", nodes=3, nproc=1).build()
+    process = launch(sim)
+    try:
+        assert len(sim.wait_events("run", 3, timeout=60)) == 3
+        sim.set_control(silent={"nodes": [2], "seconds": 15})
+        [frozen] = sim.wait_events("silent", 1, timeout=10)
+        out = process.communicate(timeout=120)[0]
+        ended = time.time()
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 1, out
+    assert "herd: sim2 stopped answering" in out, out
+    assert "sim2  lost" in out and "sim0  stopped" in out and "sim1  stopped" in out
+    assert ended - frozen < 15  # the launcher did not wait for the frozen node to wake
+    # Woken up, its agent finds its link cut and ends the job there too.
+    nothing_left(sim, within=40)

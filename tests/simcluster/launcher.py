@@ -1,0 +1,51 @@
+"""The launcher of a simulated cluster: ``herd launch`` on it, as one process of its own.
+
+    python -m tests.simcluster.launcher ROOT [--seconds S] [--hang-timeout S] [--max-restarts N]
+                                             [--min-nodes M] [--grace S]
+
+It runs herd's own launch (torchherd.launch.launch: connect, probe, preflight, plan,
+supervise, teardown, the console and the job's logs) on the cluster built under ROOT
+(cluster.py), through the SimulatedHosts transport; the exit code is herd launch's.
+A benchmark measures this process alone: the node agents are its children, not part of it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from torchherd.errors import HerdError
+from torchherd.launch import LaunchOptions, launch
+from torchherd.logs import RunResult
+
+from .cluster import SimCluster
+from .transport import SimulatedHosts
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument("root", type=Path, help="the simulated cluster's directory")
+    parser.add_argument("--seconds", type=float, default=0, help="job length; 0: until stopped")
+    parser.add_argument("--hang-timeout", type=float, default=None)
+    parser.add_argument("--max-restarts", type=int, default=0)
+    parser.add_argument("--min-nodes", type=int, default=None)
+    parser.add_argument("--grace", type=float, default=10.0)
+    args = parser.parse_args(argv)
+    sim = SimCluster.open(args.root)
+    cluster = sim.spec()
+    job = sim.job(
+        args.seconds, max_restarts=args.max_restarts, min_nodes=args.min_nodes, grace=args.grace
+    )
+    options = LaunchOptions(hang_timeout=args.hang_timeout, color=False)
+    try:
+        result = launch(cluster, job, options, transport=SimulatedHosts(cluster))
+    except HerdError as exc:
+        print(f"error: {exc.message}\n  fix: {exc.remedy}", file=sys.stderr)
+        return exc.exit_code
+    assert isinstance(result, RunResult)
+    return result.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
