@@ -12,8 +12,8 @@ from torchherd.errors import ConfigError
 BLOCKED = """\
 import sys
 sys.modules["wandb"] = None  # `import wandb` now fails as where it is not installed
-from torchherd.train.trackers import open_trackers
-open_trackers(["wandb"], "project", {}, None)
+from torchherd.train.trackers import check_installed
+check_installed(["wandb"])  # what the Trainer calls before training
 """
 
 

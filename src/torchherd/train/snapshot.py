@@ -35,6 +35,7 @@ import shutil
 import signal
 import tempfile
 import threading
+import weakref
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -159,6 +160,7 @@ class Snapshotter:
         with progress.phase("copying snapshot to host memory"):
             staged = self._stager.stage(state)
         self._finish_on_sigterm()
+        _finish_before_pools_close(self)
         thread = threading.Thread(
             target=self._commit_in_background,
             args=(step, staged, meta, on_saved),
@@ -248,6 +250,13 @@ class Snapshotter:
         if isinstance(self.directory, Path):
             return self.directory / name
         return f"{self.directory}/{name}"
+
+    def _join_in_flight(self) -> None:
+        thread = self._in_flight
+        if thread is not None and thread.is_alive():
+            thread.join()
+        if self._failure is not None:  # nobody is left to raise it to
+            log.error("the background snapshot save failed at exit: %s", self._failure)
 
     def _finish_on_sigterm(self) -> None:
         # SIGTERM (torchrun's and herd's stop) would end the process mid-write; finish the
@@ -564,3 +573,33 @@ def _without_crc32() -> Iterator[None]:
         yield
     finally:
         put(before)
+
+
+_waited_at_exit: weakref.WeakSet[Snapshotter] = weakref.WeakSet()
+
+
+def _finish_before_pools_close(snapshotter: Snapshotter) -> None:
+    """Have a normal exit wait for ``snapshotter``'s save before thread pools shut down.
+
+    A non-daemon thread alone is not enough: at exit the interpreter first runs the
+    threading-exit hooks, and concurrent.futures' hook forbids new pool work, which the
+    save's hashing and uploads need; only then does it join non-daemon threads. Hooks run
+    newest first, so one registered after concurrent.futures was imported runs before its.
+    """
+    register = getattr(threading, "_register_atexit", None)
+    if register is None or snapshotter in _waited_at_exit:
+        return  # an interpreter without the hook still joins the thread (it is not a daemon)
+    _waited_at_exit.add(snapshotter)
+    import concurrent.futures.thread  # noqa: F401 - its hook must be registered before ours
+
+    reference = weakref.ref(snapshotter)
+
+    def finish() -> None:
+        alive = reference()
+        if alive is not None:
+            alive._join_in_flight()
+
+    try:
+        register(finish)
+    except RuntimeError:  # the interpreter is already shutting down
+        pass
