@@ -120,3 +120,40 @@ def test_the_logs_verb_reads_a_ranks_kept_lines(tmp_path: Path) -> None:
         )
         == 1
     )  # a rank that never ran here
+
+
+def test_herd_logs_of_a_large_jobs_rank_asks_the_nodes_for_its_kept_lines(tmp_path: Path) -> None:
+    """An attached large job keeps only stderr in the launcher's files: `herd logs --rank R`
+    reads the rest from the node that ran R (the local transport runs a real agent)."""
+    from torchherd.jobs import JobRecord
+    from torchherd.ops.joblogs import show_logs
+
+    node_dir = tmp_path / "nodes" / "job" / "localhost"
+    files = node_dir / "attempt-0" / "torchrun" / "run_x" / "attempt_0" / "0"
+    files.mkdir(parents=True)
+    (files / "stdout.log").write_text("step 1\nstep 2\n")
+    (files / "stderr.log").write_text("")
+    (node_dir / "attempt-0" / "ranks.json").write_text(json.dumps({"7": 0}))
+    record = JobRecord(
+        id="job",
+        state="done",
+        started=0.0,
+        source="ssh",
+        nodes=[{"host": "localhost"}],
+        world_size=8,
+        command=["train.py"],
+        rdzv_endpoint=None,
+        log_dir=str(tmp_path / "logs"),
+        cluster={"nodes": [{"host": "localhost"}], "python": sys.executable, "transport": "local"},
+        node_dirs={"localhost": str(node_dir)},
+        lines_on_nodes=True,
+    )
+    shown = io.StringIO()
+    show_logs(record, 7, follow=False, stream=shown)
+    assert shown.getvalue() == "step 1\nstep 2\n"  # as rank-R.log would hold them
+    try:
+        show_logs(record, 6, follow=False, stream=io.StringIO())
+    except Exception as error:  # noqa: BLE001 - the kind and words are what is checked
+        assert "no node kept lines from rank 6" in str(error), error
+    else:
+        raise AssertionError("a rank without lines was not refused")

@@ -92,8 +92,9 @@ def detached_logs(
     write: Write,
     *,
     transport: Transport | None = None,
+    kept: bool = False,
 ) -> None:
-    asyncio.run(_detached_logs(record, rank, follow, write, transport))
+    asyncio.run(_detached_logs(record, rank, follow, write, transport, kept))
 
 
 async def _detached_logs(
@@ -102,7 +103,10 @@ async def _detached_logs(
     follow: bool,
     write: Write,
     transport: Transport | None,
+    kept: bool = False,
 ) -> None:
+    """Every node's events (a detached job), or with ``kept`` one rank's lines that its node
+    kept for a large job instead of sending them to the launcher."""
     cluster = cluster_from_record(record)
     transport = transport or for_cluster(cluster)
     width = prefix_width(record)
@@ -115,6 +119,8 @@ async def _detached_logs(
             problems.append(f"{unreachable.describe()}; fix: {unreachable.remedy}")
             return
         request = verb_request(record, cluster, node) | {"rank": rank, "follow": follow}
+        if kept:
+            request["kept"] = True
         process = await transport.start(node, agent_argv(cluster, node, "logs"))
         assert process.stdin is not None and process.stdout is not None
         process.stdin.write(json.dumps(request).encode() + b"\n")
@@ -137,6 +143,8 @@ async def _detached_logs(
         if process.stdin is not None and not process.stdin.is_closing():
             process.stdin.close()
         stderr = (await process.stderr.read()).decode(errors="replace") if process.stderr else ""
+        if await process.wait() != 0 and kept and not stderr.strip():
+            return  # the rank never ran on this node: nothing kept here
         if await process.wait() != 0 and not problems:
             last = stderr.strip().splitlines()[-1:] or [f"exit code {process.returncode}"]
             problems.append(f"{node.host}: cannot read the job's events: {last[0]}")
@@ -149,6 +157,11 @@ async def _detached_logs(
         await transport.close()
     for _, _, text in sorted(collected):
         write(text + "\n")
+    if kept and not collected and not problems:
+        raise ConfigError(
+            f"job {record.id}: no node kept lines from rank {rank}",
+            f"ranks are 0..{record.world_size - 1}; a rank that printed nothing has no lines",
+        )
     if problems:
         raise NodeNotReady(
             "some nodes' output could not be read:\n" + "\n".join(f"  {p}" for p in problems),
@@ -171,6 +184,9 @@ def show_logs(record: JobRecord, rank: int | None, follow: bool, stream: TextIO)
 
     if record.detached:
         detached_logs(record, rank, follow, write)
+    elif rank is not None and record.lines_on_nodes and not follow:
+        # A large job: the launcher's files hold this rank's stderr only; its node has it all.
+        detached_logs(record, rank, follow, write, kept=True)
     else:
         attached_logs(record, rank, follow, write)
 

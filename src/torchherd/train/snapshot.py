@@ -35,8 +35,8 @@ import shutil
 import signal
 import tempfile
 import threading
-import weakref
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
