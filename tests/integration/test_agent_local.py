@@ -76,4 +76,6 @@ def test_a_prewarmed_wrapper_runs_the_job_it_is_handed(tmp_path: Path) -> None:
     started = next(e for e in events if e.get("e") == "started")
     ended = next(e for e in events if e.get("e") == "exit")
     assert started["pid"] == wrapper and ended["code"] == 0, events
-    assert any("ZOMBIES 0" in e.get("t", "") for e in events), events
+    # Worker lines come in batches: {"e": "lines", "b": [[rank, local rank, stream, text]...]}.
+    texts = [line[3] for e in events if e.get("e") == "lines" for line in e["b"]]
+    assert any("ZOMBIES 0" in text for text in texts), events

@@ -174,11 +174,6 @@ def test_a_home_relative_python_is_found_on_the_nodes(
     assert plan.stdout.count(f"'{home_python}' -m torchherd.agent.elastic") == 2, plan.stdout
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="agent/attempt.py (Prewarmed) starts the plan's python '~/...' without expanding "
-    "the ~ on the node: FileNotFoundError, the node is lost",
-)
 def test_a_job_runs_with_a_home_relative_python(
     testbed: Testbed, tmp_path: Path, home_python: str
 ) -> None:

@@ -189,7 +189,7 @@ def test_rendezvous_host_lost_job_goes_on_with_fewer_nodes(
         time.sleep(0.1)
     testbed.partition("node1")
     herd.wait_for(r"node1 stopped answering", 60)
-    herd.wait_for(r"going on without node1: 2 node\(s\) left, rendezvous now on node2", 60)
+    herd.wait_for(r"going on without node1: 2 node\(s\), rendezvous on node2", 60)
     resumed = herd.wait_for(r"resumed from .*step-(\d+)", 120)[0]
     code = herd.finish(timeout=240)
     out = herd.output
