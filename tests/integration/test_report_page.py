@@ -171,7 +171,8 @@ def test_the_report_page_tells_a_restarted_jobs_story(testbed: Testbed, tmp_path
     assert "attempt 0" in text and "attempt 1" in text
     assert "failed, world 2" in text and "succeeded, world 2" in text  # the timeline's bars
     assert "noticed: a worker exited" in text
-    assert "new plan after: node2 rank 1: killed by SIGKILL" in text
+    # Every node still answered: the next attempt ran in place, through the same agents.
+    assert "in place after: node2 rank 1: killed by SIGKILL" in text
     # step rate per node: both nodes, both attempts, a number of steps per second
     rates = re.findall(r"(\d) \| (node[12]) \| 1 \| (\d+) \| ≈ ([\d.]+) \| the job", text)
     assert {(a, node) for a, node, _, _ in rates} == {

@@ -219,11 +219,12 @@ def test_exec_and_doctor_inside_an_allocation(slurm: SlurmCluster, tmp_path: Pat
             assert "link(s) measured" in done.stdout  # the network tests ran through srun
 
 
-def test_two_tasks_per_node_still_get_one_agent_step_per_node_after_the_setup(
+def test_two_tasks_per_node_still_get_one_agent_per_node_in_one_step_after_the_setup(
     slurm: SlurmCluster, tmp_path: Path
 ) -> None:
-    """The allocation has 6 tasks (2 per node); herd starts one agent per node, each in a job
-    step of its own (one task on one node), in the shell where [cluster] setup ran."""
+    """The allocation has 6 tasks (2 per node); herd starts one agent per node, all in one job
+    step across the allocation (one task on each node), in the shell where [cluster] setup
+    ran."""
     activate = tmp_path / "activate"
     activate.write_text("export FROM_SETUP=cluster-wide\necho activated\n")
     settings = tmp_path / "herd.toml"
@@ -241,8 +242,8 @@ def test_two_tasks_per_node_still_get_one_agent_step_per_node_after_the_setup(
     assert {f["world"] for f in found.values()} == {"3"}
     assert sorted(f["host"] for f in found.values()) == ["node1", "node2", "node3"]
     steps = {f["step"] for f in found.values()}
-    assert len(steps) == 3 and "-" not in steps, found  # one job step per node
-    assert {(f["step_tasks"], f["step_nodes"]) for f in found.values()} == {("1", "1")}
+    assert len(steps) == 1 and "-" not in steps, found  # one job step for every node
+    assert {(f["step_tasks"], f["step_nodes"]) for f in found.values()} == {("3", "3")}, found
     assert {f["setup"] for f in found.values()} == {"cluster-wide"}, found
     nothing_left(slurm, herd_job_id(text))
 

@@ -29,6 +29,19 @@ def test_a_rank_twice_as_slow_is_named_with_its_figures() -> None:
     assert "slower than the median rank" in slow.detail and "ms of compute per step" in slow.detail
 
 
+def test_a_rank_under_a_cpu_quota_is_named_though_most_of_its_passes_run_at_full_speed() -> None:
+    # What a rank held to 30 % of a CPU by cgroup beat on the testbed: forward passes of 10 ms
+    # inside its quota, about 78 ms when the quota ran out halfway (the median is 10 ms).
+    throttled = [0.010, 0.078, 0.009, 0.010, 0.075, 0.011, 0.080, 0.010, 0.009, 0.077] * 2
+    times = {("n1", 0): [0.010, 0.011, 0.009, 0.014, 0.010] * 4, ("n2", 1): throttled}
+    slow = slow_by_compute(times)
+    assert slow is not None and (slow.host, slow.rank) == ("n2", 1)
+    assert slow.ratio is not None and slow.ratio > 2.5, slow.detail
+    # One pause in twenty (a GC, a page fault) is not a slow rank.
+    paused = [0.010] * 19 + [0.300]
+    assert slow_by_compute({("n1", 0): [0.010] * 20, ("n2", 1): paused}) is None
+
+
 def test_a_balanced_job_names_nobody() -> None:
     rng = random.Random(2)
     times = {("n", r): [0.1 * rng.uniform(0.8, 1.2) for _ in range(20)] for r in range(8)}

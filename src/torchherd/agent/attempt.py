@@ -154,6 +154,8 @@ class NodeAttempt:
             lambda: collections.deque(maxlen=STDERR_TAIL)
         )
         self.local_ranks: dict[int, int] = {}
+        # stdout's and stderr's pumps both learn ranks: one writer of the rank map at a time.
+        self._rank_map_lock = threading.Lock()
         """Global rank -> local rank of the workers seen here."""
         self.spoke: set[int] = set()
         """Ranks whose lines were kept here (not sent) since the last report."""
@@ -296,8 +298,9 @@ class NodeAttempt:
         if name == "e":
             self.stderr_tails[rank].append(text[:MAX_LINE])
         if rank is not None and local_rank is not None and rank not in self.local_ranks:
-            self.local_ranks[rank] = local_rank
-            self._keep_rank_map()
+            with self._rank_map_lock:
+                self.local_ranks[rank] = local_rank
+                self._keep_rank_map()
         if not self._sends(name, rank):
             # Kept on this node only (torchrun's own per-rank files); the launcher learns that
             # the rank spoke (progress), not what it said.
@@ -323,7 +326,9 @@ class NodeAttempt:
         """Which global rank ran as which local rank here (``herd logs --rank`` reads the
         lines kept on this node from torchrun's per-local-rank files)."""
         try:
-            write_private(os.path.join(self.attempt_dir, RANKS_FILE), json.dumps(self.local_ranks))
+            write_private(
+                os.path.join(self.attempt_dir, RANKS_FILE), json.dumps(dict(self.local_ranks))
+            )
         except OSError:
             pass
 

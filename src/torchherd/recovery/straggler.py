@@ -5,8 +5,9 @@ slow rank hides in the others' waiting. herd sees it two ways, with no change to
 
     compute   the Trainer of torchherd.train beats each step with the seconds the rank spent
               on its own forward passes (``progress.beat(step, compute=...)``): a rank whose
-              median over its last WINDOW steps is SLOW x the median of the others, by at
-              least MIN_GAP, in CONFIRM checks in a row, is slow ("2.1x slower than the
+              typical time over its last WINDOW beats (a mean without the slowest tenth) is
+              SLOW x the median of the others', by at least MIN_GAP, in CONFIRM checks in a
+              row, is slow ("2.1x slower than the
               median rank: 210 ms of compute per step vs 100 ms")
     samples   for any other script, a look at every rank every SAMPLE_EVERY seconds (the
               hang watch's non-blocking looks): a rank that works while the others wait in a
@@ -61,12 +62,21 @@ class Slow:
         return text
 
 
+def typical(values: list[float]) -> float:
+    """A rank's typical compute time: the mean without the slowest tenth (a GC pause, a
+    page fault). Not the median: a rank held to a third of a CPU by a quota runs some forward
+    passes at full speed inside its quota and the rest three times slower or more, and the
+    median of such a mix is the full speed."""
+    kept = sorted(values)[: len(values) - len(values) // 10]
+    return statistics.fmean(kept)
+
+
 def slow_by_compute(
     times: Mapping[tuple[str, int], Iterable[float]],
 ) -> Slow | None:
     """The slow rank by compute time per step, if one is (see the module docstring)."""
     medians = {
-        key: statistics.median(values)
+        key: typical(values)
         for key, values in ((k, list(v)) for k, v in times.items())
         if len(values) >= FEWEST
     }
