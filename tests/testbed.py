@@ -612,6 +612,15 @@ class Testbed:
         private = (
             f"mount --bind {self.private_of(node)} {self.private} && " if self.private_dirs else ""
         )
+        # `ip netns exec` mounts a fresh /sys for the namespace, without the cgroup hierarchies
+        # a real machine shows there (herd's node agent reads a rank's CPU quota from them):
+        # mount the host's hierarchies again inside the node, at the same places.
+        cgroups = (
+            "{ mount -t tmpfs cgroup_root /sys/fs/cgroup && "
+            "awk '$3 == \"cgroup\" || $3 == \"cgroup2\" {print $2, $3, $4}' /proc/1/mounts | "
+            'while read -r dir kind options; do mkdir -p "$dir" && '
+            'mount -t "$kind" -o "$options" "$kind" "$dir"; done; } || true; '
+        )
         log = open(self.tmp / f"{node.name}_sshd.log", "wb")  # noqa: SIM115 - child owns it
         with log:
             # ip netns exec: network namespace + a mount namespace with /etc/netns/<ns>/* bound
@@ -628,7 +637,7 @@ class Testbed:
                     "--",
                     "sh",
                     "-c",
-                    f'hostname {node.name} && {private}exec {sshd} -D -e -f "$0"',
+                    f'{cgroups}hostname {node.name} && {private}exec {sshd} -D -e -f "$0"',
                     str(cfg),
                 ],
                 stdin=subprocess.DEVNULL,

@@ -362,7 +362,9 @@ class Attempt:
         """host -> (latest step, steps per second over the attempt, when known)."""
         rates: dict[str, tuple[int, float | None]] = {}
         for host, ((t0, s0), (t1, s1)) in self.node_steps.items():
-            rates[host] = (s1, (s1 - s0) / (t1 - t0) if t1 - t0 >= 1.0 else None)
+            # Beats are sampled (one per half second at most): one step seen is no rate.
+            known = t1 - t0 >= 1.0 and s1 > s0
+            rates[host] = (s1, (s1 - s0) / (t1 - t0) if known else None)
         return rates
 
     def _lines(self, host: str, batch: list[Any]) -> None:

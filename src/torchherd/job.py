@@ -465,7 +465,7 @@ class JobRun:
         rates = attempt.step_rates()
         for node in self.record.attempts[-1].get("nodes", []):
             found = rates.get(str(node.get("host")))
-            if found is not None:
+            if found is not None and found[1] is not None:
                 node["step"], node["steps_per_s"] = found
 
     def _close_entry(self, result: AttemptResult) -> None:

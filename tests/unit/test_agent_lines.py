@@ -13,6 +13,7 @@ import uuid
 from pathlib import Path
 
 from torchherd.agent import control
+from torchherd.agent.attempt import progress_root
 
 # What torchrun's tee prints: every worker line prefixed with [herd RANK LOCAL_RANK].
 TORCHRUN_LIKE = (
@@ -52,6 +53,8 @@ def run_agent(tmp_path: Path, **request: object) -> list[dict[str, object]]:
             break
     agent.stdin.close()
     agent.wait(timeout=30)
+    # The ranks' progress files lived on node-local storage; nothing of the job is left there.
+    assert not os.path.exists(os.path.join(progress_root(), job)), os.listdir(progress_root())
     return events
 
 

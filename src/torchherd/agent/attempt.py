@@ -17,6 +17,7 @@ progress directory on node-local storage (``progress_root()``), removed once the
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import os
 import shutil
@@ -233,8 +234,13 @@ class NodeAttempt:
             pump.join(timeout=5)
         survivors = processes.end_job(self.job_id, self.node, SWEEP_GRACE, self.attempt)
         self._send_progress({})  # the last beats, phases and saves before the exit event
-        self.emit(self._exit_event(code, survivors))
+        # Before the exit event: once the launcher hears it, the next attempt may begin here.
         shutil.rmtree(self.progress_dir, ignore_errors=True)
+        node_folder = os.path.dirname(self.progress_dir)
+        for folder in (node_folder, os.path.dirname(node_folder)):  # the node's, the job's
+            with contextlib.suppress(OSError):
+                os.rmdir(folder)  # only once empty: the same job may run here in another agent
+        self.emit(self._exit_event(code, survivors))
         return 130 if self.stop_requested.is_set() else (0 if code == 0 else 1)
 
     def _start(self) -> subprocess.Popen[bytes]:
