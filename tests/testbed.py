@@ -617,7 +617,7 @@ class Testbed:
         # mount the host's hierarchies again inside the node, at the same places.
         cgroups = (
             "{ mount -t tmpfs cgroup_root /sys/fs/cgroup && "
-            "awk '$3 == \"cgroup\" || $3 == \"cgroup2\" {print $2, $3, $4}' /proc/1/mounts | "
+            'awk \'$3 == "cgroup" || $3 == "cgroup2" {print $2, $3, $4}\' /proc/1/mounts | '
             'while read -r dir kind options; do mkdir -p "$dir" && '
             'mount -t "$kind" -o "$options" "$kind" "$dir"; done; } || true; '
         )
