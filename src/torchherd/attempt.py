@@ -324,7 +324,7 @@ class Attempt:
         elif kind == "beat":
             self.hang.signal(event.get("r"), event.get("step"))
             self.slow.computed(host, event)
-            self._stepped(host, event.get("step"))
+            self._stepped(host, event.get("step"), event.get("at"))
         elif kind == "phase":
             self.hang.phase(event.get("r"), event.get("name"))
         elif kind == "saved":
@@ -351,10 +351,11 @@ class Attempt:
         elif kind == "exit":
             self._exited(node, event)
 
-    def _stepped(self, host: str, step: object) -> None:
-        """A node's first and latest step, and when (its step rate, for the job's story)."""
+    def _stepped(self, host: str, step: object, at: object = None) -> None:
+        """A node's first and latest step, and when (its step rate, for the job's story).
+        When is the beat's own time where it has one: a node's events can arrive in bursts."""
         if isinstance(step, int):
-            now = self._clock()
+            now = float(at) if isinstance(at, int | float) else self._clock()
             first = self.node_steps.setdefault(host, [(now, step), (now, step)])[0]
             self.node_steps[host] = [first, (now, max(step, self.node_steps[host][1][1]))]
 

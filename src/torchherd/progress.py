@@ -49,6 +49,7 @@ BEAT_EVERY = 0.5
 LOOK_EVERY = 1.0
 
 _last_beat = 0.0
+_last_step: int | None = None
 _last_look = 0.0
 _save_seen = False
 _phases: list[str] = []
@@ -76,20 +77,24 @@ def _replace(path: str, text: str) -> None:
             pass
 
 
-def beat(step: int | None = None, compute: float | None = None) -> None:
+def beat(step: int | None = None, compute: float | None = None, now: bool = False) -> None:
     """Tell herd this rank made progress (optionally at ``step``; ``compute``: seconds this
     rank computed in its last step, without waiting for others, which herd compares across
-    ranks to name a slow one). No-op outside herd."""
-    global _last_beat
-    now = time.monotonic()
-    if now - _last_beat < BEAT_EVERY:
+    ranks to name a slow one). A beat without a step keeps the last step given: a phase's
+    end must not hide how far the rank got. Beats are written at most every ``BEAT_EVERY``
+    seconds unless ``now`` (the end of a phase, which is rare). No-op outside herd."""
+    global _last_beat, _last_step
+    if step is not None:
+        _last_step = int(step)
+    moment = time.monotonic()
+    if not now and moment - _last_beat < BEAT_EVERY:
         return
     path = _path()
     if path is None:
         return
-    _last_beat = now
+    _last_beat = moment
     work = "" if compute is None else f" {compute:.6f}"
-    _replace(path, f"{'-' if step is None else int(step)} {time.time():.3f}{work}\n")
+    _replace(path, f"{'-' if _last_step is None else _last_step} {time.time():.3f}{work}\n")
 
 
 @contextlib.contextmanager
@@ -120,7 +125,7 @@ def phase(name: str) -> Iterator[None]:
                     os.unlink(path)
                 except OSError:
                     pass
-        beat()  # the phase's end is progress too
+        beat(now=True)  # the phase's end is progress too (and carries the newest step)
 
 
 def saved(step: int, where: str = "") -> None:
