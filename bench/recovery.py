@@ -1,11 +1,12 @@
 """Recovery: seconds from a fault to its detection and to the first training step after it, and
 false alarms on a healthy job that is busy, quiet, slow to stop and briefly without launcher.
 
-Faults, on 3 testbed nodes (one worker each) running tests/integration/scripts/slow_minimal.py
-(the Trainer, a snapshot every 20 steps), injected after the snapshot of step 40, each run
---runs times (medians reported). herd runs `herd launch --max-restarts 1 --min-nodes 2` at
-default settings; torchrun runs the tutorial recipe by hand on every node over ssh in its
-elastic form (--nnodes=2:3 --max-restarts=1), the closest it has to --min-nodes:
+Faults, on 3 testbed nodes (one worker each; node4 is only ever a hot spare) running
+tests/integration/scripts/slow_minimal.py (the Trainer, a snapshot every 20 steps), injected
+after the snapshot of step 40, each run --runs times (medians reported). herd runs
+`herd launch --max-restarts 1 --min-nodes 2` at default settings; torchrun runs the tutorial
+recipe by hand on every node over ssh in its elastic form (--nnodes=2:3 --max-restarts=1),
+the closest it has to --min-nodes:
 
   worker-killed   SIGKILL of the worker on node2
   node-lost       node3's link down
@@ -110,6 +111,16 @@ class Lines:
         with self.lock:
             return [line for _, _, line in self.lines if regex.search(line)]
 
+    def write_trace(self, path: Path, injected: float) -> None:
+        """Every line with its seconds since the fault (where a recovery spent its time)."""
+        with self.lock:
+            path.write_text(
+                "".join(
+                    f"{when - injected:+8.2f} [{index}] {line}\n"
+                    for when, index, line in self.lines
+                )
+            )
+
     def first_after_resume(self, after: float) -> float | None:
         with self.lock:
             resumed = next(
@@ -136,11 +147,16 @@ def herd_process(
     work: Path,
     home: Path,
     argv_tail: list[str],
-    extra: list[str] = (),  # type: ignore[assignment]
+    spare: bool = False,
 ) -> subprocess.Popen[str]:
+    """herd on the job's 3 nodes, one worker each (as torchrun by hand), with node4 a hot
+    spare when ``spare``."""
+    nodes: list[str | dict[str, object]] = [{"host": name, "nproc": 1} for name in JOB_NODES]
+    if spare:
+        nodes.append({"host": "node4", "nproc": 1, "spare": True})
     cluster = bed.write_cluster_file(
         work / "herd.toml",
-        nodes=[{"host": n.name, "nproc": 1} for n in bed.nodes],
+        nodes=nodes,
         workdir=str(SCRIPTS),
         env={"HERD_HOME": str(home)},
     )
@@ -208,9 +224,10 @@ def cleanup(
 
 
 def measure(
-    bed: Testbed, fault: str, runner: str, cap: float, scratch: Path
+    bed: Testbed, fault: str, runner: str, cap: float, scratch: Path, trace: Path | None = None
 ) -> tuple[float | None, float | None]:
-    """(seconds to detection, seconds to the first resumed step); None past the cap."""
+    """(seconds to detection, seconds to the first resumed step); None past the cap. With
+    ``trace``, the run's output is written there, each line timed from the fault."""
     work = Path(tempfile.mkdtemp(dir=scratch))
     run_dir, home = work / "run", work / "home"
     run_id = f"bench{os.getpid()}{int(time.time())}"
@@ -224,6 +241,7 @@ def measure(
     stopped: list[int] = []
     cut: list[str] = []
     tags = [("TORCHELASTIC_RUN_ID", run_id)]
+    injected = time.monotonic()
     try:
         deadline = time.monotonic() + 300
         if fault == "hang-early":
@@ -285,6 +303,8 @@ def measure(
         return detected, resumed
     finally:
         cleanup(bed, lines, tags, stopped, cut)
+        if trace is not None:
+            lines.write_trace(trace, injected)
 
 
 def grow_back(
@@ -377,6 +397,12 @@ def main() -> int:
     parser.add_argument("--faults", default=",".join(FAULTS))
     parser.add_argument("--no-torchrun", action="store_true", help="measure herd only")
     parser.add_argument("--no-alarms", action="store_true", help="skip the false-alarm half")
+    parser.add_argument(
+        "--trace",
+        type=Path,
+        default=None,
+        help="write each run's output here, timed from the fault",
+    )
     args = parser.parse_args()
     say: Callable[[str], None] = lambda text: print(text, flush=True)  # noqa: E731
     faults = [f for f in args.faults.split(",") if f]
@@ -389,7 +415,11 @@ def main() -> int:
                 if fault not in HERD_ONLY and not args.no_torchrun:
                     runners.append("torchrun")
                 for runner in runners:
-                    found = measure(bed, fault, runner, args.cap, Path(scratch))
+                    trace = None
+                    if args.trace is not None:
+                        args.trace.mkdir(parents=True, exist_ok=True)
+                        trace = args.trace / f"{fault}-{runner}-run{run + 1}.txt"
+                    found = measure(bed, fault, runner, args.cap, Path(scratch), trace)
                     results.setdefault((fault, runner), []).append(found)
                     say(
                         f"run {run + 1}: {fault} ({runner}): detected {shown(found[0], args.cap)}"

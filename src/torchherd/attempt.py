@@ -411,8 +411,17 @@ class Attempt:
                     "last_stderr": event.get("last_stderr", []),
                 }
             self._set_state(node, "failed")
+            self._warm_next_on(host)
             self._on_node_failed(node)
         self._mark_done(node)
+
+    def _warm_next_on(self, host: str) -> None:
+        """A failed node's agent stays for the next attempt (in place): have it warm that
+        attempt's wrapper now, as the other nodes do while they stop, so it does not join the
+        next rendezvous last, importing torch."""
+        link = self.links.get(host)
+        if self.prewarm_next and link is not None:
+            link.command("prewarm", attempt=self.number + 1)
 
     def _saved(self, event: dict[str, Any]) -> None:
         rank, at = event.get("r"), event.get("at")
