@@ -406,6 +406,8 @@ def main() -> int:
     args = parser.parse_args()
     say: Callable[[str], None] = lambda text: print(text, flush=True)  # noqa: E731
     faults = [f for f in args.faults.split(",") if f]
+    if args.trace is not None:
+        args.trace.mkdir(parents=True, exist_ok=True)
     results: dict[tuple[str, str], list[tuple[float | None, float | None]]] = {}
     alarms: tuple[int, list[str], int | None] | None = None
     with Testbed(4) as bed, tempfile.TemporaryDirectory(prefix="herd-bench-") as scratch:
@@ -417,7 +419,6 @@ def main() -> int:
                 for runner in runners:
                     trace = None
                     if args.trace is not None:
-                        args.trace.mkdir(parents=True, exist_ok=True)
                         trace = args.trace / f"{fault}-{runner}-run{run + 1}.txt"
                     found = measure(bed, fault, runner, args.cap, Path(scratch), trace)
                     results.setdefault((fault, runner), []).append(found)

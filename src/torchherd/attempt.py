@@ -257,11 +257,15 @@ class Attempt:
             if host != except_host:
                 self._tell_stop(node, stacks=stacks)
 
+    @property
+    def attempt_to_warm(self) -> int | None:
+        """The next attempt, when one may come: its wrapper is warmed as this one ends."""
+        return self.number + 1 if self.prewarm_next else None
+
     def _tell_stop(self, node: NodeRun, stacks: bool = False) -> None:
         if node.done:
             return
-        next_attempt = self.number + 1 if self.prewarm_next else None
-        self.teardown.stop(node.host, stacks=stacks, next_attempt=next_attempt)
+        self.teardown.stop(node.host, stacks=stacks, next_attempt=self.attempt_to_warm)
 
     def end_with_evidence(self, except_host: str | None = None, *, gather: bool = False) -> None:
         """Stop every node after its workers' stacks are taken: each node's own before its
@@ -351,13 +355,12 @@ class Attempt:
         elif kind == "exit":
             self._exited(node, event)
 
-    def _stepped(self, host: str, step: object, at: object = None) -> None:
+    def _stepped(self, host: str, step: object, at: object) -> None:
         """A node's first and latest step, and when (its step rate, for the job's story).
-        When is the beat's own time where it has one: a node's events can arrive in bursts."""
-        if isinstance(step, int):
-            now = float(at) if isinstance(at, int | float) else self._clock()
-            first = self.node_steps.setdefault(host, [(now, step), (now, step)])[0]
-            self.node_steps[host] = [first, (now, max(step, self.node_steps[host][1][1]))]
+        When is the beat's own time, not its arrival: a node's events can arrive in bursts."""
+        if isinstance(step, int) and isinstance(at, int | float):
+            first = self.node_steps.setdefault(host, [(at, step), (at, step)])[0]
+            self.node_steps[host] = [first, (at, max(step, self.node_steps[host][1][1]))]
 
     def step_rates(self) -> dict[str, tuple[int, float | None]]:
         """host -> (latest step, steps per second over the attempt, when known)."""
@@ -420,8 +423,8 @@ class Attempt:
         attempt's wrapper now, as the other nodes do while they stop, so it does not join the
         next rendezvous last, importing torch."""
         link = self.links.get(host)
-        if self.prewarm_next and link is not None:
-            link.command("prewarm", attempt=self.number + 1)
+        if self.attempt_to_warm is not None and link is not None:
+            link.command("prewarm", attempt=self.attempt_to_warm)
 
     def _saved(self, event: dict[str, Any]) -> None:
         rank, at = event.get("r"), event.get("at")

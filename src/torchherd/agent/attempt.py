@@ -155,9 +155,9 @@ class NodeAttempt:
             lambda: collections.deque(maxlen=STDERR_TAIL)
         )
         self.local_ranks: dict[int, int] = {}
+        """Global rank -> local rank of the workers seen here."""
         # stdout's and stderr's pumps both learn ranks: one writer of the rank map at a time.
         self._rank_map_lock = threading.Lock()
-        """Global rank -> local rank of the workers seen here."""
         self.spoke: set[int] = set()
         """Ranks whose lines were kept here (not sent) since the last report."""
         env = dict(request.get("env", {}))
