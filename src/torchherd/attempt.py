@@ -42,8 +42,11 @@ from .stragglers import SlowRanks
 from .teardown import Teardown
 from .transport import Transport
 
-# Seconds between pings to each agent.
+# Seconds between pings to each agent: at least this often, and often enough that an agent
+# hears the launcher PINGS_PER_SILENCE times within its launcher_silence (at most this rarely).
 HEARTBEAT_INTERVAL = 2.0
+PINGS_PER_SILENCE = 9
+LONGEST_PING_GAP = 10.0
 # Seconds of silence from the launcher after which an agent ends its attempt (by default;
 # [cluster] launcher_silence): a launcher that was stopped, suspended or blocked for up to a
 # minute finds its job still running.
@@ -79,6 +82,13 @@ def agent_request(
     if send is not None:
         request["send"] = send
     return request
+
+
+def ping_every(launcher_silence: float) -> float:
+    """Seconds between the launcher's pings to each agent. Pings only keep an agent from
+    taking the launcher for gone (its launcher_silence, 90 s by default): on a large job a ping
+    every 2 s to every node would be most of the launcher's steady work."""
+    return min(max(HEARTBEAT_INTERVAL, launcher_silence / PINGS_PER_SILENCE), LONGEST_PING_GAP)
 
 
 class Attempt:
@@ -325,10 +335,8 @@ class Attempt:
                 if isinstance(rank, int):
                     self.ranks_seen.add((host, rank))
                     self.hang.signal(rank)
-        elif kind == "beat":
-            self.hang.signal(event.get("r"), event.get("step"))
-            self.slow.computed(host, event)
-            self._stepped(host, event.get("step"), event.get("at"))
+        elif kind == "beats":
+            self._beats(host, event.get("b") or [])
         elif kind == "phase":
             self.hang.phase(event.get("r"), event.get("name"))
         elif kind == "saved":
@@ -354,6 +362,19 @@ class Attempt:
             self._on_node_failed(node)
         elif kind == "exit":
             self._exited(node, event)
+
+    def _beats(self, host: str, beats: list[Any]) -> None:
+        """A node's newest beat of each rank that beat since its last report:
+        [rank, step, at, compute seconds or None]."""
+        for item in beats:
+            if not isinstance(item, list) or len(item) != 4:
+                continue
+            rank, step, at, compute = item
+            if not isinstance(rank, int):
+                continue
+            self.hang.signal(rank, step if isinstance(step, int) else None)
+            self.slow.computed(host, rank, compute)
+            self._stepped(host, step, at)
 
     def _stepped(self, host: str, step: object, at: object) -> None:
         """A node's first and latest step, and when (its step rate, for the job's story).
@@ -604,7 +625,7 @@ class Attempt:
 
     async def _ping_agents(self) -> None:
         while True:
-            await asyncio.sleep(HEARTBEAT_INTERVAL)
+            await asyncio.sleep(ping_every(self.cluster.launcher_silence))
             for node in self.nodes.values():
                 link = self.links.get(node.host)
                 if link is not None and not node.done:

@@ -47,8 +47,8 @@ class SlowRanks:
         self._samples: set[int] = set()
         self._why: dict[tuple[str, int], asyncio.Future[list[str]]] = {}
 
-    def computed(self, host: str, event: Mapping[str, Any]) -> None:
-        rank, seconds = event.get("r"), event.get("c")
+    def computed(self, host: str, rank: object, seconds: object) -> None:
+        """A rank's compute seconds for its latest step, from its beat (None: not reported)."""
         if isinstance(rank, int) and isinstance(seconds, int | float):
             self.watch.computed(host, rank, float(seconds))
 

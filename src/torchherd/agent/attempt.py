@@ -5,7 +5,7 @@ processes all carry the job id, the node and the attempt number (HERD_ATTEMPT), 
 it sweeps at its end is its own: never an earlier or a later attempt's, never another job's.
 
     start      the prewarmed wrapper when it fits (torch already imported), else a new one
-    run        output lines -> events; progress files -> beat/phase/saved events
+    run        output lines -> events; progress files -> beats/phase/saved events
     end        the command exits by itself, or is stopped (SIGTERM, grace, the stacks of what
                is still running, SIGKILL), then every tagged process of the attempt is swept
     report     one exit event: how the command ended, each failed rank, and why it stopped
@@ -351,14 +351,17 @@ class NodeAttempt:
                 self.emit({"e": "spoke", "r": spoke})
 
     def _send_progress(self, sent: dict[tuple[int, str], object]) -> None:
-        for rank, seen in progress.read_progress(self.progress_dir).items():
+        # Every rank's new beat in one event: the launcher's work per node stays one event a
+        # poll however many ranks the node runs (phases and saves are rare; they go alone).
+        ranks = progress.read_progress(self.progress_dir)
+        beats: list[list[Any]] = []
+        for rank, seen in ranks.items():
             if seen.beat_at is not None and sent.get((rank, "beat")) != seen.beat_at:
                 sent[(rank, "beat")] = seen.beat_at
-                beat: dict[str, Any] = {"e": "beat", "r": rank, "step": seen.step}
-                beat["at"] = seen.beat_at
-                if seen.compute is not None:
-                    beat["c"] = seen.compute
-                self.emit(beat)
+                beats.append([rank, seen.step, seen.beat_at, seen.compute])
+        if beats:
+            self.emit({"e": "beats", "b": beats})
+        for rank, seen in ranks.items():
             if sent.get((rank, "phase")) != seen.phase_since:
                 sent[(rank, "phase")] = seen.phase_since
                 self.emit({"e": "phase", "r": rank, "name": seen.phase, "since": seen.phase_since})

@@ -9,6 +9,8 @@ travels as one event:
   {"e": "line", "r": global_rank|null, "l": local_rank|null, "s": "o"|"e", "t": text}
   {"e": "exit", "code": int, "signal": name|null, "failures": [...], "stopped": bool}
   {"e": "error", "message": ..., "remedy": ...}      (the agent could not start the job)
+  {"e": "beats", "b": [[rank, step, at, compute], ...]}  (each rank's newest progress beat)
+  {"e": "alive"}                                      (only when the agent said nothing lately)
 """
 
 from __future__ import annotations

@@ -20,9 +20,10 @@ attempt has ended. The agent reads JSON lines on stdin:
 
 and answers with events on stdout (agent.protocol). It says {"e": "alive"} every ALIVE_EVERY
 seconds for as long as it runs, stopping included, so a node that stops slowly is never taken
-for a lost one. The launcher pings; when it has been silent for the request's ``silence``
-seconds (a partition closes nothing; the launcher may be stopped or suspended), the agent ends
-the attempt ("launcher-silent") and waits LINGER seconds for the launcher to come back before
+for a lost one (unless it said something else lately: any event is as good). The launcher
+pings; when it has been silent for the request's ``silence`` seconds (a partition closes
+nothing; the launcher may be stopped or suspended), the agent ends the attempt
+("launcher-silent") and waits LINGER seconds for the launcher to come back before
 it exits. SIGTERM, SIGINT or SIGHUP (`herd stop`) end the attempt and the agent.
 """
 
@@ -70,16 +71,22 @@ class StdoutEmitter:
     queued before it, so the order of everything holds.
     """
 
-    def __init__(self, on_broken: Callable[[], None]) -> None:
+    def __init__(
+        self, on_broken: Callable[[], None], clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self._lock = threading.Condition()
+        self._clock = clock
         self._on_broken = on_broken
         self._broken = False
         self._lines: list[list[Any]] = []
         self._bytes = 0
+        self._last_write = float("-inf")
         threading.Thread(target=self._flush_lines, daemon=True).start()
 
     def __call__(self, event: dict[str, Any]) -> None:
         with self._lock:
+            if event.get("e") == "alive" and self._said_lately():
+                return  # any event says the node is alive: on a busy node "alive" is noise
             if event.get("e") == "line":
                 text = event.get("t", "")
                 self._lines.append([event.get("r"), event.get("l"), event.get("s"), text])
@@ -101,6 +108,10 @@ class StdoutEmitter:
             with self._lock:
                 self._send_lines()
 
+    def _said_lately(self) -> bool:
+        """Whether something went out, or waits to, within the last ALIVE_EVERY seconds."""
+        return bool(self._lines) or self._clock() - self._last_write < ALIVE_EVERY
+
     def _send_lines(self) -> None:
         if self._lines:
             batch, self._lines, self._bytes = self._lines, [], 0
@@ -112,6 +123,7 @@ class StdoutEmitter:
         try:
             sys.stdout.buffer.write(data)
             sys.stdout.buffer.flush()
+            self._last_write = self._clock()
         except (BrokenPipeError, OSError):
             self._broken = True
             self._on_broken()

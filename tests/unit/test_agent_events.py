@@ -1,0 +1,112 @@
+"""What a node's agent says to the launcher in steady running, and what the launcher makes of it.
+
+The launcher's work grows with the events it reads: a node of 8 ranks that beat once a second
+sends one "beats" event a poll (not 8), and says "alive" only when it said nothing else lately.
+Real progress files, the real agent emitter on a real pipe, the launcher's real Attempt.
+"""
+
+from __future__ import annotations
+
+import importlib
+import io
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.unit.test_first_failure import supervisor_of
+from torchherd import progress
+from torchherd.agent import runner
+from torchherd.agent.attempt import NodeAttempt
+
+
+def beat_as(rank: int, step: int, monkeypatch: pytest.MonkeyPatch, compute: float) -> None:
+    """A worker of ``rank`` beats (a fresh progress module: a process of its own)."""
+    monkeypatch.setenv("RANK", str(rank))
+    importlib.reload(progress).beat(step, compute=compute)
+
+
+@pytest.fixture
+def node_attempt(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
+    events: list[dict[str, Any]] = []
+    attempt = NodeAttempt({"job_id": "job", "node": "node1"}, events.append)
+    attempt.progress_dir = str(tmp_path)
+    monkeypatch.setenv(progress.PROGRESS_DIR_VAR, str(tmp_path))
+    yield attempt, events
+    importlib.reload(progress)
+
+
+def test_every_ranks_new_beat_goes_in_one_event(node_attempt, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    attempt, events = node_attempt
+    for rank in range(8):
+        beat_as(rank, 5, monkeypatch, compute=0.1 * (rank + 1))
+    sent: dict[tuple[int, str], object] = {}
+    attempt._send_progress(sent)
+    beats = [e for e in events if e["e"] == "beats"]
+    assert len(beats) == 1, events
+    assert sorted(item[0] for item in beats[0]["b"]) == list(range(8))
+    assert {item[1] for item in beats[0]["b"]} == {5}
+    assert [round(item[3], 2) for item in sorted(beats[0]["b"])][:2] == [0.1, 0.2]
+    assert not any(e["e"] == "beat" for e in events)
+
+    events.clear()
+    attempt._send_progress(sent)  # nothing new beaten: nothing sent
+    assert [e for e in events if e["e"] == "beats"] == []
+
+    beat_as(3, 6, monkeypatch, compute=0.5)
+    attempt._send_progress(sent)
+    [again] = [e["b"] for e in events if e["e"] == "beats"]
+    assert [(rank, step, compute) for rank, step, _, compute in again] == [(3, 6, 0.5)]
+
+
+def test_the_launcher_takes_each_rank_of_a_beats_event(tmp_path: Path) -> None:
+    supervisor, output = supervisor_of(tmp_path, ["n1", "n2"])
+    node = supervisor.nodes["n1"]
+    supervisor._handle(node, {"e": "beats", "b": [[0, 7, 100.0, 0.2], [1, 9, 100.0, None]]})
+    supervisor._handle(node, {"e": "beats", "b": [[0, 12, 102.0, 0.2], "junk", [None, 1, 2, 3]]})
+    output.close()
+    assert supervisor.hang.steps == {0: 12, 1: 9}
+    assert supervisor.step_rates()["n1"] == (12, pytest.approx(2.5))
+    assert supervisor.slow.watch.reports_compute  # rank 0's compute times reached the watch
+    assert list(supervisor.slow.watch.times[("n1", 0)]) == [0.2, 0.2]
+    assert ("n1", 1) not in supervisor.slow.watch.times  # no compute reported: none counted
+
+
+class Stdout:
+    """sys.stdout for the emitter: what it wrote, event by event."""
+
+    def __init__(self) -> None:
+        self.buffer = io.BytesIO()
+
+    def events(self) -> list[str]:
+        return [json.loads(line)["e"] for line in self.buffer.getvalue().splitlines()]
+
+
+def test_alive_only_when_the_node_said_nothing_lately(monkeypatch: pytest.MonkeyPatch) -> None:
+    out = Stdout()
+    monkeypatch.setattr(sys, "stdout", out)
+    clock = [1000.0]
+    emit = runner.StdoutEmitter(on_broken=lambda: None, clock=lambda: clock[0])
+    emit({"e": "alive"})  # nothing said yet
+    clock[0] += runner.ALIVE_EVERY + 0.1
+    emit({"e": "beats", "b": []})
+    clock[0] += runner.ALIVE_EVERY - 0.5
+    emit({"e": "alive"})  # the beats said it
+    clock[0] += 0.6
+    emit({"e": "alive"})  # silent for longer than ALIVE_EVERY: said
+    assert out.events() == ["alive", "beats", "alive"]
+
+
+def test_pings_often_enough_for_any_launcher_silence_and_rarely_on_defaults() -> None:
+    from torchherd.attempt import AGENT_SILENCE, ping_every
+    from torchherd.spec import ClusterSpec
+
+    limits = ClusterSpec.model_fields["launcher_silence"].metadata
+    lowest = next(m.ge for m in limits if hasattr(m, "ge"))
+    highest = next(m.le for m in limits if hasattr(m, "le"))
+    for silence in range(int(lowest), int(highest) + 1):
+        # an agent hears at least two pings before it would take the launcher for gone
+        assert silence / ping_every(silence) >= 2.5, silence
+    assert ping_every(AGENT_SILENCE) == 10.0
