@@ -43,9 +43,10 @@ per node); an N that does not fit in the memory available now is skipped, with t
                           [--full-max-nodes 100] [--steady-lines 1] [--steady-beats 1]
                           [--json FILE] [--profile DIR]
 
-With --profile, py-spy samples the launcher during the start and the full-speed phases (raw
-stacks in DIR) and the bench prints where its CPU went: the functions with the most samples,
-as CPU ms per node (start) and CPU us per line (full speed).
+With --profile, py-spy samples the launcher during the start, steady and full-speed phases
+(raw stacks in DIR) and the bench prints where its CPU went: the functions with the most
+samples, as CPU ms per node (start), per node and minute (steady) and CPU us per line (full
+speed).
 """
 
 from __future__ import annotations
@@ -424,7 +425,7 @@ def measure(
             result.profile += [f"start, {nodes} nodes:"]
             result.profile += hot_spots(profiler.stop(), result.start_cpu_s, nodes, "node")
         print(f"  {nodes} nodes running after {result.start_s:.1f} s", flush=True)
-        steady_phase(run, result, steady)
+        steady_phase(run, result, steady, profile)
         result.full_asked_lines_per_s = nodes * nproc * FULL_RATE
         if full:
             full_phase(run, result, full, profile)
@@ -443,13 +444,18 @@ def measure(
         shutil.rmtree(node_home, ignore_errors=True)
 
 
-def steady_phase(run: Run, result: Result, seconds: float) -> None:
+def steady_phase(run: Run, result: Result, seconds: float, profile: Path | None) -> None:
     assert run.tail is not None
     time.sleep(min(10.0, seconds))  # the first beats and lines settle
     run.tail.delays.reset()
     before = cpu_seconds(run.pid)
+    profiler = Profiler(run.pid, profile / f"steady-{result.nodes}.txt") if profile else None
     time.sleep(seconds)
-    result.steady_cpu_per_min_s = (cpu_seconds(run.pid) - before) * 60 / seconds
+    spent = cpu_seconds(run.pid) - before
+    result.steady_cpu_per_min_s = spent * 60 / seconds
+    if profiler is not None:
+        result.profile += [f"steady, {result.nodes} nodes (per node and minute):"]
+        result.profile += hot_spots(profiler.stop(), spent, result.nodes * seconds / 60, "node")
     result.steady_rss_mb = status_mb(run.pid, "VmRSS")
     result.steady_worst_delay_s = run.tail.delays.reset()[0]
     result.node_mb = pss_mb(run.sim.processes()) / result.nodes

@@ -47,6 +47,12 @@ from .transport import Transport
 HEARTBEAT_INTERVAL = 2.0
 PINGS_PER_SILENCE = 9
 LONGEST_PING_GAP = 10.0
+# Above this many nodes a job is large: the agents send the console only rank 0's lines and
+# every rank's stderr (every line is kept on its node: herd logs JOB --rank R fetches it
+# there), and each reports its ranks' progress every LARGE_JOB_REPORT_EVERY s, not every
+# second: a report is one event, and events are the launcher's steady work per node.
+LARGE_JOB_NODES = 16
+LARGE_JOB_REPORT_EVERY = 3.0
 # Seconds of silence from the launcher after which an agent ends its attempt (by default;
 # [cluster] launcher_silence): a launcher that was stopped, suspended or blocked for up to a
 # minute finds its job still running.
@@ -77,6 +83,7 @@ def agent_request(
         "grace": plan.grace,
         "heartbeat": HEARTBEAT_INTERVAL,
         "silence": silence,
+        "report_every": LARGE_JOB_REPORT_EVERY if len(plan.nodes) > LARGE_JOB_NODES else 1.0,
         "serve": True,  # the agent stays for the job's next attempt (a restart in place)
     }
     if send is not None:

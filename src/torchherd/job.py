@@ -20,7 +20,7 @@ import time
 from dataclasses import replace
 from typing import Any, TextIO
 
-from .attempt import Attempt
+from .attempt import LARGE_JOB_NODES, Attempt
 from .errors import EXIT_CRASH_LOOP, EXIT_INTERRUPTED, EXIT_JOB_FAILED, EXIT_SAVED, HerdError
 from .jobs import JobRecord, attempt_entry, job_dir
 from .links import AgentLink
@@ -38,10 +38,6 @@ from .redact import redact_text
 from .spec import ClusterSpec
 from .sweeps import sweep_attempt
 from .transport import Transport
-
-# Above this many nodes the agents send the console only rank 0's lines and every rank's
-# stderr: every line is kept on its node (herd logs JOB --rank R fetches it there).
-SHOW_ALL_NODES = 16
 
 # Restarts after the agents stopped the job for a silent launcher (this launcher was stopped
 # or suspended): not the job's fault, so not counted against --max-restarts, but bounded.
@@ -266,7 +262,7 @@ class JobRun:
     def _sent_lines(self, plan: LaunchPlan) -> dict[str, Any] | None:
         """Which worker lines the agents send: all on small jobs; on large ones rank 0's and
         every rank's stderr (the launcher of a thousand nodes cannot take every line)."""
-        if len(plan.nodes) <= SHOW_ALL_NODES:
+        if len(plan.nodes) <= LARGE_JOB_NODES:
             return None
         shown = sorted(self.ranks) if self.ranks is not None else [0]
         if not self.record.lines_on_nodes:

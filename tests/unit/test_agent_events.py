@@ -110,3 +110,22 @@ def test_pings_often_enough_for_any_launcher_silence_and_rarely_on_defaults() ->
         # an agent hears at least two pings before it would take the launcher for gone
         assert silence / ping_every(silence) >= 2.5, silence
     assert ping_every(AGENT_SILENCE) == 10.0
+
+
+def test_a_large_jobs_nodes_report_less_often_and_say_alive_no_more_often(tmp_path: Path) -> None:
+    from torchherd.attempt import LARGE_JOB_NODES, agent_request
+    from torchherd.recovery.liveness import SILENCE
+
+    def request_for(nodes: int) -> dict[str, Any]:
+        (tmp_path / str(nodes)).mkdir()
+        supervisor, output = supervisor_of(tmp_path / str(nodes), [f"n{i}" for i in range(nodes)])
+        output.close()
+        return agent_request(supervisor.plan, supervisor.plan.nodes[0])
+
+    small, large = request_for(LARGE_JOB_NODES), request_for(LARGE_JOB_NODES + 1)
+    assert small["report_every"] == 1.0
+    assert runner.alive_every(small) == runner.ALIVE_EVERY
+    assert large["report_every"] > runner.ALIVE_EVERY
+    assert runner.alive_every(large) == large["report_every"]
+    # a node that says nothing else is still heard well within the launcher's silence limit
+    assert 2 * runner.alive_every(large) < SILENCE

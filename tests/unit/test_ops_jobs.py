@@ -161,6 +161,7 @@ def test_detach_request_is_the_supervisors_request_plus_detach(tmp_path: Path) -
         "env": {"A": "1"},
         "secret_env": {"TOKEN": "t0ps3cret"},
         "grace": 7.0,
+        "report_every": 1.0,  # the node's progress reports: every second on a small job
         "detach": True,
     }
 

@@ -46,7 +46,8 @@ STDERR_TAIL = 20
 MAX_LINE = 64 * 1024
 # Seconds between looks for exited orphans to reap.
 REAP_EVERY = 1.0
-# Seconds between looks at the workers' progress files.
+# Seconds between looks at the workers' progress files (and reports of what changed), unless
+# the request says (``report_every``: less often on large jobs).
 PROGRESS_POLL = 1.0
 # Global rank -> local rank of the attempt's workers on this node, in the attempt's directory.
 RANKS_FILE = "ranks.json"
@@ -342,7 +343,10 @@ class NodeAttempt:
         """Forward each rank's newest beat, phase and committed snapshot to the launcher, and
         which ranks spoke in lines kept here."""
         sent: dict[tuple[int, str], object] = {}
-        while not self.stop_requested.wait(PROGRESS_POLL):
+        # On the whole seconds of the wall clock: every node's report reaches the launcher in
+        # the same moment, and one wake-up of its event loop reads them all.
+        every = float(self.request.get("report_every") or PROGRESS_POLL)
+        while not self.stop_requested.wait(every - time.time() % every):
             if self.process is not None and self.process.poll() is not None:
                 return
             self._send_progress(sent)

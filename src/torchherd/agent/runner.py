@@ -18,7 +18,7 @@ attempt has ended. The agent reads JSON lines on stdin:
     {"cmd": "why-slow", "rank": R}    what this node can tell about why rank R is slow
     {"cmd": "bye"} or stdin closed    end the current attempt, then exit
 
-and answers with events on stdout (agent.protocol). It says {"e": "alive"} every ALIVE_EVERY
+and answers with events on stdout (agent.protocol). It says {"e": "alive"} every alive_every()
 seconds for as long as it runs, stopping included, so a node that stops slowly is never taken
 for a lost one (unless it said something else lately: any event is as good). The launcher
 pings; when it has been silent for the request's ``silence`` seconds (a partition closes
@@ -44,7 +44,7 @@ from .protocol import encode
 
 __all__ = ["Agent", "NodeAttempt", "Prewarmed", "herd_home", "main"]
 
-# Seconds between the agent's own "alive" events.
+# Seconds between the agent's own "alive" events (at least; see alive_every).
 ALIVE_EVERY = 2.0
 # Seconds without a word from the launcher after which the agent ends the current attempt,
 # when the request does not say: long enough for a launcher stalled by a blocked write, a
@@ -62,6 +62,13 @@ LINGER = 300.0
 _LEAVE = object()
 
 
+def alive_every(request: dict[str, Any]) -> float:
+    """Seconds between "alive" events: ALIVE_EVERY, or the request's ``report_every`` (how
+    often the node reports its ranks' progress) when longer, so that on a training node the
+    reports alone say it is alive."""
+    return max(ALIVE_EVERY, float(request.get("report_every") or 0))
+
+
 class StdoutEmitter:
     """Writes events to stdout; a broken pipe means the launcher is gone.
 
@@ -72,9 +79,13 @@ class StdoutEmitter:
     """
 
     def __init__(
-        self, on_broken: Callable[[], None], clock: Callable[[], float] = time.monotonic
+        self,
+        on_broken: Callable[[], None],
+        alive_every: float = ALIVE_EVERY,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._lock = threading.Condition()
+        self._alive_every = alive_every
         self._clock = clock
         self._on_broken = on_broken
         self._broken = False
@@ -109,8 +120,8 @@ class StdoutEmitter:
                 self._send_lines()
 
     def _said_lately(self) -> bool:
-        """Whether something went out, or waits to, within the last ALIVE_EVERY seconds."""
-        return bool(self._lines) or self._clock() - self._last_write < ALIVE_EVERY
+        """Whether something went out, or waits to, within the last alive_every seconds."""
+        return bool(self._lines) or self._clock() - self._last_write < self._alive_every
 
     def _send_lines(self) -> None:
         if self._lines:
@@ -285,7 +296,7 @@ class Agent:
         self.emit(why_slow_event(attempt.job_id, attempt.node, attempt.attempt, rank))
 
     def say_alive(self) -> None:
-        while not self.leaving.wait(ALIVE_EVERY):
+        while not self.leaving.wait(alive_every(self.request)):
             self.emit({"e": "alive"})
 
     def watch_launcher(self) -> None:
@@ -384,7 +395,7 @@ def main() -> int:
         if agent is not None:
             agent.leave("launcher-gone")
 
-    agent = Agent(request, StdoutEmitter(on_broken=gone), lines)
+    agent = Agent(request, StdoutEmitter(on_broken=gone, alive_every=alive_every(request)), lines)
     agent.prewarmed = prewarmed
 
     def on_signal(*_: object) -> None:
