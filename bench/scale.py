@@ -7,8 +7,9 @@ and the bench measures that process alone (its own CPU time and peak RSS from /p
 agents are its children and are not counted):
 
   start      command -> every node's torchrun (stand-in) running: wall time, launcher CPU
-  steady     every rank printing 1 line/s and beating once a second (--steady-lines,
-             --steady-beats): launcher CPU per minute
+  steady     every rank printing 1 line/s and beating once a second with its compute time,
+             as the Trainer does (--steady-lines, --steady-beats, --plain-ranks): launcher
+             CPU per minute
   full       every rank printing 10 lines/s: launcher CPU, lines the launcher took per second,
              and the worst line delay (a line's time stamp -> the launcher writing it to the
              job's output.log; the agents' heartbeats travel in the same stream, so they are
@@ -41,7 +42,7 @@ per node); an N that does not fit in the memory available now is skipped, with t
 
     python bench/scale.py [--nodes 10,100,300,1000] [--nproc 8] [--steady 60] [--full 20]
                           [--full-max-nodes 100] [--steady-lines 1] [--steady-beats 1]
-                          [--json FILE] [--profile DIR]
+                          [--plain-ranks] [--json FILE] [--profile DIR]
 
 With --profile, py-spy samples the launcher during the start, steady and full-speed phases
 (raw stacks in DIR) and the bench prints where its CPU went: the functions with the most
@@ -76,8 +77,15 @@ STEADY_TARGET = 0.5  # % of a core per 100 nodes
 START_RATIO_TARGET = 2.0
 DELAY_TARGET = 1.0
 FULL_RATE = 10.0
-# What every rank does in steady running (set from --steady-lines and --steady-beats).
-STEADY: dict[str, float] = {"lines_per_second": 1.0, "beats_per_second": 1.0}
+# What every rank does in steady running (set from --steady-lines and --steady-beats). Beats
+# carry a compute time, as the Trainer's do: herd then judges slow ranks from the beats. A job
+# that reports none is looked at instead (py-spy on each rank every 10 s, on its node): on
+# this machine, 300 nodes' looks take both cores from the simulation (--plain-ranks).
+STEADY: dict[str, float | None] = {
+    "lines_per_second": 1.0,
+    "beats_per_second": 1.0,
+    "compute_seconds": 0.1,
+}
 SILENT_FOR = 20.0  # longer than herd's 10 s of silence, so the node is called lost
 # Memory a simulated node takes until measured (agent ~10 MB, stand-in ~4, workers ~2), and
 # what is left free for everything else on the machine.
@@ -732,6 +740,11 @@ def main() -> int:
         "--steady-beats", type=float, default=1.0, help="step beats per second per rank, steady"
     )
     parser.add_argument(
+        "--plain-ranks",
+        action="store_true",
+        help="beats without compute times (a plain script: herd looks at the ranks instead)",
+    )
+    parser.add_argument(
         "--full-max-nodes",
         type=int,
         default=100,
@@ -743,6 +756,8 @@ def main() -> int:
     )
     args = parser.parse_args()
     STEADY.update(lines_per_second=args.steady_lines, beats_per_second=args.steady_beats)
+    if args.plain_ranks:
+        STEADY["compute_seconds"] = None
     counts = [int(n) for n in args.nodes.split(",")]
     results: list[Result] = []
     node_mb = NODE_MB_GUESS

@@ -24,6 +24,7 @@ What the ranks do is read from the control file (JSON, re-read when it changes),
 can change it while the job runs; every key may name the nodes it applies to (``"nodes"``):
 
   {"lines_per_second": 1, "beats_per_second": 1,       per rank
+   "compute_seconds": 0.1,                              beats carry it, as the Trainer's do
    "fail": {"nodes": [3], "local_rank": 1, "exitcode": 1},
    "hang": {"nodes": [2]},                              no more lines or beats
    "silent": {"nodes": [7], "seconds": 30},            the node freezes (agent stopped)
@@ -240,18 +241,20 @@ class StandIn:
             self.beats_due[local] += beats * elapsed
             if self.beats_due[local] >= 1.0:
                 self.beats_due[local] = 0.0
-                self.beat(self.base_rank + local, self.steps[local], now)
+                compute = self.control.value("compute_seconds", None)
+                self.beat(self.base_rank + local, self.steps[local], now, compute)
         if chunk:
             self.write("".join(chunk).encode())
 
-    def beat(self, rank: int, step: int, now: float) -> None:
+    def beat(self, rank: int, step: int, now: float, compute: object = None) -> None:
         if not self.progress_dir:
             return
         path = os.path.join(self.progress_dir, f"rank-{rank}")
         temporary = f"{path}.{os.getpid()}.tmp"
+        work = f" {float(compute):.6f}" if isinstance(compute, int | float) else ""
         try:
             with open(temporary, "w") as handle:
-                handle.write(f"{step} {now:.3f}\n")
+                handle.write(f"{step} {now:.3f}{work}\n")
             os.replace(temporary, path)
         except OSError:
             pass
