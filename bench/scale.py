@@ -10,10 +10,12 @@ agents are its children and are not counted):
   steady     every rank printing 1 line/s and beating once a second with its compute time,
              as the Trainer does (--steady-lines, --steady-beats, --plain-ranks): launcher
              CPU per minute
-  full       every rank printing 10 lines/s: launcher CPU, lines the launcher took per second,
-             and the worst line delay (a line's time stamp -> the launcher writing it to the
-             job's output.log; the agents' heartbeats travel in the same stream, so they are
-             this late too), besides the delay to the console (stdout). Simulated up to
+  full       every rank printing 10 lines/s: launcher CPU, lines the launcher took per second
+             of those sent to it (every line up to 16 nodes; above, rank 0's, herd's default:
+             the rest stay on their nodes), and the worst line delay (a line's time stamp ->
+             the launcher writing it to the job's output.log; the agents' heartbeats travel
+             in the same stream, so they are this late too), besides the delay to the
+             console (stdout). Simulated up to
              --full-max-nodes (100): beyond, the nodes' own side of 80 lines/s per node (an
              agent relaying every line) takes this machine's 2 cores, and a measured delay
              would be the simulation's; there the launcher's load is projected from its CPU
@@ -70,6 +72,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 sys.path.insert(1, str(REPO))
 from tests.simcluster import SimCluster  # noqa: E402
+from torchherd.attempt import LARGE_JOB_NODES  # noqa: E402
 
 TICKS = os.sysconf("SC_CLK_TCK")
 START_TARGET_MS = 5.0
@@ -77,6 +80,15 @@ STEADY_TARGET = 0.5  # % of a core per 100 nodes
 START_RATIO_TARGET = 2.0
 DELAY_TARGET = 1.0
 FULL_RATE = 10.0
+
+
+def lines_sent_per_s(nodes: int, nproc: int, rate: float) -> float:
+    """Lines per second the agents send the launcher when every rank prints ``rate``: all of
+    them on a small job; rank 0's on a large one (the rest stay on their nodes, herd's
+    default above LARGE_JOB_NODES nodes)."""
+    return (nodes * nproc if nodes <= LARGE_JOB_NODES else 1) * rate
+
+
 # What every rank does in steady running (set from --steady-lines and --steady-beats). Beats
 # carry a compute time, as the Trainer's do: herd then judges slow ranks from the beats. A job
 # that reports none is looked at instead (py-spy on each rank every 10 s, on its node): on
@@ -110,7 +122,7 @@ class Result:
     full_measured: bool = False
     full_cpu_per_s: float = 0.0
     full_lines_per_s: float = 0.0
-    full_asked_lines_per_s: float = 0.0
+    full_sent_lines_per_s: float = 0.0
     worst_delay_s: float = 0.0
     worst_console_delay_s: float = 0.0
     steady_worst_delay_s: float = 0.0
@@ -434,7 +446,7 @@ def measure(
             result.profile += hot_spots(profiler.stop(), result.start_cpu_s, nodes, "node")
         print(f"  {nodes} nodes running after {result.start_s:.1f} s", flush=True)
         steady_phase(run, result, steady, profile)
-        result.full_asked_lines_per_s = nodes * nproc * FULL_RATE
+        result.full_sent_lines_per_s = lines_sent_per_s(nodes, nproc, FULL_RATE)
         if full:
             full_phase(run, result, full, profile)
         if not run.alive or run.misjudged():
@@ -490,7 +502,7 @@ def full_phase(run: Run, result: Result, seconds: float, profile: Path | None) -
     result.full_measured = True
     result.full_cpu_per_s = (last - before) / took
     result.full_lines_per_s = (run.tail.lines - lines_before) / took
-    result.full_asked_lines_per_s = result.nodes * result.nproc * FULL_RATE
+    result.full_sent_lines_per_s = lines_sent_per_s(result.nodes, result.nproc, FULL_RATE)
     result.worst_delay_s = run.tail.delays.reset()[0]
     result.worst_console_delay_s = run.console.delays.reset()[0]
     if profiler is not None:
@@ -499,7 +511,7 @@ def full_phase(run: Run, result: Result, seconds: float, profile: Path | None) -
             profiler.stop(), last - before, result.full_lines_per_s * took, "line"
         )
     print(
-        f"  full speed: {result.full_lines_per_s:.0f} of {result.full_asked_lines_per_s:.0f} "
+        f"  full speed: {result.full_lines_per_s:.0f} of {result.full_sent_lines_per_s:.0f} "
         f"lines/s taken, worst delay {result.worst_delay_s:.2f} s",
         flush=True,
     )
@@ -601,7 +613,8 @@ def table(results: list[Result]) -> str:
         ("steady: RSS MB", lambda r: f"{r.steady_rss_mb:.0f}"),
         ("steady: RSS KB / node", lambda r: f"{r.steady_rss_mb * 1024 / r.nodes:.0f}"),
         ("steady: worst delay s", lambda r: f"{r.steady_worst_delay_s:.2f}"),
-        ("full: lines/s asked", lambda r: f"{r.full_asked_lines_per_s:.0f}"),
+        ("full: lines/s printed", lambda r: f"{r.nodes * r.nproc * FULL_RATE:.0f}"),
+        ("full: lines/s sent", lambda r: f"{r.full_sent_lines_per_s:.0f}"),
         ("full: lines/s taken", lambda r: _full(r, f"{r.full_lines_per_s:.0f}")),
         ("full: launcher % core", lambda r: _full(r, f"{r.full_cpu_per_s * 100:.0f}")),
         ("full: CPU us / line", lambda r: _full(r, f"{cpu_per_line_us(r):.0f}")),
@@ -638,7 +651,7 @@ def projected_core(result: Result, results: list[Result]) -> float:
     if not measured:
         return 0.0
     per_line = cpu_per_line_us(measured[-1]) / 1e6
-    return result.full_asked_lines_per_s * per_line * 100
+    return result.full_sent_lines_per_s * per_line * 100
 
 
 def cpu_per_line_us(result: Result) -> float:
@@ -707,11 +720,11 @@ def targets(results: list[Result]) -> list[str]:
                 + " (judged as: < 50 % of a core, room for its heartbeats)"
             )
             continue
-        fed = r.full_lines_per_s >= 0.9 * r.full_asked_lines_per_s
+        fed = r.full_lines_per_s >= 0.9 * r.full_sent_lines_per_s
         note = (
             ""
             if fed
-            else f" (only {r.full_lines_per_s:.0f} of {r.full_asked_lines_per_s:.0f} lines/s "
+            else f" (only {r.full_lines_per_s:.0f} of {r.full_sent_lines_per_s:.0f} lines/s "
             "reached it)"
         )
         lines.append(
