@@ -429,7 +429,11 @@ class Attempt:
             self._set_state(node, "succeeded")
         elif event.get("stopped"):
             self._set_state(node, "stopped")
-            if node.why_stopped == "launcher-silent" and not self._ending:
+            # Even when the job is already ending: while this launcher was away, the first
+            # agent to give up stops its workers, and their peers on other nodes fail on the
+            # reset before their own agents give up; whichever exit is read first, the agents
+            # stopped this job, and its failures are their consequence.
+            if node.why_stopped == "launcher-silent" and not self.interrupted:
                 self._agents_stopped_for_silence(node)
         else:
             if not node.failures and node.error is None:
@@ -469,6 +473,8 @@ class Attempt:
             )
 
     def _agents_stopped_for_silence(self, node: NodeRun) -> None:
+        if self.stopped_for_silence:
+            return  # said once
         self.stopped_for_silence = True
         self.noticed = self.noticed or "the agents heard nothing from this launcher"
         self.output.note(
@@ -476,7 +482,8 @@ class Attempt:
             f"for {self.cluster.launcher_silence:g} s (this launcher was stopped, suspended or "
             "starved)"
         )
-        self.stop_all()
+        if not self._ending:
+            self.stop_all()
 
     def _link_lost(self, node: NodeRun, link: AgentLink) -> None:
         """The node's link ended before the agent reported the attempt's end."""

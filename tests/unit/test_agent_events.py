@@ -129,3 +129,18 @@ def test_a_large_jobs_nodes_report_less_often_and_say_alive_no_more_often(tmp_pa
     assert runner.alive_every(large) == large["report_every"]
     # a node that says nothing else is still heard well within the launcher's silence limit
     assert 2 * runner.alive_every(large) < SILENCE
+
+
+def test_agents_that_stopped_for_a_silent_launcher_explain_a_peers_failure(tmp_path: Path) -> None:
+    """While the launcher was away the first agent to give up stopped its workers; the peer's
+    worker failed on the reset before its own agent gave up. Whichever exit is read first, the
+    attempt was stopped by its agents (restarted in place, not counted as a failure)."""
+    supervisor, output = supervisor_of(tmp_path, ["n1", "n2"])
+    failed = {"e": "exit", "code": 1, "failures": [{"rank": 0, "exitcode": 1}], "why": ""}
+    supervisor._handle(supervisor.nodes["n1"], failed)
+    assert supervisor._ending and not supervisor.stopped_for_silence
+    silent = {"e": "exit", "code": 143, "stopped": True, "why": "launcher-silent"}
+    supervisor._handle(supervisor.nodes["n2"], silent)
+    output.close()
+    assert supervisor.stopped_for_silence
+    assert "n2's agent stopped the job" in (tmp_path / "out").read_text()
