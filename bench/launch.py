@@ -4,8 +4,13 @@ Measures the time from the command to every rank's first line of output, for
   - herd:     `herd launch -c herd.toml first_line.py`
   - baseline: torchrun started at once on every node with plain ssh, with the address and
               interface fixes typed by hand (--rdzv-conf is_host, --local-addr, *_SOCKET_IFNAME)
-Runs alternate (baseline, herd, baseline, herd...) and the medians are compared.
-Prints `ratio = herd / baseline`; the target is <= 1.0. Needs root (builds the testbed).
+  - pdsh:     what DeepSpeed's launcher does with its default runner: one `pdsh -R ssh` over
+              every node, each node's rank from pdsh's %n, a static rendezvous on the first
+              node (torchrun --node-rank=%n --master-addr); skipped when pdsh is not installed
+              (Debian: apt-get install pdsh)
+Runs alternate (baseline, pdsh, herd, baseline...) and the medians are compared.
+Prints `ratio = herd / baseline` and `herd / pdsh`; the target is <= 1.0 against both.
+Needs root (builds the testbed).
 
     python bench/launch.py [--nodes 2] [--nproc 1] [--repeats 5]
 """
@@ -15,6 +20,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -132,6 +138,33 @@ def run_baseline(
     return elapsed
 
 
+def run_pdsh(bed: Testbed, nodes: int, nproc: int, workdir: Path, port: int) -> float:
+    """DeepSpeed's pdsh runner, reproduced: one pdsh over every node, ranks from %n."""
+    first, hosts = bed.nodes[0], bed.nodes[:nodes]
+    iface = first.iface  # the testbed's nodes all name their interface alike
+    command = (
+        f"cd {workdir} && NCCL_SOCKET_IFNAME={iface} GLOO_SOCKET_IFNAME={iface} "
+        f"PYTHONUNBUFFERED=1 {sys.executable} -m torch.distributed.run --nnodes={nodes} "
+        f"--nproc-per-node={nproc} --node-rank=%n --master-addr={first.addr} "
+        f"--master-port={port} first_line.py"
+    )
+    env = dict(os.environ, PDSH_SSH_ARGS=f"-F {bed.ssh_config} -o BatchMode=yes -x -l%u %h")
+    started = time.monotonic()
+    process = subprocess.Popen(
+        ["pdsh", "-S", "-R", "ssh", "-f", "1024", "-w", ",".join(n.name for n in hosts), command],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,
+    )
+    elapsed = wait_for_ranks([process.stdout], nodes * nproc, started)
+    if process.wait(120) != 0:
+        raise RuntimeError("pdsh's torchrun failed")
+    return elapsed
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--nodes", type=int, default=2)
@@ -149,25 +182,41 @@ def main() -> int:
             workdir=str(workdir),
             env={"HERD_HOME": str(home)},
         )
-        herd_times, base_times = [], []
-        # One untimed run of each warms the page cache (torch import) for both alike.
+        herd_times, base_times, pdsh_times = [], [], []
+        with_pdsh = shutil.which("pdsh") is not None
+        if not with_pdsh:
+            print("pdsh is not installed: no DeepSpeed-style baseline (apt-get install pdsh)")
+        # One untimed run of each warms the page cache (torch import) for all alike.
         run_baseline(bed, args.nodes, args.nproc, workdir, 29400, "warm")
+        if with_pdsh:
+            run_pdsh(bed, args.nodes, args.nproc, workdir, 29450)
         run_herd(bed, cluster_file, workdir, world, home)
         for repeat in range(args.repeats):
             base_times.append(
                 run_baseline(bed, args.nodes, args.nproc, workdir, 29401 + repeat, f"b{repeat}")
             )
+            if with_pdsh:
+                pdsh_times.append(run_pdsh(bed, args.nodes, args.nproc, workdir, 29451 + repeat))
             herd_times.append(run_herd(bed, cluster_file, workdir, world, home))
+            pdsh = f"   pdsh {pdsh_times[-1]:.2f} s" if pdsh_times else ""
             print(
-                f"run {repeat + 1}: baseline {base_times[-1]:.2f} s   herd {herd_times[-1]:.2f} s",
+                f"run {repeat + 1}: baseline {base_times[-1]:.2f} s{pdsh}   "
+                f"herd {herd_times[-1]:.2f} s",
                 flush=True,
             )
     herd_median, base_median = statistics.median(herd_times), statistics.median(base_times)
-    ratio = herd_median / base_median
     print(f"\n{args.nodes} nodes x {args.nproc} workers, {args.repeats} runs each (median):")
     print(f"  baseline (torchrun by hand over ssh): {base_median:.2f} s")
+    if pdsh_times:
+        print(f"  pdsh (DeepSpeed's runner):            {statistics.median(pdsh_times):.2f} s")
     print(f"  herd launch:                          {herd_median:.2f} s")
-    print(f"ratio = {ratio:.3f}  (target <= 1.0: {'met' if ratio <= 1.0 else 'NOT met'})")
+    against = [("baseline", base_median)]
+    if pdsh_times:
+        against.append(("pdsh", statistics.median(pdsh_times)))
+    for name, median in against:
+        ratio = herd_median / median
+        verdict = "met" if ratio <= 1.0 else "NOT met"
+        print(f"ratio herd / {name} = {ratio:.3f}  (target <= 1.0: {verdict})")
     return 0
 
 

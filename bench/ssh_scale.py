@@ -96,10 +96,16 @@ class Launcher:
     def wait_for(self, pattern: str, count: int, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
         while self.count(pattern) < count:
-            if time.monotonic() > deadline or self.process.poll() is not None:
+            if time.monotonic() > deadline or self.exited():
                 return False
             time.sleep(0.1)
         return True
+
+    def exited(self) -> bool:
+        """Whether the launcher has ended, leaving it unreaped: finish() reaps it with wait4,
+        the only way to learn what its waited-for children used."""
+        flags = os.WEXITED | os.WNOHANG | os.WNOWAIT
+        return os.waitid(os.P_PID, self.process.pid, flags) is not None
 
     def finish(self, timeout: float = 600) -> tuple[int, float, float, float]:
         """(exit code, wall s, own CPU s, CPU s with waited-for children)."""
@@ -130,6 +136,11 @@ class Launcher:
         return self.process.returncode, wall, self.own_cpu, total
 
 
+# Every rank's lines on the console (each rank prints a couple), so that the bench sees every
+# rank start and step: above 16 nodes herd shows rank 0's by default.
+EVERY_RANK = ["--ranks", "all"]
+
+
 def herd_env(home: Path) -> dict[str, str]:
     return dict(os.environ, HERD_HOME=str(home), PYTHONUNBUFFERED="1")
 
@@ -151,11 +162,13 @@ def run_phase(
         code, wall, own, total = launcher.finish()
         ok = code == 0
     elif phase == "launch":
-        launcher = Launcher(["launch", "-c", str(cluster), "allreduce.py"], env, out)
+        launcher = Launcher(["launch", "-c", str(cluster), *EVERY_RANK, "allreduce.py"], env, out)
         code, wall, own, total = launcher.finish()
         ok = code == 0 and launcher.count(r"RESULT rank=") == nodes
     elif phase == "interrupt":
-        launcher = Launcher(["launch", "-c", str(cluster), "steps.py", "--quiet"], env, out)
+        launcher = Launcher(
+            ["launch", "-c", str(cluster), *EVERY_RANK, "steps.py", "--quiet"], env, out
+        )
         stepping = launcher.wait_for(r"STEPPING rank=", nodes, 300)
         asked = time.monotonic()
         launcher.process.send_signal(signal.SIGINT)
@@ -163,7 +176,7 @@ def run_phase(
         ok = stepping and code == 130
         note = f"stopped {time.monotonic() - asked:.1f} s after Ctrl-C"
     else:
-        argv = ["launch", "-c", str(cluster), "--max-restarts", "1", "--min-nodes"]
+        argv = ["launch", "-c", str(cluster), *EVERY_RANK, "--max-restarts", "1", "--min-nodes"]
         argv += [str(nodes - 1)]
         if hang_timeout is not None:
             argv += ["--hang-timeout", hang_timeout]

@@ -57,6 +57,18 @@ def banner(plan: Any, cluster: ClusterSpec) -> str:
     )
 
 
+def sent_lines(
+    nodes: int, ranks: frozenset[int] | None, every_rank: bool = False
+) -> dict[str, Any] | None:
+    """Which worker lines the agents send the launcher: all (None) on jobs of up to
+    LARGE_JOB_NODES nodes or with --ranks all; on larger ones the shown ranks' (rank 0 by
+    default) and every rank's stderr, since the launcher of a thousand nodes cannot take
+    every line. The rest stay in the nodes' files."""
+    if nodes <= LARGE_JOB_NODES or every_rank:
+        return None
+    return {"ranks": sorted(ranks) if ranks is not None else [0], "stderr": True}
+
+
 class JobRun:
     """Runs a prepared job to its end: attempts, restarts, signals, the record, the summary."""
 
@@ -73,6 +85,7 @@ class JobRun:
         color: bool | None = None,
         policy: RestartPolicy | None = None,
         ranks: frozenset[int] | None = None,
+        every_rank: bool = False,
     ) -> None:
         self.prepared = prepared
         self.job = job
@@ -96,6 +109,8 @@ class JobRun:
         )
         self.ranks = ranks
         """The ranks whose lines the console shows (--ranks; None: every rank)."""
+        self.every_rank = every_rank
+        """--ranks all: every line to the launcher, however large the job."""
         self.links: dict[str, AgentLink] = dict(prepared.links)
         for link in self.links.values():
             link.start_reading()  # a link that ends is known as ended, used or idle
@@ -260,19 +275,18 @@ class JobRun:
         )
 
     def _sent_lines(self, plan: LaunchPlan) -> dict[str, Any] | None:
-        """Which worker lines the agents send: all on small jobs; on large ones rank 0's and
-        every rank's stderr (the launcher of a thousand nodes cannot take every line)."""
-        if len(plan.nodes) <= LARGE_JOB_NODES:
-            return None
-        shown = sorted(self.ranks) if self.ranks is not None else [0]
-        if not self.record.lines_on_nodes:
+        """Which worker lines the agents send (sent_lines), said once on a large job."""
+        send = sent_lines(len(plan.nodes), self.ranks, self.every_rank)
+        if send is not None and not self.record.lines_on_nodes:
             self.record.lines_on_nodes = True
+            shown = send["ranks"]
             which = "rank 0" if shown == [0] else f"ranks {', '.join(map(str, shown))}"
             self.output.note(
                 f"herd: {len(plan.nodes)} nodes: the console shows {which} and every rank's "
-                f"stderr; every line is kept on its node (herd logs {plan.job_id} --rank R)"
+                f"stderr; every line is kept on its node (herd logs {plan.job_id} --rank R, "
+                "or --ranks all to see them live)"
             )
-        return {"ranks": shown, "stderr": True}
+        return send
 
     def _slow(self, slow: Slow) -> None:
         """A slow rank named: in the job record at once (`herd top` shows it)."""

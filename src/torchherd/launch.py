@@ -46,6 +46,9 @@ class LaunchOptions:
     ranks: frozenset[int] | None = None
     """Global ranks whose lines reach the console (None: every rank); every rank's lines are
     kept in the job's files all the same (logs.JobOutput's ``ranks``)."""
+    every_rank: bool = False
+    """--ranks all: every rank's lines reach the launcher even on a large job (by default
+    one of more than LARGE_JOB_NODES nodes sends rank 0's and every stderr line)."""
     log_dir: Path | None = None
     """Where per-rank logs go; default: the job directory."""
     preflight: bool = True
@@ -222,6 +225,7 @@ async def _supervise(
         log_dir=options.log_dir,
         color=options.color,
         ranks=options.ranks,
+        every_rank=options.every_rank,
     )
     _on_signals(loop, run.interrupt)
     _on_save_signal(loop, run.save_and_stop)

@@ -64,6 +64,27 @@ class AgentLink:
             link.write({"prewarm": prewarm | {"node": node.name}})
         return link
 
+    async def probe(self, request: dict[str, Any], timeout: float) -> dict[str, Any] | None:
+        """The quick probe's facts, asked over this link before anything reads it (the agent
+        answers before its first job request): a session saved per node. None when the
+        agent cannot answer (it ended, could not probe, is of an older version that ignores
+        the question, or took more than ``timeout`` s); the caller then probes the usual way."""
+        if self._readers or not self.write({"probe": request}):
+            return None
+        try:
+            return await asyncio.wait_for(self._probe_answer(), timeout)
+        except TimeoutError:
+            return None
+
+    async def _probe_answer(self) -> dict[str, Any] | None:
+        assert self.process.stdout is not None
+        async for raw in lines(self.process.stdout):
+            event = decode(raw)
+            if event is not None and event.get("e") == "probe":
+                facts = event.get("facts")
+                return facts if isinstance(facts, dict) else None
+        return None  # the agent ended first
+
     def start_reading(self) -> None:
         if not self._readers:
             stderr = asyncio.create_task(self._read_stderr())

@@ -2,8 +2,9 @@
 
     cluster -> connect every node (one ssh master each, in parallel)
             -> quick probe (NodeFacts) -> fast preflight -> LaunchPlan
-Agent sessions can be opened while this runs (``prewarm``), so torchrun's wrapper imports torch
-meanwhile. ``replan`` makes the plan of a restart on the nodes that still answer.
+With ``prewarm`` (a launch), each node's agent session opens first: torchrun's wrapper imports
+torch meanwhile, and the agent answers the probe over its link (one session a node). ``replan``
+makes the plan of a restart on the nodes that still answer.
 """
 
 from __future__ import annotations
@@ -48,11 +49,22 @@ async def probe_all(
     port_on_first: int | None = None,
     full: bool = False,
     timeout: float = 60,
+    links: Mapping[str, AgentLink] | None = None,
 ) -> dict[str, NodeFacts]:
-    """Run the quick probe on every node in parallel. NodeNotReady when a node cannot answer."""
+    """Run the quick probe on every node in parallel. NodeNotReady when a node cannot answer.
+
+    A node with an agent link open (``links``) is asked over it: one session a node, not
+    two. Where the link cannot answer, the node is probed in a session of its own, whose
+    failure says why (no python, no torchherd, a failed setup)."""
 
     async def probe(node: NodeSpec) -> NodeFacts | str:
         port = port_on_first if node is cluster.rendezvous_node else None
+        link = links.get(node.host) if links else None
+        if link is not None:
+            request = probe_request(workdir, port, full, entry)
+            answer = await link.probe(request, min(timeout, LINK_PROBE_WAIT))
+            if answer is not None:
+                return facts_of(node, answer)
         return await probe_node(cluster, transport, node, workdir, port, full, timeout, entry)
 
     results = await transport.each(cluster.nodes, probe)
@@ -66,6 +78,35 @@ async def probe_all(
     return {facts.host: facts for facts in results if isinstance(facts, NodeFacts)}
 
 
+# How long a link's agent may take to answer the probe before the node is probed in a session
+# of its own (an agent of an older version ignores the question).
+LINK_PROBE_WAIT = 15.0
+
+
+def probe_request(
+    workdir: str | None, port: int | None, full: bool, entry: dict[str, str] | None
+) -> dict[str, object]:
+    """What the probe is asked: the facts (``full``: herd doctor's), whether the workdir and
+    the job's script or module are there, whether ``port`` is free."""
+    request: dict[str, object] = {"full": full}
+    if workdir:
+        request["workdir"] = workdir
+    if entry:
+        request["entry"] = entry  # is the job's script or module there (checked from workdir)
+    if port is not None:
+        request["port"] = port
+    return request
+
+
+def facts_of(node: NodeSpec, answer: object) -> NodeFacts | str:
+    """A probe's answer as NodeFacts, or the line saying it was not facts (anything but the
+    probe's JSON object, None included)."""
+    try:
+        return NodeFacts.from_probe(node.host, answer)  # type: ignore[arg-type]
+    except (ValueError, TypeError, KeyError, AttributeError):
+        return f"{node.host}: the probe answered with something that is not JSON"
+
+
 async def probe_node(
     cluster: ClusterSpec,
     transport: Transport,
@@ -76,27 +117,22 @@ async def probe_node(
     timeout: float = 60,
     entry: dict[str, str] | None = None,
 ) -> NodeFacts | str:
-    """One node's quick probe: its facts, or one line saying why there are none."""
-    request: dict[str, object] = {"full": full}
-    if workdir:
-        request["workdir"] = workdir
-    if entry:
-        request["entry"] = entry  # is the job's script or module there (checked from workdir)
-    if port is not None:
-        request["port"] = port
+    """One node's quick probe in a session of its own: its facts, or one line saying why
+    there are none."""
     python = cluster.python_for(node)
     result = await transport.run(
         node,
         [python, "-m", "torchherd.agent", "probe"],
-        input=json.dumps(request).encode(),
+        input=json.dumps(probe_request(workdir, port, full, entry)).encode(),
         timeout=timeout,
     )
-    if result.ok:
-        try:
-            return NodeFacts.from_probe(node.host, json.loads(result.stdout))
-        except (ValueError, TypeError, KeyError):
-            return f"{node.host}: the probe answered with something that is not JSON"
-    return explain_probe_failure(node, python, result)
+    if not result.ok:
+        return explain_probe_failure(node, python, result)
+    try:
+        answer = json.loads(result.stdout)
+    except ValueError:
+        answer = None  # facts_of says it was not facts
+    return facts_of(node, answer)
 
 
 def explain_probe_failure(node: NodeSpec, python: str, result: CommandResult) -> str:
@@ -158,13 +194,15 @@ async def prepare(
     prewarm: bool = False,
 ) -> Prepared:
     """Connect, probe and check every node, then make the plan. With ``prewarm``, each node's
-    agent link is opened while the probe runs, and starts importing torch at once."""
+    agent link is opened first: it starts importing torch at once, and answers the probe."""
     say = progress or (lambda _: None)
     secrets = read_env_file(cluster.env_file) if cluster.env_file else {}
     cluster = with_workdir(cluster).with_spares(job.spares)
     say(f"connecting to {len(cluster.nodes)} node(s)")
     await connect_all(cluster, transport)
     say("probing nodes")
+    # With prewarm, the agents' sessions open first: each warms torchrun's wrapper at once
+    # and answers the probe over its link.
     opening = asyncio.create_task(open_links(cluster, transport, job)) if prewarm else None
     try:
         facts = await probe_all(
@@ -173,6 +211,7 @@ async def prepare(
             workdir=cluster.workdir,
             entry=job.entry_request(),
             port_on_first=cluster.rdzv_port or 0,
+            links=await opening if opening is not None else None,
         )
         problems = fast_preflight(cluster, facts)
         if problems and preflight:

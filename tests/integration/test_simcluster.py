@@ -83,3 +83,22 @@ def test_a_frozen_node_is_called_lost_and_the_others_are_stopped(tmp_path: Path)
     assert ended - frozen < 15  # the launcher did not wait for the frozen node to wake
     # Woken up, its agent finds its link cut and ends the job there too.
     nothing_left(sim, within=40)
+
+
+def test_a_large_job_shows_rank_0_unless_every_rank_is_asked_for(tmp_path: Path) -> None:
+    """Above 16 nodes the agents send rank 0's lines (and every stderr line); the others stay
+    on their nodes. `--ranks all` is not the default there: it brings every rank's lines."""
+    sim = SimCluster(tmp_path / "sim", nodes=17, nproc=1).build(lines_per_second=2)
+    for ranks, shown in ((None, {0}), ("all", set(range(17)))):
+        process = launch(sim, "--seconds", "4", *(["--ranks", ranks] if ranks else []))
+        try:
+            out = process.communicate(timeout=180)[0]
+        finally:
+            if process.poll() is None:
+                process.kill()
+        assert process.returncode == 0, out
+        spoke = {int(m) for m in re.findall(r"^sim\d+:(\d+) +\| step \d+", out, re.M)}
+        assert spoke == shown, out
+        told = "17 nodes: the console shows rank 0 and every rank's stderr" in out
+        assert told is (ranks is None), out
+        nothing_left(sim)

@@ -1,7 +1,7 @@
 """The launcher of a simulated cluster: ``herd launch`` on it, as one process of its own.
 
     python -m tests.simcluster.launcher ROOT [--seconds S] [--hang-timeout S] [--max-restarts N]
-                                             [--min-nodes M] [--grace S]
+                                             [--min-nodes M] [--grace S] [--ranks R]
 
 It runs herd's own launch (torchherd.launch.launch: connect, probe, preflight, plan,
 supervise, teardown, the console and the job's logs) on the cluster built under ROOT
@@ -15,6 +15,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from torchherd.cli.launch import every_rank_asked, parse_ranks
 from torchherd.errors import HerdError
 from torchherd.launch import LaunchOptions, launch
 from torchherd.logs import RunResult
@@ -31,13 +32,19 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--max-restarts", type=int, default=0)
     parser.add_argument("--min-nodes", type=int, default=None)
     parser.add_argument("--grace", type=float, default=10.0)
+    parser.add_argument("--ranks", default=None, help="herd launch's --ranks")
     args = parser.parse_args(argv)
     sim = SimCluster.open(args.root)
     cluster = sim.spec()
     job = sim.job(
         args.seconds, max_restarts=args.max_restarts, min_nodes=args.min_nodes, grace=args.grace
     )
-    options = LaunchOptions(hang_timeout=args.hang_timeout, color=False)
+    options = LaunchOptions(
+        hang_timeout=args.hang_timeout,
+        color=False,
+        ranks=parse_ranks(args.ranks),
+        every_rank=every_rank_asked(args.ranks),
+    )
     try:
         result = launch(cluster, job, options, transport=SimulatedHosts(cluster))
     except HerdError as exc:

@@ -133,6 +133,15 @@ def test_ranks_on_the_command_line(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     assert parse_ranks("all") is None and parse_ranks(None) is None
 
 
+def test_a_large_job_sends_rank_0_unless_every_rank_is_asked_for() -> None:
+    from torchherd.job import LARGE_JOB_NODES, sent_lines
+
+    assert sent_lines(LARGE_JOB_NODES, None) is None  # a small job sends every line
+    assert sent_lines(LARGE_JOB_NODES + 1, None) == {"ranks": [0], "stderr": True}
+    assert sent_lines(100, frozenset({5, 2})) == {"ranks": [2, 5], "stderr": True}
+    assert sent_lines(100, None, every_rank=True) is None  # --ranks all: really all
+
+
 def test_stop_without_a_job_never_guesses(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -11,6 +11,7 @@ travels as one event:
   {"e": "error", "message": ..., "remedy": ...}      (the agent could not start the job)
   {"e": "beats", "b": [[rank, step, at, compute], ...]}  (each rank's newest progress beat)
   {"e": "alive"}                                      (only when the agent said nothing lately)
+  {"e": "probe", "facts": {...}}   the quick probe, asked over the link before the job request
 """
 
 from __future__ import annotations

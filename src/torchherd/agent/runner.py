@@ -8,6 +8,8 @@ attempt has ended. The agent reads JSON lines on stdin:
 
     first line                   a job request (attempt to run at once), or
                                  {"prewarm": spec} and then the job request
+    {"probe": request}           before the first job request: the quick probe's facts
+                                 ({"e": "probe", "facts": ...}), as `agent probe` gives them
     {"cmd": "run", "request": R} run the next attempt (once the previous one has ended)
     {"cmd": "prewarm", "attempt": N}  warm torchrun's wrapper for attempt N now
     {"cmd": "stop", "stacks": true, "next": N}
@@ -363,6 +365,9 @@ def first_request(lines: Lines) -> tuple[dict[str, Any], Prewarmed | None] | Non
             return None
         if "job_id" in message:
             return message, prewarmed
+        if "probe" in message:
+            answer_probe(message["probe"])
+            continue
         if "prewarm" in message:
             spec = dict(message["prewarm"])
         elif message.get("cmd") == "prewarm" and spec is not None:
@@ -372,6 +377,20 @@ def first_request(lines: Lines) -> tuple[dict[str, Any], Prewarmed | None] | Non
         if prewarmed is not None:
             prewarmed.discard()
         prewarmed = Prewarmed(spec)
+
+
+def answer_probe(request: Any) -> None:
+    """The quick probe over the link, so that a launch costs a node one session, not two.
+    A probe that fails answers no facts: the launcher then probes in a session of its own,
+    whose error says why."""
+    from .probe import collect
+
+    try:
+        event: dict[str, Any] = {"e": "probe", "facts": collect(dict(request))}
+    except Exception as exc:  # noqa: BLE001 - any failure: the launcher's own probe explains
+        event = {"e": "probe", "error": f"{type(exc).__name__}: {exc}"}
+    sys.stdout.buffer.write(encode(event))
+    sys.stdout.buffer.flush()
 
 
 def main() -> int:

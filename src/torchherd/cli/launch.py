@@ -68,8 +68,9 @@ def launch_command(
         None,
         "--ranks",
         metavar="RANKS",
-        help="Show only these global ranks live: 0,3-5 or all (default). Every rank's output "
-        "is still kept in the job's files (herd logs JOB --rank R).",
+        help="Show only these global ranks live: 0,3-5, or all. Default: every rank, but on "
+        "more than 16 nodes rank 0 and every rank's stderr. Every rank's output is still kept "
+        "(herd logs JOB --rank R).",
     ),
     max_restarts: int = typer.Option(
         0,
@@ -212,6 +213,7 @@ def launch_command(
     options = LaunchOptions(
         dry_run=dry_run,
         ranks=shown_ranks,
+        every_rank=every_rank_asked(ranks),
         log_dir=log_dir,
         preflight=not no_preflight,
         detach=detach,
@@ -272,6 +274,12 @@ def parse_ranks(text: str | None) -> frozenset[int] | None:
         first = int(match[1])
         ranks.update(range(first, int(match[2] or first) + 1))
     return frozenset(ranks)
+
+
+def every_rank_asked(text: str | None) -> bool:
+    """--ranks all, said outright: every rank's lines reach the launcher, even on a job of
+    more than 16 nodes, where the default is rank 0's and every stderr line."""
+    return text is not None and text.strip().lower() == "all"
 
 
 def check_name(name: str | None) -> str | None:
