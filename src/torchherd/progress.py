@@ -18,6 +18,7 @@ training inside ``beat()``), new for every attempt, so an earlier attempt's beat
 taken for fresh progress:
 
     rank-R          "<step or -> <wall time> [compute s]"   beat(), replaced atomically
+                    (compute: the mean of the steps since the last write)
     rank-R.phase    "<wall time> <name>"               while a phase runs; removed at its end
     rank-R.saved    "<step> <wall time> <where>"       the last committed snapshot
     save-and-stop   written by the agent               save_requested() looks for it
@@ -50,6 +51,9 @@ LOOK_EVERY = 1.0
 
 _last_beat = 0.0
 _last_step: int | None = None
+# Compute seconds of the steps beaten since the last write, summed, and how many steps.
+_compute_sum = 0.0
+_compute_steps = 0
 _last_look = 0.0
 _save_seen = False
 _phases: list[str] = []
@@ -82,10 +86,18 @@ def beat(step: int | None = None, compute: float | None = None, now: bool = Fals
     rank computed in its last step, without waiting for others, which herd compares across
     ranks to name a slow one). A beat without a step keeps the last step given: a phase's
     end must not hide how far the rank got. Beats are written at most every ``BEAT_EVERY``
-    seconds unless ``now`` (the end of a phase, which is rare). No-op outside herd."""
-    global _last_beat, _last_step
+    seconds unless ``now`` (the end of a phase, which is rare). No-op outside herd.
+
+    The file carries the mean compute of every step since the last write, not the last
+    step's alone: a rank slowed in bursts (a CPU quota pauses it for 70 ms of every 100 ms,
+    wherever in the step it happens to be) shows in the mean of its steps, while one step
+    in five lands on a pause only by chance."""
+    global _last_beat, _last_step, _compute_sum, _compute_steps
     if step is not None:
         _last_step = int(step)
+    if compute is not None:
+        _compute_sum += compute
+        _compute_steps += 1
     moment = time.monotonic()
     if not now and moment - _last_beat < BEAT_EVERY:
         return
@@ -93,7 +105,8 @@ def beat(step: int | None = None, compute: float | None = None, now: bool = Fals
     if path is None:
         return
     _last_beat = moment
-    work = "" if compute is None else f" {compute:.6f}"
+    work = "" if not _compute_steps else f" {_compute_sum / _compute_steps:.6f}"
+    _compute_sum, _compute_steps = 0.0, 0
     _replace(path, f"{'-' if _last_step is None else _last_step} {time.time():.3f}{work}\n")
 
 

@@ -4,7 +4,8 @@ A step's wall time is the same on every rank (each collective waits for the slow
 slow rank hides in the others' waiting. herd sees it two ways, with no change to the script:
 
     compute   the Trainer of torchherd.train beats each step with the seconds the rank spent
-              on its own forward passes (``progress.beat(step, compute=...)``): a rank whose
+              on its own forward passes (``progress.beat(step, compute=...)``; each beat herd
+              reads is the mean of the steps since the one before): a rank whose
               typical time over its last WINDOW beats (a mean without the slowest tenth) is
               SLOW x the median of the others', by at least MIN_GAP, in CONFIRM checks in a
               row, is slow ("2.1x slower than the
