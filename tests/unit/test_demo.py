@@ -1,5 +1,6 @@
 """`herd demo` itself, as a newcomer runs it: a real launch on this machine (agent, torchrun,
-c10d, Gloo), two workers that train together, and a closing summary that says so."""
+c10d, Gloo), two workers that train together, and a closing summary that says so. The launcher
+itself never imports torch (only its workers do)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,14 @@ from pathlib import Path
 
 
 def test_herd_demo_trains_with_two_workers_and_cleans_up(tmp_path: Path) -> None:
+    # `herd demo`, with a look at the launcher's own modules as it exits.
+    as_herd = (
+        "import atexit, sys; "
+        "atexit.register(lambda: print('launcher imported torch:', 'torch' in sys.modules)); "
+        "sys.argv = ['herd', 'demo']; from torchherd.cli import run; run()"
+    )
     run = subprocess.run(
-        [sys.executable, "-m", "torchherd", "demo"],
+        [sys.executable, "-c", as_herd],
         env=dict(os.environ, HERD_HOME=str(tmp_path)),
         capture_output=True,
         text=True,
@@ -29,6 +36,7 @@ def test_herd_demo_trains_with_two_workers_and_cleans_up(tmp_path: Path) -> None
     assert said.group(1) == "2"
     assert float(said.group(3)) < float(said.group(2)) / 10  # it learned
     assert "succeeded" in out
+    assert "launcher imported torch: False" in out
     (job,) = (tmp_path / "jobs").iterdir()
     for rank in (0, 1):
         assert "hello from rank" in (job / f"rank-{rank}.log").read_text()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import sys
@@ -27,14 +28,17 @@ def demo(
     The same path a cluster launch takes (agent, torchrun, c10d, Gloo, merged logs), on one
     machine, in well under a minute.
     """
-    import torchherd.demo.train as demo_script
+    # The script's path, found without importing it: it imports torch, which the launcher
+    # never does (seconds of start, and torch's own teardown at exit).
+    demo_spec = importlib.util.find_spec("torchherd.demo.train")
+    assert demo_spec is not None and demo_spec.origin is not None
 
     with tempfile.TemporaryDirectory(prefix="herd-demo-") as scratch:
         summary_file = Path(scratch) / "summary.json"
         cluster = local_cluster(nproc).model_copy(
             update={"env": {"HERD_DEMO_SUMMARY": str(summary_file)}, "source": "herd demo"}
         )
-        job = JobSpec(entry=(os.path.abspath(demo_script.__file__),), nproc=nproc)
+        job = JobSpec(entry=(os.path.abspath(demo_spec.origin),), nproc=nproc)
         print(f"herd demo: training a small model with {nproc} CPU workers on this machine")
         result = launch(cluster, job, LaunchOptions())
         assert isinstance(result, RunResult)
