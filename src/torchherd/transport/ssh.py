@@ -14,6 +14,7 @@ import signal
 import tempfile
 from collections.abc import Mapping
 
+from ..agent.workers import process_state
 from ..errors import ConfigError
 from ..spec import ClusterSpec, NodeSpec
 from .base import Command, Transport, Unreachable
@@ -87,14 +88,10 @@ def classify_ssh_failure(
 
 
 def _alive(pid: int) -> bool:
-    """Whether the pid is still there (an exited master waits for init to reap it)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    """Whether the pid still runs. An exited master is a zombie until the process that
+    adopted it reaps it: at once under a plain init, seconds later under some container
+    inits, never under an entrypoint that reaps nothing; it is gone either way."""
+    return process_state(pid) not in ("?", "Z", "X")
 
 
 def _signal(pid: int, sig: int) -> None:
