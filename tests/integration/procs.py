@@ -31,11 +31,16 @@ def cmdline(pid: int) -> bytes | None:
 
 
 def _start_time(pid: int) -> str | None:
+    """The start time of a running process; None for one that is gone or has exited (a
+    zombie waits for whoever adopted it to reap it: a master that herd ended is gone, though
+    this machine's init reaps it seconds later)."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except OSError:
         return None
-    return stat.rsplit(")", 1)[1].split()[19]  # field 22: start time, tells reused pids apart
+    if fields[0] in ("Z", "X"):
+        return None
+    return fields[19]  # field 22: start time, tells reused pids apart
 
 
 def _text(argv: bytes) -> str:
