@@ -43,6 +43,11 @@ def _start_time(pid: int) -> str | None:
     return fields[19]  # field 22: start time, tells reused pids apart
 
 
+def running(pid: int) -> bool:
+    """Whether the pid is a process that still runs (not gone, not an unreaped zombie)."""
+    return _start_time(pid) is not None
+
+
 def _text(argv: bytes) -> str:
     return argv.replace(b"\0", b" ").decode(errors="replace").strip()
 
