@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 
+from torchherd.agent.workers import process_state
 from torchherd.transport.ssh import _alive
 
 
@@ -17,9 +18,8 @@ def test_an_exited_process_that_nobody_reaped_is_not_alive() -> None:
         deadline = time.monotonic() + 30
         # Not reaped (no wait): it stays a zombie, the state an exited master is in.
         while time.monotonic() < deadline:
-            with open(f"/proc/{child.pid}/stat") as handle:
-                if handle.read().rsplit(")", 1)[-1].split()[0] == "Z":
-                    break
+            if process_state(child.pid) == "Z":
+                break
             time.sleep(0.01)
         else:
             raise AssertionError("the child did not exit within 30 s")
