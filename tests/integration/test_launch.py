@@ -225,11 +225,12 @@ def test_failing_rank_is_named_and_other_nodes_stop(testbed: Testbed, tmp_path: 
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
-def test_interrupt_stops_everything_within_grace_plus_ten_seconds(
+def test_interrupt_stops_everything_within_the_readmes_bound(
     testbed: Testbed, tmp_path: Path, sig: signal.Signals
 ) -> None:
     """Workers that ignore SIGTERM: herd must escalate to SIGKILL after --grace, and the
-    README's bound (grace + 10 s) holds; then nothing herd started is left anywhere."""
+    README's bound (the grace period plus 25 s for the stacks and the sweep) holds; then nothing
+    herd started is left anywhere."""
     grace = 3
     path = cluster(
         testbed, tmp_path, [{"host": "node1", "nproc": 2}, {"host": "node2", "nproc": 1}]
@@ -246,14 +247,14 @@ def test_interrupt_stops_everything_within_grace_plus_ten_seconds(
             )  # 2 torchrun, 3 ranks
             started = time.monotonic()
             process.send_signal(sig)
-            rest = process.communicate(timeout=grace + 10 + 30)[0]
+            rest = process.communicate(timeout=grace + 25 + 30)[0]
             took = time.monotonic() - started
         finally:
             if process.poll() is None:
                 process.kill()
         assert process.returncode == 130, rest
         assert "interrupted" in rest
-        assert took <= grace + 10, f"took {took:.1f} s to stop (README: grace + 10 s)"
+        assert took <= grace + 25, f"took {took:.1f} s to stop (README: grace + 25 s)"
         assert_all_stopped(watch, ["node1", "node2"])
     assert not testbed.processes_with_env("HERD_JOB_ID", job_id)
 

@@ -25,6 +25,15 @@ from tests.testbed import Testbed
 from torchherd.recovery.hang import CONFIRM
 
 
+def environ_of(pid: int) -> bytes:
+    """A process's environment block; empty once it has exited (it may, between the scan that
+    found it and this read)."""
+    try:
+        return Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return b""
+
+
 def test_frozen_rank_is_named_with_its_stacks(testbed: Testbed, tmp_path: Path) -> None:
     """Default settings: silence makes herd look, the stopped rank is the evidence."""
     path, home = cluster(testbed, tmp_path, ["node1", "node2"])
@@ -113,7 +122,7 @@ def test_node_cut_off_is_noticed_by_the_launcher_and_its_agent(
         on_node3 = [
             pid
             for pid in testbed.processes_with_env("HERD_JOB_ID", job)
-            if b"HERD_NODE=node3" in Path(f"/proc/{pid}/environ").read_bytes()
+            if b"HERD_NODE=node3" in environ_of(pid)
         ]
         if not on_node3:
             break

@@ -113,9 +113,17 @@ def test_the_wait_spares_workers_the_abort_that_plain_processes_meet() -> None:
     assert spec is not None and spec.loader is not None
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
-    totals = bench.count(runs=4, parallel=2, async_last=True, say=False)
+    # The abort is a race: a quiet machine may need more than one round of 4 to show it once.
+    # Rounds go on (both sides each time) until the unguarded side has aborted, at most 4.
+    totals: dict[bool, dict[str, int]] = {False: {}, True: {}}
+    runs = 0
+    while runs < 16 and not totals[False].get("abort"):
+        for side, outcomes in bench.count(runs=4, parallel=2, async_last=True, say=False).items():
+            for outcome, n in outcomes.items():
+                totals[side][outcome] = totals[side].get(outcome, 0) + n
+        runs += 4
     without, with_guard = totals[False].get("abort", 0), totals[True].get("abort", 0)
-    print(f"aborts without the guard: {without} of 4; with it: {with_guard} of 4")
+    print(f"aborts without the guard: {without} of {runs}; with it: {with_guard} of {runs}")
     assert with_guard == 0, totals
     assert without >= 1, totals  # the abort is real here, so the guard's 0 means something
-    assert totals[True].get("ok") == 4, totals
+    assert totals[True].get("ok") == runs, totals
