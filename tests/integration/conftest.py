@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.integration.training import run_uninterrupted
 from tests.testbed import Testbed, testbed_available
 
 _HERE = Path(__file__).resolve().parent
@@ -51,3 +52,12 @@ def clean_faults(testbed: Testbed) -> Iterator[Testbed]:
     """The shared testbed, with every fault a test injected reverted afterwards."""
     yield testbed
     testbed.reset_faults()
+
+
+@pytest.fixture(scope="session")
+def uninterrupted_losses(
+    testbed: Testbed, tmp_path_factory: pytest.TempPathFactory
+) -> list[tuple[int, float]]:
+    """(step, loss) of the slowed Trainer job never interrupted (tests/integration/training.py),
+    computed once for every recovery test that must end with the same losses."""
+    return run_uninterrupted(testbed, tmp_path_factory.mktemp("uninterrupted"))

@@ -7,7 +7,6 @@ answering"), the job record, and, under the process watch, that nothing herd sta
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
@@ -191,38 +190,6 @@ def test_the_second_ctrl_c_kills_at_once_and_leaves_nothing(
         timeout=60,
     )
     assert re.search(r"\bstopped\b", listed.stdout), listed.stdout + listed.stderr
-
-
-def test_a_killed_worker_restarts_in_place(testbed: Testbed, tmp_path: Path) -> None:
-    """Every node still answers: the next attempt runs through the same agents (same pids),
-    with a new attempt number, and the job finishes."""
-    path, home = cluster(testbed, tmp_path, ["node1", "node2"])
-    herd = LiveHerd(
-        ["-c", str(path), "--max-restarts", "1", "phases.py", "--steps", "200"],
-        home,
-        testbed,
-    )
-    first = herd.wait_for(r"STEPPING rank=1 pid=(?P<pid>\d+)", 120)[0]
-    job = next((home / "jobs").iterdir()).name
-    agents = {n: _agent_pid(home, job, n) for n in ("node1", "node2")}
-    os.kill(int(first.group("pid")), signal.SIGKILL)
-    herd.wait_for(r"attempt 1 in place on the same 2 node\(s\)", 60)
-    herd.wait_for(r"STARTED rank=\d pid=\d+ attempt=1", 120, count=2)
-    assert {n: _agent_pid(home, job, n) for n in agents} == agents  # the same agents
-    code = herd.finish(timeout=240)
-    out = herd.output
-    assert code == 0, out
-    attempts = herd.record()["attempts"]
-    assert [(a["how"], a["outcome"]) for a in attempts] == [
-        ("first", "failed"),
-        ("in place", "succeeded"),
-    ], attempts
-    assert "killed by SIGKILL" in attempts[1]["why"], attempts
-    herd.assert_clean(["node1", "node2"])
-
-
-def _agent_pid(home: Path, job: str, node: str) -> int:
-    return int(json.loads((home / "nodes" / job / node / "agent.json").read_text())["pid"])
 
 
 def test_the_second_ctrl_c_on_this_machine_leaves_nothing(tmp_path: Path) -> None:

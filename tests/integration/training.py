@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from tests.integration.herd_cli import SCRIPTS, herd, one_worker_cluster
 from tests.testbed import Testbed
 
 # tests/integration/scripts/slow_minimal.py: 200 steps, a snapshot every 20.
@@ -35,3 +36,20 @@ def worker_on(job_id: str, node: str, testbed: Testbed) -> int | None:
         if f"HERD_NODE={node}".encode() in env and b"LOCAL_RANK=0" in env:
             return pid
     return None
+
+
+def run_uninterrupted(testbed: Testbed, tmp_path: Path) -> list[tuple[int, float]]:
+    """Every step's loss of the slowed Trainer job (ARGS) on node1 and node2, one worker each,
+    run once without a fault: the reference a recovered run must match step for step."""
+    path, home = one_worker_cluster(testbed, tmp_path, ["node1", "node2"])
+    run_dir = tmp_path / "run"
+    done = herd(
+        ["launch", "-c", str(path), "slow_minimal.py", *ARGS, "--run-dir", str(run_dir)],
+        home,
+        SCRIPTS,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    expected = losses(run_dir)
+    assert [step for step, _ in expected] == list(range(1, 201)), "the run is not whole"
+    return expected
