@@ -1,10 +1,20 @@
-"""Entry point on a node: `python -m torchherd.agent probe|run|net`."""
+"""Entry point on a node: `python -m torchherd.agent COMMAND`; USAGE lists the commands."""
 
 from __future__ import annotations
 
 import json
 import os
 import sys
+
+USAGE = """usage: python -m torchherd.agent COMMAND [ARGS]
+  probe    print what this node has (python, torch, GPUs, NICs, ports) as JSON; request on stdin
+  run      run one job for the launcher: a job request on stdin, JSON-lines events on stdout
+  net      the network checks of `herd doctor` and `herd bench net` (TCP, ports, bandwidth)
+  stop     end a job on this node: ask its agent, then sweep its tagged processes
+  status   whether a job is alive on this node, and how it ended if it did
+  logs     a detached job's events on this node (filtered by rank; --follow until it ends)
+  top      the node's load and the job's ranks, for `herd top`
+stop, status, logs and top read one JSON request line on stdin."""
 
 
 def main(argv: list[str]) -> int:
@@ -31,7 +41,7 @@ def main(argv: list[str]) -> int:
         from .control import main as control_main
 
         return control_main(command, argv[1:])
-    print("usage: python -m torchherd.agent probe|run|net", file=sys.stderr)
+    print(USAGE, file=sys.stderr)
     return 2
 
 
