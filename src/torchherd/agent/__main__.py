@@ -12,7 +12,7 @@ USAGE = """usage: python -m torchherd.agent COMMAND [ARGS]
   net      the network checks of `herd doctor` and `herd bench net` (TCP, ports, bandwidth)
   stop     end a job on this node: ask its agent, then sweep its tagged processes
   status   whether a job is alive on this node, and how it ended if it did
-  logs     a detached job's events on this node (filtered by rank; --follow until it ends)
+  logs     a detached job's events on this node (by rank; followed to its end if asked)
   top      the node's load and the job's ranks, for `herd top`
 stop, status, logs and top read one JSON request line on stdin."""
 
