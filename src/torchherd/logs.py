@@ -23,7 +23,7 @@ from .jobs import herd_home
 from .redact import redact_text
 
 # Seconds output may sit in buffers: lines reach a pipe, `herd logs` and the files this late at
-# most (the supervisor also flushes when the job goes quiet), without a syscall per line.
+# most (a running attempt flushes them every FLUSH_EVERY s), without a syscall per line.
 FLUSH_EVERY = 0.2
 
 # ANSI colours cycled per node on a terminal; plain text everywhere else.
