@@ -296,22 +296,3 @@ async def _kill(process: asyncio.subprocess.Process) -> None:
         await asyncio.wait_for(process.wait(), 5)
     except TimeoutError:
         pass
-
-
-def for_cluster(cluster: ClusterSpec) -> Transport:
-    """The transport a cluster asks for."""
-    if cluster.transport == "local":
-        from .local import LocalTransport
-
-        return LocalTransport(cluster)
-    if cluster.transport == "slurm":
-        from .slurm import SlurmTransport
-
-        return SlurmTransport(cluster)
-    if cluster.transport == "pbs":
-        from .pbs import PbsTransport
-
-        return PbsTransport(cluster)
-    from .ssh import SshTransport
-
-    return SshTransport(cluster)
