@@ -37,7 +37,13 @@ def main(argv: list[str]) -> int:
         from .netcheck import main as net_main
 
         return net_main(argv[1:])
-    if command in ("stop", "status", "logs", "top"):
+    if command == "top":
+        from .control import read_request
+        from .sample import main as top_main
+
+        request = read_request(command)
+        return 2 if request is None else top_main(request)
+    if command in ("stop", "status", "logs"):
         from .control import main as control_main
 
         return control_main(command, argv[1:])

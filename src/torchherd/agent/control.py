@@ -287,22 +287,26 @@ def _exit_when_stdin_closes() -> None:
 # entry
 
 
-def main(command: str, argv: list[str]) -> int:
+def read_request(command: str) -> dict[str, Any] | None:
+    """The one JSON request line a control command reads on stdin ({} for none); None, with
+    the reason on stderr, for a line that is not JSON."""
     raw = sys.stdin.buffer.readline() if not sys.stdin.isatty() else b""
     try:
-        request = json.loads(raw) if raw.strip() else {}
+        return json.loads(raw) if raw.strip() else {}
     except ValueError:
         print(f"torchherd agent {command}: expected a JSON request on stdin", file=sys.stderr)
+        return None
+
+
+def main(command: str, argv: list[str]) -> int:
+    request = read_request(command)
+    if request is None:
         return 2
     if command == "logs":
         code = logs(request)
         sys.stdout.flush()
         # A follower's stdin watcher still blocks in a read; leave without waiting for it.
         os._exit(code)
-    if command == "top":
-        from .sample import main as top_main
-
-        return top_main(request)
     answer = stop(request) if command == "stop" else status(request)
     sys.stdout.write(json.dumps(answer) + "\n")
     return 0
