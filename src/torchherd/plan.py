@@ -2,8 +2,13 @@
 
 The plan never trusts name resolution (the most common multi-node failure): every node gets
 explicit addresses and interfaces, found from its own routing table:
-  - c10d rendezvous on the first node, ``is_host=1`` there and ``is_host=0`` elsewhere, so no
-    node has to guess whether it hosts the store (a guess that fails for secondary NICs);
+  - the rendezvous store on the first node, which every node is told: by default a static
+    rendezvous (``--node-rank`` from the plan's order, the first node rank 0 and the store's
+    host), since herd plans every attempt's nodes itself and restarts whole jobs, so no
+    attempt needs c10d's elastic round (a join, a last call, keep-alives: about a second of
+    every start); with ``rendezvous = "c10d"``, torchrun's elastic rendezvous with
+    ``is_host=1`` on the first node and ``is_host=0`` elsewhere, so no node has to guess
+    whether it hosts the store (a guess that fails for secondary NICs);
   - ``--local-addr`` on every node, so MASTER_ADDR is never a name resolving to 127.0.1.1;
   - NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME per node, the NIC on the route to the rendezvous
     host, unless the user set them (names differ per host, so no global value fits);
@@ -178,6 +183,8 @@ def make_plan(
             hosts=(first.host,),
         )
     endpoint = f"[{rdzv_addr}]:{port}" if ":" in rdzv_addr else f"{rdzv_addr}:{port}"
+    # Static node ranks: the rendezvous node first (rank 0 hosts the store), then plan order.
+    ranks = {node.host: rank for rank, node in enumerate([first, *_others(cluster, first)])}
     plans = []
     for node in cluster.nodes:
         node_facts = facts[node.host]
@@ -190,12 +197,17 @@ def make_plan(
             for name in IFNAME_VARS:
                 if name not in user_set:
                     env[name] = iface
+        if cluster.rendezvous == "static":
+            # The first node is rank 0: the store's host (TCPStore binds on rank 0 only).
+            meeting = ("--rdzv-backend=static", f"--node-rank={ranks[node.host]}")
+        else:
+            meeting = ("--rdzv-backend=c10d", f"--rdzv-conf=is_host={1 if is_host else 0}")
         rendezvous = (
             f"--nnodes={len(cluster.nodes)}",
-            "--rdzv-backend=c10d",
+            meeting[0],
             f"--rdzv-endpoint={endpoint}",
             f"--rdzv-id={rendezvous_id(job)}",
-            f"--rdzv-conf=is_host={1 if is_host else 0}",
+            meeting[1],
             f"--local-addr={local_addr}",
         )
         argv = _elastic_argv(cluster.python_for(node), rendezvous, nproc, job)
@@ -225,6 +237,10 @@ def make_plan(
         kind=job.kind,
         warnings=crowded_nodes(cluster, job, facts),
     )
+
+
+def _others(cluster: ClusterSpec, first: NodeSpec) -> list[NodeSpec]:
+    return [node for node in cluster.nodes if node is not first]
 
 
 def _standalone_plan(

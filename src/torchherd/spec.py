@@ -140,6 +140,9 @@ class ClusterSpec(BaseModel):
     """Rendezvous port on the first node; default: a free port found at launch."""
     allow_public_rendezvous: bool = False
     """Allow a public rendezvous address (the c10d store has no authentication)."""
+    rendezvous: Literal["static", "c10d"] = "static"
+    """How the nodes of an attempt meet: "static" (node ranks from herd's plan, one TCP store on
+    the first node: no elastic round, faster) or "c10d" (torchrun's elastic rendezvous)."""
     min_nodes: int | None = Field(default=None, ge=1)
     """On a restart, go on without lost nodes while at least this many answer (default: all)."""
     launcher_silence: float = Field(default=90.0, ge=5, le=3600)

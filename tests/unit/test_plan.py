@@ -92,10 +92,13 @@ def test_multi_node_plan_uses_explicit_addresses_and_nics() -> None:
     assert plan.world_size == 3
     assert (first.local_addr, first.iface, first.is_host) == ("10.0.0.1", "eth1", True)
     assert (second.local_addr, second.iface, second.is_host) == ("10.0.0.2", "ens5", False)
-    assert "--rdzv-conf=is_host=1" in first.argv and "--rdzv-conf=is_host=0" in second.argv
+    # A static rendezvous: node ranks in the plan's order, the first node (the store's host)
+    # rank 0, so no node guesses whether it hosts the store.
+    assert "--node-rank=0" in first.argv and "--node-rank=1" in second.argv
+    assert "--rdzv-endpoint=10.0.0.1:29517" in second.argv
     assert "--local-addr=10.0.0.2" in second.argv
     assert "--nnodes=2" in second.argv and "--nproc-per-node=1" in second.argv
-    assert "--rdzv-id=j1" in first.argv and "--rdzv-backend=c10d" in first.argv
+    assert "--rdzv-id=j1" in first.argv and "--rdzv-backend=static" in first.argv
     assert first.argv[-3:] == ("train.py", "--epochs", "3")
     assert first.env["NCCL_SOCKET_IFNAME"] == "eth1" and second.env["GLOO_SOCKET_IFNAME"] == "ens5"
 
@@ -199,6 +202,16 @@ def test_standalone_plan_for_this_machine() -> None:
     assert plan.rdzv_endpoint is None and plan.world_size == 2
 
 
+def test_c10d_on_request_tells_the_first_node_it_hosts_the_store() -> None:
+    plan = make_plan(
+        two_nodes(rendezvous="c10d"), JobSpec(entry=("t.py",), job_id="j1"), recorded()
+    )
+    first, second = plan.nodes
+    assert "--rdzv-backend=c10d" in first.argv and "--rdzv-backend=c10d" in second.argv
+    assert "--rdzv-conf=is_host=1" in first.argv and "--rdzv-conf=is_host=0" in second.argv
+    assert not any(arg.startswith("--node-rank") for arg in first.argv + second.argv)
+
+
 def test_every_job_gets_its_own_rendezvous_id() -> None:
     assert JobSpec(entry=("t.py",)).job_id != JobSpec(entry=("t.py",)).job_id
 
@@ -209,7 +222,7 @@ def test_dry_run_masks_secrets_by_name_and_value() -> None:
     text = plan.render()
     assert "k-123456" not in text and "s3cr3t-value" not in text
     assert "HF_TOKEN=********" in text and "WANDB_API_KEY=********" in text and "A=1" in text
-    assert "is_host=1" in text and "10.0.0.2" in text
+    assert "--node-rank=0" in text and "10.0.0.2" in text
 
 
 def test_gpu_nodes_get_the_nccl_flight_recorder_unless_the_user_set_it() -> None:

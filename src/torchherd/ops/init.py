@@ -45,6 +45,7 @@ CLUSTER_HINTS = """\
 # rdzv_port = 29500                 # rendezvous port on the first node (default: a free one)
 # min_nodes = 2                     # on a restart, go on without lost nodes while this many remain
 # allow_public_rendezvous = false   # the c10d store has no authentication: keep it private
+# rendezvous = "static"             # node ranks from herd's plan ("c10d": torchrun's elastic round)
 # launcher_silence = 90             # seconds a node runs on without hearing herd (a stalled
 #                                   # launcher, a suspended laptop), then it stops its share
 """
