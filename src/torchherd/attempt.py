@@ -31,7 +31,7 @@ from typing import Any
 from .agent.protocol import missing_module
 from .links import AgentLink
 from .logs import FLUSH_EVERY, Failure, JobOutput
-from .outcome import AttemptResult, result_of
+from .outcome import AttemptResult, AttemptState, result_of
 from .plan import LaunchPlan, NodePlan
 from .recovery import Evidence, HangWatch, NodeLiveness
 from .recovery.failures import NodeRun, choose_first_failure, in_words
@@ -195,7 +195,7 @@ class Attempt:
                 if link is not None and link.on_event is not None:
                     link.on_event = None
                     link.on_text = None
-        return await asyncio.to_thread(result_of, self, time.monotonic() - started)
+        return await asyncio.to_thread(result_of, self.ended_state(), time.monotonic() - started)
 
     async def _start_node(self, node: NodeRun) -> None:
         link = self.links.get(node.host)
@@ -646,6 +646,36 @@ class Attempt:
                     link.command("ping")
 
     # -- the result -----------------------------------------------------------------------------
+
+    def ended_state(self) -> AttemptState:
+        """This attempt as it ended, frozen: what outcome.result_of reads."""
+        return AttemptState(
+            job_id=self.plan.job_id,
+            number=self.number,
+            log_dir=self.output.log_dir,
+            states={host: node.state for host, node in self.nodes.items()},
+            reusable=tuple(
+                host
+                for host, node in self.nodes.items()
+                if node.state in ("succeeded", "failed", "stopped")
+                and (link := self.links.get(host)) is not None
+                and link.alive
+            ),
+            unconfirmed=tuple(self.teardown.unconfirmed()),
+            interrupted=self.interrupted,
+            stopping=self.stopping,
+            saving=self.saving,
+            saved_after_request=self.saved_after_request,
+            stopped_for_silence=self.stopped_for_silence,
+            first_failure=self.first_failure(),
+            hang_found=self.hang_found,
+            behind=tuple(self.behind),
+            evidence=self.evidence,
+            steps=dict(self.hang.steps),
+            max_step=self.hang.max_step,
+            noticed=self.noticed or "",
+            ranks_seen=frozenset(self.ranks_seen),
+        )
 
     def first_failure(self) -> Failure | None:
         """The failure that caused the others: herd's own finding (a lost node, a hang), else

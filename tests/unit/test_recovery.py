@@ -1,16 +1,15 @@
 """Recovery's parts alone: node liveness on a test clock, the causes table on recorded failure
-output, the evidence judge on recorded py-spy dumps, the restart policy (the hang watch has
-tests of its own: test_hang.py)."""
+output, the evidence judge on recorded py-spy dumps (the hang watch and the restart decision
+have tests of their own: test_hang.py, test_restart_decision.py)."""
 
 from __future__ import annotations
 
 import pytest
 
 from tests.unit.clock import Clock
-from torchherd.recovery import NodeLiveness, RankStack, RestartPolicy, explain
+from torchherd.recovery import NodeLiveness, RankStack, explain
 from torchherd.recovery.evidence import judge
 from torchherd.recovery.liveness import STALL, LauncherClock
-from torchherd.recovery.policy import PROGRESS_BY_TIME, made_progress
 
 # ---------------------------------------------------------------------------------------------
 # liveness
@@ -153,24 +152,3 @@ def test_main_frames_skip_other_threads() -> None:
     assert stack(0, IN_ALLREDUCE).main_frames[0].startswith("all_reduce")
     assert stack(0, IN_ALLREDUCE).in_collective
     assert not stack(1, IN_DATA).in_collective
-
-
-# ---------------------------------------------------------------------------------------------
-# policy
-
-
-def test_restart_budget_and_node_count() -> None:
-    policy = RestartPolicy(max_restarts=2, min_nodes=2)
-    assert policy.should_restart(1, 0) and policy.should_restart(1, 1)
-    assert not policy.should_restart(1, 2)
-    assert not policy.should_restart(130, 0)  # interrupted: never restarted
-    assert policy.enough_nodes(2, 3) and not policy.enough_nodes(1, 3)
-    assert not RestartPolicy().enough_nodes(2, 3)  # by default every node is needed
-
-
-def test_progress_is_a_higher_step_or_a_long_run_without_steps() -> None:
-    assert made_progress(None, 5, 1)
-    assert made_progress(40, 41, 1)
-    assert not made_progress(40, 40, 10_000)
-    assert not made_progress(None, None, 10)
-    assert made_progress(None, None, PROGRESS_BY_TIME)
