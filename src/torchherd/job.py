@@ -310,9 +310,7 @@ class JobRun:
 
     def _bench(self) -> Bench:
         """The nodes the next attempt may use: spares whose agent still answers, nodes back."""
-        spares = tuple(
-            h for h in self.pool.spares if (link := self.links.get(h)) is not None and link.alive
-        )
+        spares = tuple(h for h in self.pool.spares if self.pool.answering(h))
         return Bench(
             order=tuple(n.host for n in self.full_cluster.nodes),
             size=self.size,
@@ -372,7 +370,8 @@ class JobRun:
             aside = {h: self.links[h] for h in decision.set_aside if h in self.links}
             if aside:
                 await close_links(aside)
-            self.pool.leave_out(choice.left_out, plans)
+            aside_too = tuple(h for h in decision.set_aside if h not in choice.left_out)
+            self.pool.leave_out(choice.left_out + aside_too, plans, decision.set_aside)
             self.pool.take(tuple(choice.nodes))
             if choice.changed:
                 self.output.note(f"herd: {choice.describe()}")

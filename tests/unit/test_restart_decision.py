@@ -17,6 +17,7 @@ from torchherd.errors import (
     EXIT_SAVED,
 )
 from torchherd.recovery.policy import (
+    COMEBACK_MAX,
     PROGRESS_BY_TIME,
     STALL_RESTARTS,
     Action,
@@ -26,6 +27,7 @@ from torchherd.recovery.policy import (
     History,
     RestartPolicy,
     Signals,
+    comeback_delay,
     made_progress,
 )
 
@@ -279,3 +281,49 @@ def test_a_crash_loop_is_counted_across_decisions() -> None:
             break
     assert actions == [Action.RESTART] * 3 + [Action.STOP]
     assert history.restarts == 3 and history.best_step == 7
+
+
+# ---------------------------------------------------------------------------------------------
+# a node that fails attempts in a row, and one that flaps
+
+
+def twice(host: str = "n2") -> History:
+    """The history after ``host`` was the first failure of the attempt before."""
+    return History(restarts=1, best_step=5, failed_in_a_row=((host, 1),))
+
+
+def test_a_node_failing_twice_in_a_row_is_set_aside_with_min_nodes() -> None:
+    policy = RestartPolicy(max_restarts=5, min_nodes=2)
+    decision = policy.decide(ended(), bench(), twice())
+    assert decision.action is Action.RESTART and not decision.in_place
+    assert decision.set_aside == ("n2",)
+    assert decision.choice is not None and decision.choice.nodes == ("n1", "n3")
+    assert "n2 failed 2 attempts in a row: set aside" in decision.why
+
+
+def test_a_node_failing_twice_in_a_row_gives_its_place_to_a_spare() -> None:
+    decision = RestartPolicy(max_restarts=5).decide(ended(), bench(spares=("s1",)), twice())
+    assert decision.set_aside == ("n2",)
+    assert decision.choice is not None and decision.choice.nodes == ("n1", "n3", "s1")
+
+
+def test_a_node_the_job_cannot_go_on_without_stays() -> None:
+    """No spare, no --min-nodes: the node stays and the crash loop rule judges the job."""
+    decision = RestartPolicy(max_restarts=5).decide(ended(), bench(), twice())
+    assert decision.in_place and not decision.set_aside
+
+
+def test_a_failure_on_another_node_starts_the_count_again() -> None:
+    policy = RestartPolicy(max_restarts=5, min_nodes=2)
+    decision = policy.decide(ended(failed_host="n3"), bench(), twice("n2"))
+    assert decision.in_place and not decision.set_aside
+    assert decision.history.failed_in_a_row == (("n3", 1),)
+    once = policy.decide(ended(), bench(), History())
+    assert once.in_place and once.history.streak("n2") == 1
+
+
+def test_a_flapping_node_waits_longer_each_time() -> None:
+    delays = [comeback_delay(n) for n in range(1, 8)]
+    assert delays[0] == 0.0  # down once: back as soon as it answers
+    assert delays[1] > 0 and all(a < b for a, b in zip(delays[1:5], delays[2:6], strict=True))
+    assert max(delays) == COMEBACK_MAX

@@ -373,7 +373,12 @@ def first_request(lines: Lines) -> tuple[dict[str, Any], Prewarmed | None] | Non
         elif message.get("cmd") == "prewarm" and spec is not None:
             spec["attempt"] = message.get("attempt", spec.get("attempt", 0))
         else:
-            continue  # a ping
+            if message.get("cmd") == "ping":
+                # An idle agent (a spare, a node back) answers, so the launcher can tell it
+                # from one cut off: a spare that does not answer is never chosen.
+                sys.stdout.buffer.write(encode({"e": "alive"}))
+                sys.stdout.buffer.flush()
+            continue
         if prewarmed is not None:
             prewarmed.discard()
         prewarmed = Prewarmed(spec)

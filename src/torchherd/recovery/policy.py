@@ -22,6 +22,8 @@ the signals herd received (``Signals``); the job loop (job.py) gathers these, ac
     set aside    a node named as the first failure of SET_ASIDE_AFTER attempts in a row is
                  treated like a lost one when a spare or ``min_nodes`` lets the job go on
                  without it (else it stays: the crash loop rule ends a job that cannot)
+    come back    a left-out node is looked at again (pool.NodePool) after comeback_delay():
+                 at once the first time, then a growing backoff for a node that flaps
 
 herd restarts, not torchrun (torchrun counts restarts per node and desynchronises the store
 prefixes): every node stops and the whole job starts again with a fresh rendezvous. The budget
@@ -45,6 +47,10 @@ PROGRESS_BY_TIME = 300.0
 STALL_RESTARTS = 3
 # Attempts in a row a node is named as the first failure before it is set aside.
 SET_ASIDE_AFTER = 2
+# A node left out again (it flaps) waits before it is looked at: COMEBACK_BASE s the second
+# time, twice as long each time after, at most COMEBACK_MAX s.
+COMEBACK_BASE = 60.0
+COMEBACK_MAX = 900.0
 
 
 @dataclass(frozen=True)
@@ -154,6 +160,16 @@ class Decision:
     """RESTART: nodes left out for failing attempts in a row (not lost: they answer)."""
     sweep: tuple[str, ...] = ()
     """SWEEP: the lost nodes the job cannot go on without."""
+
+
+def comeback_delay(times_left_out: int) -> float:
+    """Seconds a node left out for the ``times_left_out``-th time waits before herd looks at
+    it again: none the first time (a node that was down once comes back as soon as it
+    answers), then a growing backoff, so a flapping node does not use up the job's restarts
+    and snapshots coming and going."""
+    if times_left_out <= 1:
+        return 0.0
+    return min(COMEBACK_MAX, COMEBACK_BASE * 2 ** (times_left_out - 2))
 
 
 def made_progress(best_before: int | None, best_now: int | None, seconds: float) -> bool:
