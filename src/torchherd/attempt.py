@@ -263,7 +263,7 @@ class Attempt:
         for node in self.nodes.values():
             link = self.links.get(node.host)
             if link is not None:
-                link.command("save")
+                link.command("save", attempt=self.number)
         asyncio.get_running_loop().call_later(within, self.stop_all)
 
     def stop_all(self, except_host: str | None = None, *, stacks: bool = False) -> None:
@@ -317,7 +317,7 @@ class Attempt:
         for node in live:
             link = self.links.get(node.host)
             if link is not None:
-                link.command("stacks")
+                link.command("stacks", attempt=self.number)
         try:
             await asyncio.wait_for(self._stacks_arrived.wait(), timeout)
         except TimeoutError:
