@@ -8,8 +8,10 @@ The attempt is over when every node is done with it: its agent reported the atte
 or its link ended, or herd cut it off. What ends it early:
   - a node fails (its workers failed) or its agent's link ends: the others are stopped, since
     their workers would wait in a collective or a rendezvous that can never complete;
-  - a node goes silent (not even its 2-s "alive" for NodeLiveness.silence, while this launcher
-    was there to hear): it is lost ("stopped answering at ..."), its link is cut;
+  - a node goes silent (not even its 2-s "alive" for [cluster] link_silence, 10 s, while this
+    launcher was there to hear): it is lost ("stopped answering at ..."), its link is cut;
+    unless the other nodes' ranks still step after its last word (its ranks take part in
+    their collectives): then a quiet link alone loses it only past launcher_silence;
   - a hang (recovery.hang: silence makes herd look at the ranks; the evidence decides);
   - ``interrupt()`` (Ctrl-C, SIGTERM, SIGHUP) or a time limit (``request_save``).
 Before herd stops workers that are not ending by themselves it takes their stacks: every node's
@@ -35,7 +37,7 @@ from .outcome import AttemptResult, AttemptState, result_of
 from .plan import LaunchPlan, NodePlan
 from .recovery import Evidence, HangWatch, NodeLiveness
 from .recovery.failures import NodeRun, choose_first_failure, in_words
-from .recovery.liveness import SILENCE, LauncherClock
+from .recovery.liveness import SILENCE, LauncherClock, steps_vouch_for
 from .recovery.straggler import Slow
 from .spec import ClusterSpec
 from .stragglers import SlowRanks
@@ -144,6 +146,9 @@ class Attempt:
         self.ranks_seen: set[tuple[str, int]] = set()
         self.node_steps: dict[str, list[tuple[float, int]]] = {}
         """host -> [(when, step) first seen, (when, step) latest]: the node's step rate."""
+        self.stepped_at: dict[str, float] = {}
+        """host -> when (this launcher's clock) its ranks' step last went up."""
+        self.quiet_said: set[str] = set()
         self.stopping = False
         self.interrupted = False
         self.saving = False
@@ -387,6 +392,9 @@ class Attempt:
         """A node's first and latest step, and when (its step rate, for the job's story).
         When is the beat's own time, not its arrival: a node's events can arrive in bursts."""
         if isinstance(step, int) and isinstance(at, int | float):
+            latest = self.node_steps.get(host, [(at, -1), (at, -1)])[1][1]
+            if step > latest:
+                self.stepped_at[host] = self._clock()
             first = self.node_steps.setdefault(host, [(at, step), (at, step)])[0]
             self.node_steps[host] = [first, (at, max(step, self.node_steps[host][1][1]))]
 
@@ -569,6 +577,8 @@ class Attempt:
                 if link is not None and link.has_unread():
                     self.liveness.heard(host)  # it spoke; this launcher is behind reading
                     continue
+                if self._others_step(host):
+                    continue
                 self._silent(self.nodes[host])
             self.teardown.cut_overdue()
             if self._ending:
@@ -608,6 +618,26 @@ class Attempt:
             "phase in torchherd.progress.phase(...)); --hang-timeout 0 turns the watch off",
         )
         self.end_with_evidence(gather=True)
+
+    def _others_step(self, host: str) -> bool:
+        """A quiet link alone does not lose a node while the other nodes' ranks still step
+        (its ranks take part in their collectives, or the steps would stop): it is given up
+        to launcher_silence, said once."""
+        now = self._clock()
+        heard = self.liveness.last_heard(host)
+        others = [t for h, t in self.stepped_at.items() if h != host]
+        limit = max(self.cluster.launcher_silence, self.silence)
+        if not steps_vouch_for(heard, others, now, self.silence, limit):
+            return False
+        quiet = now - heard
+        if host not in self.quiet_said:
+            self.quiet_said.add(host)
+            self.output.note(
+                f"herd: {host} has said nothing for {quiet:.0f} s, but the other nodes' ranks "
+                "still step: not lost for a quiet link alone (given up to "
+                f"{self.cluster.launcher_silence:.0f} s)"
+            )
+        return True
 
     def _silent(self, node: NodeRun) -> None:
         """A node that said nothing for too long: lost (its machine or its network)."""

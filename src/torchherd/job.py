@@ -264,6 +264,7 @@ class JobRun:
             self.links,
             number=self.number,
             hang=HangWatch(self.hang_timeout),
+            silence=self.full_cluster.link_silence,
             evidence_dir=self.log_dir / "stacks" / f"attempt-{self.number}",
             prewarm_next=self.restarts < self.policy.max_restarts,
             on_slow=self._slow,

@@ -102,7 +102,8 @@ class NodePool:
         link = self.links.get(host)
         if link is None or not link.alive:
             return False
-        return not (link.answers_pings and link.silent_for() > IDLE_SILENCE)
+        limit = max(IDLE_SILENCE, self.cluster.link_silence)
+        return not (link.answers_pings and link.silent_for() > limit)
 
     def take(self, hosts: tuple[str, ...]) -> None:
         """These idle nodes join the next attempt."""

@@ -9,7 +9,7 @@ import pytest
 from tests.unit.clock import Clock
 from torchherd.recovery import NodeLiveness, RankStack, explain
 from torchherd.recovery.evidence import judge
-from torchherd.recovery.liveness import STALL, LauncherClock
+from torchherd.recovery.liveness import STALL, LauncherClock, steps_vouch_for
 
 # ---------------------------------------------------------------------------------------------
 # liveness
@@ -152,3 +152,13 @@ def test_main_frames_skip_other_threads() -> None:
     assert stack(0, IN_ALLREDUCE).main_frames[0].startswith("all_reduce")
     assert stack(0, IN_ALLREDUCE).in_collective
     assert not stack(1, IN_DATA).in_collective
+
+
+def test_a_quiet_link_is_not_a_lost_node_while_the_others_step() -> None:
+    """The node was last heard at 100 s; the silence limit is 10 s, the cap 90 s."""
+    vouch = steps_vouch_for
+    assert vouch(100.0, [112.0], now=115.0, silence=10.0, limit=90.0)  # steps after its word
+    assert not vouch(100.0, [103.0], now=112.0, silence=10.0, limit=90.0)  # a step in flight
+    assert not vouch(100.0, [], now=112.0, silence=10.0, limit=90.0)  # no one steps
+    assert not vouch(100.0, [120.0], now=135.0, silence=10.0, limit=90.0)  # they stopped too
+    assert not vouch(100.0, [189.0], now=191.0, silence=10.0, limit=90.0)  # past the cap

@@ -47,6 +47,8 @@ CLUSTER_HINTS = """\
 # allow_public_rendezvous = false   # the c10d store has no authentication: keep it private
 # launcher_silence = 90             # seconds a node runs on without hearing herd (a stalled
 #                                   # launcher, a suspended laptop), then it stops its share
+# link_silence = 10                 # seconds of a node's silence before herd calls it lost
+#                                   # (longer while the others still step)
 """
 
 
