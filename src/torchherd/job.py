@@ -134,6 +134,9 @@ class JobRun:
         """Nodes the job runs on when none is lost: the cluster's, spares aside."""
         self.history = History()
         """What the restart decisions so far leave for the next one."""
+        self._save_lock = asyncio.Lock()
+        self._saves: set[asyncio.Task[None]] = set()
+        """Saves started by a callback (a slow rank named): awaited before the last one."""
         self.record: JobRecord = new_record(prepared.cluster, plan, self.log_dir, state="running")
         self.number = job.attempt
         self.restarts = 0
@@ -177,7 +180,7 @@ class JobRun:
         self.record.attempts.append(
             attempt_entry(self.number, self.record.nodes, plan.world_size, plan.rdzv_endpoint)
         )
-        await asyncio.to_thread(self.record.save)
+        await self._save()
         self.output.note(banner(plan, self.prepared.cluster))
         for warning in plan.warnings:
             self.output.note(f"herd: warning: {warning}")
@@ -192,7 +195,7 @@ class JobRun:
                 self.current = None
                 self._close_entry(outcome)
                 self._node_rates(attempt)
-                await asyncio.to_thread(self.record.save)
+                await self._save()
                 before = replace(
                     self.history, saves_seen=self.history.saves_seen or attempt.saves > 0
                 )
@@ -216,6 +219,8 @@ class JobRun:
                     break
         finally:
             await self._close_links()
+            if self._saves:
+                await asyncio.gather(*self._saves, return_exceptions=True)
             result.restarts = self.restarts
             result.duration = time.monotonic() - started
             self.output.note(render_summary(result))
@@ -285,11 +290,19 @@ class JobRun:
             )
         return send
 
+    async def _save(self) -> None:
+        """Write the job record: one write at a time (job.json has one writer, this job)."""
+        async with self._save_lock:
+            text = self.record.text()  # in the loop, where the record changes: whole, newest
+            await asyncio.to_thread(self.record.save, text)
+
     def _slow(self, slow: Slow) -> None:
         """A slow rank named: in the job record at once (`herd top` shows it)."""
         self.record.attempts[-1].setdefault("slow", []).append(slow.line())
         self.record.slow = slow.line()
-        asyncio.get_running_loop().create_task(asyncio.to_thread(self.record.save))
+        task = asyncio.get_running_loop().create_task(self._save())
+        self._saves.add(task)
+        task.add_done_callback(self._saves.discard)
 
     def _ended(self, attempt: Attempt, outcome: AttemptResult, seconds: float) -> Ended:
         """What the decision reads of an attempt's outcome."""
@@ -419,7 +432,7 @@ class JobRun:
                 why=why,
             )
         )
-        await asyncio.to_thread(self.record.save)
+        await self._save()
         if how == "in place":
             self.output.note(
                 f"herd: attempt {self.number} in place on the same {len(plan.nodes)} node(s)"
