@@ -146,6 +146,9 @@ class Attempt:
         self.ranks_seen: set[tuple[str, int]] = set()
         self.node_steps: dict[str, list[tuple[float, int]]] = {}
         """host -> [(when, step) first seen, (when, step) latest]: the node's step rate."""
+        self.survivors: dict[str, list[int]] = {}
+        """host -> processes of this attempt that outlived its agent's kill there: the node
+        stays out of an in-place restart until a sweep finds them gone."""
         self.stepped_at: dict[str, float] = {}
         """host -> when (this launcher's clock) its ranks' step last went up."""
         self.quiet_said: set[str] = set()
@@ -430,6 +433,14 @@ class Attempt:
         self._no_more_stacks_from(host)  # an agent that ended sends none
         node.failures = list(event.get("failures", []))
         node.why_stopped = str(event.get("why") or "")
+        survivors = [int(p) for p in event.get("survivors") or [] if str(p).isdigit()]
+        if survivors:
+            self.survivors[host] = survivors
+            self.output.note(
+                f"herd: {len(survivors)} process(es) of attempt {self.number} outlived the kill "
+                f"on {host} (pid {', '.join(map(str, survivors[:5]))}): {host} takes no "
+                "further attempt until a sweep finds them gone"
+            )
         node.ended_at = time.monotonic()
         if event.get("error"):
             node.error = event["error"] | {"last_stderr": event.get("last_stderr", [])}
@@ -688,10 +699,11 @@ class Attempt:
                 host
                 for host, node in self.nodes.items()
                 if node.state in ("succeeded", "failed", "stopped")
+                and host not in self.survivors
                 and (link := self.links.get(host)) is not None
                 and link.alive
             ),
-            unconfirmed=tuple(self.teardown.unconfirmed()),
+            unconfirmed=tuple(dict.fromkeys([*self.teardown.unconfirmed(), *self.survivors])),
             interrupted=self.interrupted,
             stopping=self.stopping,
             saving=self.saving,

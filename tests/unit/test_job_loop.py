@@ -264,3 +264,37 @@ def test_ctrl_c_between_attempts_is_acted_on_before_the_next_starts(tmp_path: Pa
     result = loop.go()
     assert result.exit_code == EXIT_INTERRUPTED and len(loop.attempts) == 1
     assert loop.record()["state"] == "stopped"
+
+
+def test_survivors_of_a_kill_keep_their_node_out_of_an_in_place_restart(tmp_path: Path) -> None:
+    """An agent's exit event names processes that outlived its kill: the node is not reusable
+    in place (the next attempt would start beside them) and its end is unconfirmed, so the
+    decision sweeps it first; herd says so. A real Attempt fed the agent's event (no node)."""
+    from torchherd.attempt import Attempt
+    from torchherd.logs import JobOutput
+    from torchherd.recovery.policy import Action, Bench, Ended, History, RestartPolicy
+
+    loop = Loop(tmp_path, [])
+    plan = loop.run.prepared.plan
+    out = io.StringIO()
+    output = JobOutput(tmp_path / "logs2", list(HOSTS), plan.world_size, stream=out, color=False)
+
+    async def ended() -> Any:
+        attempt = Attempt(plan, cluster(), LocalTransport(cluster()), output, {}, number=0)
+        for host, node in attempt.nodes.items():
+            event = {"e": "exit", "code": 1 if host == "n2" else -15, "stopped": host != "n2"}
+            if host == "n3":
+                event["survivors"] = [4242]
+            attempt._exited(node, event)
+        return attempt.ended_state()
+
+    state = asyncio.run(ended())
+    output.close()
+    assert "n3" not in state.reusable and "n3" in state.unconfirmed
+    assert "outlived the kill on n3 (pid 4242): n3 takes no further attempt" in out.getvalue()
+    decision = RestartPolicy(max_restarts=1).decide(
+        Ended(1, HOSTS, lost=frozenset(state.unconfirmed), reusable=frozenset(state.reusable)),
+        Bench(order=HOSTS, size=3, nproc={h: 1 for h in HOSTS}),
+        History(),
+    )
+    assert decision.action is Action.SWEEP and decision.sweep == ("n3",)
