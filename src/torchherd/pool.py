@@ -14,7 +14,8 @@ without until they come back.
                snapshot boundary (or the next restart), or to stand by as spares once the
                world is full again
 
-The choice itself is recovery.nodes.choose_nodes; this module only keeps the nodes ready.
+The choice itself is the restart decision's (recovery.policy, through recovery.nodes); this
+module only keeps the nodes ready, and admits a node back (``joining_problems``).
 """
 
 from __future__ import annotations
