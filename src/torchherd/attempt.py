@@ -8,8 +8,10 @@ The attempt is over when every node is done with it: its agent reported the atte
 or its link ended, or herd cut it off. What ends it early:
   - a node fails (its workers failed) or its agent's link ends: the others are stopped, since
     their workers would wait in a collective or a rendezvous that can never complete;
-  - a node goes silent (not even its 2-s "alive" for NodeLiveness.silence, while this launcher
-    was there to hear): it is lost ("stopped answering at ..."), its link is cut;
+  - a node goes silent (not even its 2-s "alive" for [cluster] link_silence, 10 s, while this
+    launcher was there to hear): it is lost ("stopped answering at ..."), its link is cut;
+    unless the other nodes' ranks still step after its last word (its ranks take part in
+    their collectives): then a quiet link alone loses it only past launcher_silence;
   - a hang (recovery.hang: silence makes herd look at the ranks; the evidence decides);
   - ``interrupt()`` (Ctrl-C, SIGTERM, SIGHUP) or a time limit (``request_save``).
 Before herd stops workers that are not ending by themselves it takes their stacks: every node's
@@ -31,11 +33,11 @@ from typing import Any
 from .agent.protocol import missing_module
 from .links import AgentLink
 from .logs import FLUSH_EVERY, Failure, JobOutput
-from .outcome import AttemptResult, result_of
+from .outcome import AttemptResult, AttemptState, result_of
 from .plan import LaunchPlan, NodePlan
 from .recovery import Evidence, HangWatch, NodeLiveness
 from .recovery.failures import NodeRun, choose_first_failure, in_words
-from .recovery.liveness import SILENCE, LauncherClock
+from .recovery.liveness import SILENCE, LauncherClock, steps_vouch_for
 from .recovery.straggler import Slow
 from .spec import ClusterSpec
 from .stragglers import SlowRanks
@@ -144,6 +146,12 @@ class Attempt:
         self.ranks_seen: set[tuple[str, int]] = set()
         self.node_steps: dict[str, list[tuple[float, int]]] = {}
         """host -> [(when, step) first seen, (when, step) latest]: the node's step rate."""
+        self.survivors: dict[str, list[int]] = {}
+        """host -> processes of this attempt that outlived its agent's kill there: the node
+        stays out of an in-place restart until a sweep finds them gone."""
+        self.stepped_at: dict[str, float] = {}
+        """host -> when (this launcher's clock) its ranks' step last went up."""
+        self.quiet_said: set[str] = set()
         self.stopping = False
         self.interrupted = False
         self.saving = False
@@ -195,7 +203,7 @@ class Attempt:
                 if link is not None and link.on_event is not None:
                     link.on_event = None
                     link.on_text = None
-        return await asyncio.to_thread(result_of, self, time.monotonic() - started)
+        return await asyncio.to_thread(result_of, self.ended_state(), time.monotonic() - started)
 
     async def _start_node(self, node: NodeRun) -> None:
         link = self.links.get(node.host)
@@ -263,7 +271,7 @@ class Attempt:
         for node in self.nodes.values():
             link = self.links.get(node.host)
             if link is not None:
-                link.command("save")
+                link.command("save", attempt=self.number)
         asyncio.get_running_loop().call_later(within, self.stop_all)
 
     def stop_all(self, except_host: str | None = None, *, stacks: bool = False) -> None:
@@ -317,7 +325,7 @@ class Attempt:
         for node in live:
             link = self.links.get(node.host)
             if link is not None:
-                link.command("stacks")
+                link.command("stacks", attempt=self.number)
         try:
             await asyncio.wait_for(self._stacks_arrived.wait(), timeout)
         except TimeoutError:
@@ -387,6 +395,9 @@ class Attempt:
         """A node's first and latest step, and when (its step rate, for the job's story).
         When is the beat's own time, not its arrival: a node's events can arrive in bursts."""
         if isinstance(step, int) and isinstance(at, int | float):
+            latest = self.node_steps.get(host, [(at, -1), (at, -1)])[1][1]
+            if step > latest:
+                self.stepped_at[host] = self._clock()
             first = self.node_steps.setdefault(host, [(at, step), (at, step)])[0]
             self.node_steps[host] = [first, (at, max(step, self.node_steps[host][1][1]))]
 
@@ -422,6 +433,14 @@ class Attempt:
         self._no_more_stacks_from(host)  # an agent that ended sends none
         node.failures = list(event.get("failures", []))
         node.why_stopped = str(event.get("why") or "")
+        survivors = [int(p) for p in event.get("survivors") or [] if str(p).isdigit()]
+        if survivors:
+            self.survivors[host] = survivors
+            self.output.note(
+                f"herd: {len(survivors)} process(es) of attempt {self.number} outlived the kill "
+                f"on {host} (pid {', '.join(map(str, survivors[:5]))}): {host} takes no "
+                "further attempt until a sweep finds them gone"
+            )
         node.ended_at = time.monotonic()
         if event.get("error"):
             node.error = event["error"] | {"last_stderr": event.get("last_stderr", [])}
@@ -569,6 +588,8 @@ class Attempt:
                 if link is not None and link.has_unread():
                     self.liveness.heard(host)  # it spoke; this launcher is behind reading
                     continue
+                if self._others_step(host):
+                    continue
                 self._silent(self.nodes[host])
             self.teardown.cut_overdue()
             if self._ending:
@@ -609,6 +630,26 @@ class Attempt:
         )
         self.end_with_evidence(gather=True)
 
+    def _others_step(self, host: str) -> bool:
+        """A quiet link alone does not lose a node while the other nodes' ranks still step
+        (its ranks take part in their collectives, or the steps would stop): it is given up
+        to launcher_silence, said once."""
+        now = self._clock()
+        heard = self.liveness.last_heard(host)
+        others = [t for h, t in self.stepped_at.items() if h != host]
+        limit = max(self.cluster.launcher_silence, self.silence)
+        if not steps_vouch_for(heard, others, now, self.silence, limit):
+            return False
+        quiet = now - heard
+        if host not in self.quiet_said:
+            self.quiet_said.add(host)
+            self.output.note(
+                f"herd: {host} has said nothing for {quiet:.0f} s, but the other nodes' ranks "
+                "still step: not lost for a quiet link alone (given up to "
+                f"{self.cluster.launcher_silence:.0f} s)"
+            )
+        return True
+
     def _silent(self, node: NodeRun) -> None:
         """A node that said nothing for too long: lost (its machine or its network)."""
         host = node.host
@@ -646,6 +687,37 @@ class Attempt:
                     link.command("ping")
 
     # -- the result -----------------------------------------------------------------------------
+
+    def ended_state(self) -> AttemptState:
+        """This attempt as it ended, frozen: what outcome.result_of reads."""
+        return AttemptState(
+            job_id=self.plan.job_id,
+            number=self.number,
+            log_dir=self.output.log_dir,
+            states={host: node.state for host, node in self.nodes.items()},
+            reusable=tuple(
+                host
+                for host, node in self.nodes.items()
+                if node.state in ("succeeded", "failed", "stopped")
+                and host not in self.survivors
+                and (link := self.links.get(host)) is not None
+                and link.alive
+            ),
+            unconfirmed=tuple(dict.fromkeys([*self.teardown.unconfirmed(), *self.survivors])),
+            interrupted=self.interrupted,
+            stopping=self.stopping,
+            saving=self.saving,
+            saved_after_request=self.saved_after_request,
+            stopped_for_silence=self.stopped_for_silence,
+            first_failure=self.first_failure(),
+            hang_found=self.hang_found,
+            behind=tuple(self.behind),
+            evidence=self.evidence,
+            steps=dict(self.hang.steps),
+            max_step=self.hang.max_step,
+            noticed=self.noticed or "",
+            ranks_seen=frozenset(self.ranks_seen),
+        )
 
     def first_failure(self) -> Failure | None:
         """The failure that caused the others: herd's own finding (a lost node, a hang), else

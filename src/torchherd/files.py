@@ -8,6 +8,7 @@ the user who ran herd, whatever the umask. Standard library only: the node agent
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 from typing import IO
 
@@ -60,7 +61,8 @@ def open_private(path: str | os.PathLike[str], mode: str = "a") -> IO[str]:
 def write_private(path: str | os.PathLike[str], text: str) -> None:
     """Replace ``path`` with ``text`` atomically, as a file only this user can read."""
     path = Path(path)
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    # Per process and thread: two writers never share a temporary file.
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     try:
         with open_private(temporary, "w") as handle:
             handle.write(text)

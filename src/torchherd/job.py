@@ -2,10 +2,15 @@
 
     attempt 0 (the launch's plan)
       -> ended: succeeded | failed | hung | lost node | stopped by its agents | interrupted | saved
-      -> the decision (recovery.policy): stop, or restart
-      -> the next attempt's nodes (recovery.nodes): the same nodes in place (their agents kept,
-         a warm wrapper waiting), or a new plan without lost nodes
+      -> the decision (recovery.policy.RestartPolicy.decide, pure): stop with an exit code and a
+         reason, or restart on the next attempt's nodes: the same nodes in place (their agents
+         kept, a warm wrapper waiting), or a new plan without lost or set-aside nodes (a spare
+         in a lost node's place, nodes that came back added); or first sweep lost nodes the job
+         cannot go on without, and decide again
       -> attempt n+1, after every node confirmed attempt n ended (or was swept)
+
+JobRun only gathers what the decision reads and carries it out: the attempts, the replanning
+and the sweeps are given to it (real ones by default), so a test drives the loop with fakes.
 
 An attempt never starts on a node before the previous attempt there has ended: attempts
 never overlap. Signals: Ctrl-C, SIGTERM or SIGHUP stop the job (a second one kills it at once);
@@ -17,31 +22,32 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import replace
 from typing import Any, TextIO
 
 from .attempt import LARGE_JOB_NODES, Attempt
-from .errors import EXIT_CRASH_LOOP, EXIT_INTERRUPTED, EXIT_JOB_FAILED, EXIT_SAVED, HerdError
+from .errors import EXIT_INTERRUPTED, EXIT_JOB_FAILED, EXIT_SAVED, HerdError
 from .jobs import JobRecord, attempt_entry, job_dir
 from .links import AgentLink
 from .logs import JobOutput, RunResult, render_summary
 from .ops.jobctl import new_record
 from .outcome import AttemptResult
-from .plan import JobSpec, LaunchPlan, make_plan, node_workers
+from .plan import JobSpec, LaunchPlan, NodePlan, make_plan, node_workers
 from .pool import NodePool
 from .prepare import Prepared, close_links, replan
 from .recovery import HangWatch, RestartPolicy
-from .recovery.nodes import NodeChoice, choose_nodes
-from .recovery.policy import made_progress
+from .recovery.policy import Action, Bench, Decision, Ended, History, Signals
 from .recovery.straggler import Slow
 from .redact import redact_text
 from .spec import ClusterSpec
 from .sweeps import sweep_attempt
 from .transport import Transport
 
-# Restarts after the agents stopped the job for a silent launcher (this launcher was stopped
-# or suspended): not the job's fault, so not counted against --max-restarts, but bounded.
-STALL_RESTARTS = 3
+Replanner = Callable[..., Coroutine[Any, Any, Prepared]]
+"""prepare.replan's shape: the plan of a restart on the given nodes."""
+Sweeper = Callable[[LaunchPlan, NodePlan], Awaitable[bool]]
+"""Sweeps a node's part of an attempt; True when the node answered and confirmed its end."""
 
 
 def banner(plan: Any, cluster: ClusterSpec) -> str:
@@ -86,6 +92,9 @@ class JobRun:
         policy: RestartPolicy | None = None,
         ranks: frozenset[int] | None = None,
         every_rank: bool = False,
+        attempts: Callable[[JobRun], Attempt] | None = None,
+        replanner: Replanner = replan,
+        sweeper: Sweeper | None = None,
     ) -> None:
         self.prepared = prepared
         self.job = job
@@ -93,6 +102,10 @@ class JobRun:
         self.hang_timeout = hang_timeout
         self.save_within = save_within
         self.policy = policy or job_policy(job, prepared.cluster)
+        self.new_attempt: Callable[[JobRun], Attempt] = attempts or JobRun._attempt
+        """Starts the next attempt on the current plan (a test passes a fake)."""
+        self.replan = replanner
+        self.sweep: Sweeper = sweeper or self._sweep
         self.full_cluster = prepared.cluster
         """Every node the job may use (the plan may use fewer after a loss)."""
         plan = prepared.plan
@@ -119,16 +132,20 @@ class JobRun:
         )
         self.size = len(self.full_cluster.active)
         """Nodes the job runs on when none is lost: the cluster's, spares aside."""
-        self.saves_seen = False
-        """The job has reported a committed snapshot: it can be asked to save and stop."""
+        self.history = History()
+        """What the restart decisions so far leave for the next one."""
+        self._save_lock = asyncio.Lock()
+        self._saves: set[asyncio.Task[None]] = set()
+        """Saves started by a callback (a slow rank named): awaited before the last one."""
         self.record: JobRecord = new_record(prepared.cluster, plan, self.log_dir, state="running")
         self.number = job.attempt
         self.restarts = 0
-        self.stall_restarts = 0
         self.current: Attempt | None = None
         self.replanning: asyncio.Task[Prepared] | None = None
         self.interrupted = False
         self.time_limit = False
+        self.limit_between = False
+        """The time limit came while no attempt ran (none could be asked to save)."""
 
     # -- signals --------------------------------------------------------------------------------
 
@@ -148,6 +165,9 @@ class JobRun:
         if self.time_limit:
             return
         self.time_limit = True
+        if self.current is None or self.current.stopping:
+            # No attempt runs that could still save: the job ends before the next would start.
+            self.limit_between = True
         if self.current is not None:
             self.current.request_save(self.save_within)
         if self.replanning is not None:
@@ -160,67 +180,47 @@ class JobRun:
         self.record.attempts.append(
             attempt_entry(self.number, self.record.nodes, plan.world_size, plan.rdzv_endpoint)
         )
-        await asyncio.to_thread(self.record.save)
+        await self._save()
         self.output.note(banner(plan, self.prepared.cluster))
         for warning in plan.warnings:
             self.output.note(f"herd: warning: {warning}")
         started = time.monotonic()
-        best_step: int | None = None
-        no_progress = 0
         result: RunResult = RunResult(plan.job_id, EXIT_JOB_FAILED, log_dir=self.log_dir)
         try:
             while True:
-                attempt = self._attempt()
+                attempt = self.new_attempt(self)
                 self.current = attempt
                 attempt_started = time.monotonic()
                 result = outcome = await self._run_attempt(attempt)
                 self.current = None
-                self.saves_seen = self.saves_seen or attempt.saves > 0
                 self._close_entry(outcome)
                 self._node_rates(attempt)
-                await asyncio.to_thread(self.record.save)
-                if self.time_limit or self.interrupted:
-                    result = self._stopped_between(outcome)
+                await self._save()
+                before = replace(
+                    self.history, saves_seen=self.history.saves_seen or attempt.saves > 0
+                )
+                ended = self._ended(attempt, outcome, time.monotonic() - attempt_started)
+                decision = await self._decide(ended, before, attempt.plan)
+                self.history = decision.history
+                if decision.action is Action.STOP:
+                    result = self._stop(outcome, decision)
                     break
-                if attempt.growing and outcome.exit_code == EXIT_SAVED:
-                    why = attempt.growing
-                elif outcome.stopped_by_agents and self.stall_restarts < STALL_RESTARTS:
-                    self.stall_restarts += 1
-                    why = "the agents stopped the job while this launcher was not running"
-                elif not self.policy.should_restart(outcome.exit_code, self.restarts):
-                    break
-                else:
-                    seconds = time.monotonic() - attempt_started
-                    if made_progress(best_step, outcome.max_step, seconds):
-                        no_progress = 0
-                    elif self.restarts:  # a restart that got nowhere: the crash loop counts
-                        no_progress += 1
-                    if outcome.max_step is not None:
-                        best_step = max(best_step or 0, outcome.max_step)
-                    if no_progress >= self.policy.crash_loop:
-                        result.exit_code = EXIT_CRASH_LOOP
-                        result.reason = (
-                            f"crash loop: {no_progress} restart(s) in a row failed without step "
-                            f"progress (best step {best_step if best_step is not None else 'none'})"
-                            "; fix the first failure above, restarting will not"
-                        )
-                        break
-                    self.restarts += 1
-                    cause = outcome.first_failure.headline() if outcome.first_failure else ""
-                    why = cause or "a node failed"
+                if decision.counted:
+                    self.restarts = decision.history.restarts
                     self.output.note(
-                        f"herd: {why}; restarting the job (restart {self.restarts} of "
+                        f"herd: {decision.why}; restarting the job (restart {self.restarts} of "
                         f"{self.policy.max_restarts})"
                     )
-                if not await self._next(outcome, why):
-                    result = (
-                        self._stopped_between(outcome)
-                        if (self.time_limit or self.interrupted)
-                        else outcome
-                    )
+                if not await self._next(outcome, decision):
+                    if self.time_limit or self.interrupted:
+                        # A signal while replanning: acted on before any attempt starts.
+                        stop = self.policy.decide(ended, self._bench(), before, self._signals())
+                        result = self._stop(outcome, stop)
                     break
         finally:
             await self._close_links()
+            if self._saves:
+                await asyncio.gather(*self._saves, return_exceptions=True)
             result.restarts = self.restarts
             result.duration = time.monotonic() - started
             self.output.note(render_summary(result))
@@ -253,7 +253,8 @@ class JobRun:
             if room <= 0:
                 self.pool.stand_by(list(self.pool.returned))
                 continue
-            if (self.saves_seen or attempt.saves) and not (self.time_limit or attempt.stopping):
+            saved = self.history.saves_seen or attempt.saves
+            if saved and not (self.time_limit or attempt.stopping):
                 back = ", ".join(self.pool.returned[:room])
                 attempt.request_save(self.save_within, grow=f"{back} back: growing the job")
                 return
@@ -268,6 +269,7 @@ class JobRun:
             self.links,
             number=self.number,
             hang=HangWatch(self.hang_timeout),
+            silence=self.full_cluster.link_silence,
             evidence_dir=self.log_dir / "stacks" / f"attempt-{self.number}",
             prewarm_next=self.restarts < self.policy.max_restarts,
             on_slow=self._slow,
@@ -288,40 +290,113 @@ class JobRun:
             )
         return send
 
+    async def _save(self) -> None:
+        """Write the job record: one write at a time (job.json has one writer, this job)."""
+        async with self._save_lock:
+            text = self.record.text()  # in the loop, where the record changes: whole, newest
+            await asyncio.to_thread(self.record.save, text)
+
     def _slow(self, slow: Slow) -> None:
         """A slow rank named: in the job record at once (`herd top` shows it)."""
         self.record.attempts[-1].setdefault("slow", []).append(slow.line())
         self.record.slow = slow.line()
-        asyncio.get_running_loop().create_task(asyncio.to_thread(self.record.save))
+        task = asyncio.get_running_loop().create_task(self._save())
+        self._saves.add(task)
+        task.add_done_callback(self._saves.discard)
 
-    async def _next(self, outcome: AttemptResult, why: str) -> bool:
-        """Plan the next attempt: in place when every node is still there, else on the nodes
-        recovery.nodes chooses; False when the job cannot go on (the reason is in the output
-        and the result)."""
+    def _ended(self, attempt: Attempt, outcome: AttemptResult, seconds: float) -> Ended:
+        """What the decision reads of an attempt's outcome."""
+        current = tuple(n.host for n in attempt.plan.nodes)
+        gone = set(outcome.lost) | set(outcome.unconfirmed)
+        failure = outcome.first_failure
+        return Ended(
+            exit_code=outcome.exit_code,
+            nodes=current,
+            lost=frozenset(h for h in current if h in gone),
+            reusable=frozenset(outcome.reusable),
+            max_step=outcome.max_step,
+            seconds=seconds,
+            growing=attempt.growing,
+            stopped_by_agents=outcome.stopped_by_agents,
+            failed_host=failure.host if failure is not None and failure.host else None,
+            cause=failure.headline() if failure is not None else "",
+        )
+
+    def _bench(self) -> Bench:
+        """The nodes the next attempt may use: spares whose agent still answers, nodes back."""
+        spares = tuple(h for h in self.pool.spares if self.pool.answering(h))
+        return Bench(
+            order=tuple(n.host for n in self.full_cluster.nodes),
+            size=self.size,
+            nproc=self._workers(),
+            spares=spares,
+            returned=tuple(self.pool.returned),
+        )
+
+    def _signals(self) -> Signals:
+        return Signals(self.interrupted, self.time_limit, self.limit_between)
+
+    async def _decide(self, ended: Ended, history: History, last: LaunchPlan) -> Decision:
+        """The policy's decision; lost nodes it cannot do without are swept first (which
+        tells too whether they answer) and the decision taken again."""
+        bench = self._bench()
+        decision = self.policy.decide(ended, bench, history, self._signals())
+        if decision.action is not Action.SWEEP:
+            return decision
+        plans = {n.host: n for n in last.nodes}
+        answers = await asyncio.gather(*(self.sweep(last, plans[h]) for h in decision.sweep))
+        back = {h for h, ok in zip(decision.sweep, answers, strict=True) if ok}
+        for host in back:
+            self.links.pop(host, None)  # its old agent is gone: a new one is opened
+        return self.policy.decide(
+            ended, replace(bench, swept=frozenset(back)), history, self._signals()
+        )
+
+    async def _sweep(self, last: LaunchPlan, node: NodePlan) -> bool:
+        swept = await sweep_attempt(
+            self.transport,
+            self.full_cluster,
+            last.job_id,
+            node,
+            grace=last.grace,
+            timeout=self.full_cluster.connect_timeout + last.grace + 15,
+        )
+        return swept.confirmed
+
+    async def _next(self, outcome: AttemptResult, decision: Decision) -> bool:
+        """Plan the next attempt on the decision's nodes: in place, or a new plan; False when
+        the job cannot go on (the reason is in the output and the result) or a signal came."""
         last = self.prepared.plan
         self.number += 1
         job = replace(self.job, attempt=self.number)
-        current = [n.host for n in last.nodes]
-        lost = {h for h in current if h in set(outcome.lost) | set(outcome.unconfirmed)}
-        grow = bool(self.pool.returned) and len(current) < self.size
-        if not lost and not grow and set(current) <= set(outcome.reusable):
+        choice = decision.choice
+        assert choice is not None
+        why = decision.why
+        if decision.in_place:
             prepared = self.prepared
             plan = make_plan(
-                prepared.cluster.select(current), job, prepared.facts, prepared.secrets
+                prepared.cluster.select(list(choice.nodes)), job, prepared.facts, prepared.secrets
             )
             self.prepared = Prepared(self.full_cluster, prepared.facts, prepared.secrets, plan)
             how = "in place"
         else:
-            choice = await self._choose(current, lost, last, outcome)
-            if choice is None:
-                return False
+            plans = {n.host: n for n in last.nodes}
+            aside = {h: self.links[h] for h in decision.set_aside if h in self.links}
+            if aside:
+                await close_links(aside)
+            aside_too = tuple(h for h in decision.set_aside if h not in choice.left_out)
+            self.pool.leave_out(choice.left_out + aside_too, plans, decision.set_aside)
+            self.pool.take(tuple(choice.nodes))
+            if choice.changed:
+                self.output.note(f"herd: {choice.describe()}")
+            gone = set(choice.left_out)
             self.replanning = asyncio.create_task(
-                replan(
+                self.replan(
                     Prepared(self.full_cluster, self.pool.facts, self.prepared.secrets, last),
                     job,
                     self.transport,
                     nodes=list(choice.nodes),
-                    links={h: link for h, link in self.links.items() if h not in lost},
+                    links={h: link for h, link in self.links.items() if h not in gone},
                 )
             )
             try:
@@ -357,7 +432,7 @@ class JobRun:
                 why=why,
             )
         )
-        await asyncio.to_thread(self.record.save)
+        await self._save()
         if how == "in place":
             self.output.note(
                 f"herd: attempt {self.number} in place on the same {len(plan.nodes)} node(s)"
@@ -372,66 +447,8 @@ class JobRun:
                 f"herd: attempt {self.number} on {len(plan.nodes)} node(s), world size "
                 f"{plan.world_size} as before"
             )
-        return True
-
-    async def _choose(
-        self, current: list[str], lost: set[str], last: LaunchPlan, outcome: AttemptResult
-    ) -> NodeChoice | None:
-        """The next attempt's nodes (recovery.nodes) when the last attempt's cannot all be used
-        as they are. Lost nodes the job cannot go on without are waited for: swept now (which
-        tells too whether they answer); None when too few nodes remain."""
-        plans = {n.host: n for n in last.nodes}
-
-        def choose(still_lost: set[str]) -> NodeChoice:
-            return choose_nodes(
-                [n.host for n in self.full_cluster.nodes],
-                current,
-                still_lost,
-                nproc=self._workers(),
-                spares=self.pool.spares,
-                returned=self.pool.returned,
-                min_nodes=self.policy.min_nodes,
-                size=self.size,
-            )
-
-        choice = choose(lost)
-        if choice.waiting:
-            answers = await asyncio.gather(
-                *(
-                    sweep_attempt(
-                        self.transport,
-                        self.full_cluster,
-                        last.job_id,
-                        plans[h],
-                        grace=last.grace,
-                        timeout=self.full_cluster.connect_timeout + last.grace + 15,
-                    )
-                    for h in choice.waiting
-                )
-            )
-            back = {h for h, swept in zip(choice.waiting, answers, strict=True) if swept.confirmed}
-            for host in back:
-                self.links.pop(host, None)  # its old agent is gone: a new one is opened
-            choice = choose(lost - back)
-        if choice.waiting:
-            left = len(current) - len(choice.waiting)
-            needed = self.policy.min_nodes or self.size
-            message = (
-                f"{', '.join(choice.waiting)} still do(es) not answer: {left} node(s) left, "
-                f"{needed} needed"
-            )
-            self.output.note(
-                f"herd: cannot restart: {message}\n  fix: bring the node back, or allow going "
-                "on with fewer nodes (--min-nodes M, or min_nodes in [cluster]), or keep a "
-                "spare (spare = true on a [[node]], or --spares N)"
-            )
-            outcome.reason = message
-            return None
-        self.pool.leave_out(choice.left_out, plans)
-        self.pool.take(tuple(choice.nodes))
-        if choice.changed:
-            self.output.note(f"herd: {choice.describe()}")
-        return choice
+        # A signal while the record was written: acted on before the attempt starts.
+        return not (self.time_limit or self.interrupted)
 
     def _workers(self) -> dict[str, int]:
         """Workers per node, for matching a spare to the node it replaces."""
@@ -456,18 +473,19 @@ class JobRun:
         if links:
             await close_links(links)
 
-    def _stopped_between(self, outcome: AttemptResult) -> RunResult:
-        """The job ends for a signal that came during or after an attempt."""
-        if self.interrupted and outcome.exit_code not in (0, EXIT_SAVED):
-            outcome.exit_code = EXIT_INTERRUPTED
+    def _stop(self, outcome: AttemptResult, decision: Decision) -> RunResult:
+        """The job ends as the decision says: its exit code, its reason said once."""
+        if decision.exit_code is not None:
+            outcome.exit_code = decision.exit_code
+        if decision.exit_code == EXIT_SAVED:
+            self.output.note(f"herd: {decision.reason}")  # no failure: said, not "gave up"
             return outcome
-        if self.time_limit and outcome.exit_code != EXIT_SAVED and outcome.exit_code != 0:
-            if not outcome.reason:
-                outcome.reason = (
-                    "the time limit came while the job was restarting; no attempt was started "
-                    "after it and no snapshot was committed after it: the last snapshot stands"
-                )
-            self.output.note(f"herd: {outcome.reason}")
+        if decision.reason:
+            outcome.reason = decision.reason
+        if decision.fix:
+            self.output.note(f"herd: cannot restart: {decision.reason}\n  fix: {decision.fix}")
+        elif decision.say:
+            self.output.note(f"herd: {decision.reason}")
         return outcome
 
     def _node_rates(self, attempt: Attempt) -> None:

@@ -65,10 +65,14 @@ class JobRecord:
     """"job" for a user's job; herd's own jobs (the doctor's all-reduce, benchmarks) say what
     they are, and `herd ps` lists them only with --all."""
 
-    def save(self) -> None:
+    def text(self) -> str:
+        """The record as job.json holds it (taken where the record changes, then written)."""
+        return json.dumps(asdict(self), indent=2)
+
+    def save(self, text: str | None = None) -> None:
         directory = job_dir(self.id)
         private_dir(directory, home=herd_home())
-        write_private(directory / "job.json", json.dumps(asdict(self), indent=2))
+        write_private(directory / "job.json", self.text() if text is None else text)
 
 
 def attempt_entry(

@@ -17,6 +17,7 @@ import fcntl
 import json
 import sys
 import termios
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -45,6 +46,10 @@ class AgentLink:
         self.ended = asyncio.Event()
         self.cut_off = False
         """True once herd killed the session itself (``cut``)."""
+        self.heard_at = time.monotonic()
+        """When the agent last said anything (an idle agent answers pings with "alive")."""
+        self.answers_pings = False
+        """The agent answered a ping while idle (an older agent says nothing until it runs)."""
         self._readers: list[asyncio.Task[None]] = []
 
     @classmethod
@@ -93,6 +98,10 @@ class AgentLink:
     @property
     def alive(self) -> bool:
         return not self.ended.is_set() and self.process.returncode is None
+
+    def silent_for(self) -> float:
+        """Seconds since the agent last said anything."""
+        return time.monotonic() - self.heard_at
 
     def write(self, message: dict[str, Any]) -> bool:
         """Send one JSON line; False when the link cannot take it (closed or broken)."""
@@ -171,7 +180,10 @@ class AgentLink:
         assert self.process.stdout is not None
         try:
             async for raw in lines(self.process.stdout):
+                self.heard_at = time.monotonic()
                 event = decode(raw)
+                if event is not None and event.get("e") == "alive" and self.on_event is None:
+                    self.answers_pings = True
                 if event is None:
                     if self.on_text is not None:
                         self.on_text(raw.decode(errors="replace").rstrip())

@@ -1,20 +1,19 @@
 """What an attempt ended as: its exit code, its first failure, and what the next attempt may
-reuse. Read from an Attempt's state once every node is done with it (``result_of``); the
-decision of the exit code alone is a pure function (``exit_code_of``).
+reuse. Read from the attempt's ended state, a frozen record the attempt hands over once every
+node is done with it (``AttemptState``, ``result_of``): this module never sees the live
+attempt. The decision of the exit code alone is a pure function (``exit_code_of``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from pathlib import Path
 
 from .errors import EXIT_INTERRUPTED, EXIT_JOB_FAILED, EXIT_NODE_NOT_READY, EXIT_OK, EXIT_SAVED
 from .logs import Failure, RunResult
-from .recovery.evidence import judge
+from .recovery.evidence import Evidence, judge
 from .recovery.failures import first_named
-
-if TYPE_CHECKING:
-    from .attempt import Attempt
 
 NO_SNAPSHOT_AFTER_LIMIT = (
     "the time limit came and no snapshot was reported committed after it (a script saves "
@@ -71,57 +70,78 @@ def exit_code_of(
     return EXIT_JOB_FAILED, NO_SNAPSHOT_AFTER_LIMIT if saving and not saved else "", False
 
 
-def result_of(attempt: Attempt, duration: float) -> AttemptResult:
+@dataclass(frozen=True)
+class AttemptState:
+    """An attempt as it ended, as Attempt.ended_state records it: all the outcome reads."""
+
+    job_id: str
+    number: int
+    log_dir: Path | None
+    states: Mapping[str, str]
+    """host -> succeeded, failed, stopped, lost, not started."""
+    reusable: tuple[str, ...]
+    """Nodes that ended the attempt themselves and whose agent link is still alive."""
+    unconfirmed: tuple[str, ...]
+    interrupted: bool
+    stopping: bool
+    saving: bool
+    saved_after_request: bool
+    stopped_for_silence: bool
+    first_failure: Failure | None
+    hang_found: str | None
+    behind: tuple[str, ...]
+    """The ranks the looks named behind (empty: judged from the stacks here)."""
+    evidence: Evidence
+    """The stacks taken; saved where they are kept by ``result_of``."""
+    steps: Mapping[int, int]
+    """The hang watch's last steps per rank (for judging the stacks)."""
+    max_step: int | None
+    noticed: str
+    ranks_seen: frozenset[tuple[str, int]]
+
+
+def result_of(ended: AttemptState, duration: float) -> AttemptResult:
     """The attempt's result (its stacks written where they are kept): run off the event loop,
     since it writes files."""
-    behind = list(attempt.behind) or [
-        b.line() for b in judge(attempt.evidence.stacks, attempt.hang.steps)
-    ]
-    stacks_dir = attempt.evidence.save(behind)
-    states = {host: node.state for host, node in attempt.nodes.items()}
-    stopped_by_agents = attempt.stopped_for_silence and not attempt.interrupted
+    behind = list(ended.behind) or [b.line() for b in judge(ended.evidence.stacks, ended.steps)]
+    stacks_dir = ended.evidence.save(behind)
+    states = dict(ended.states)
+    stopped_by_agents = ended.stopped_for_silence and not ended.interrupted
     code, reason, stopped_elsewhere = exit_code_of(
         states,
-        interrupted=attempt.interrupted,
-        stopping=attempt.stopping,
-        saving=attempt.saving,
-        saved=attempt.saved_after_request,
+        interrupted=ended.interrupted,
+        stopping=ended.stopping,
+        saving=ended.saving,
+        saved=ended.saved_after_request,
         stopped_by_agents=stopped_by_agents,
     )
     failure = None
     if code not in (EXIT_OK, EXIT_SAVED) and not stopped_elsewhere:
-        failure = attempt.first_failure()
-        if failure is not None and attempt.hang_found and failure.rank is None:
+        failure = ended.first_failure
+        if failure is not None and ended.hang_found and failure.rank is None:
             named = first_named(behind)
             if named is not None:
                 host, rank = named
                 failure = Failure(host, rank, None, None, failure.message, remedy=failure.remedy)
-    reusable = tuple(
-        host
-        for host, node in attempt.nodes.items()
-        if node.state in ("succeeded", "failed", "stopped")
-        and (link := attempt.links.get(host)) is not None
-        and link.alive
-    )
     return AttemptResult(
-        job_id=attempt.plan.job_id,
+        job_id=ended.job_id,
         exit_code=code,
         node_status=states,
         first_failure=failure,
         duration=duration,
-        log_dir=attempt.output.log_dir,
+        log_dir=ended.log_dir,
         behind=tuple(behind),
         stacks_dir=stacks_dir,
-        evidence_problems=tuple(attempt.evidence.problems),
-        hang=attempt.hang_found,
+        evidence_problems=tuple(ended.evidence.problems),
+        hang=ended.hang_found,
         lost=tuple(h for h, s in states.items() if s == "lost"),
-        max_step=attempt.hang.max_step,
+        max_step=ended.max_step,
         reason=reason,
-        number=attempt.number,
-        reusable=reusable,
-        unconfirmed=attempt.teardown.unconfirmed(),
+        number=ended.number,
+        reusable=ended.reusable,
+        unconfirmed=ended.unconfirmed,
         stopped_by_agents=stopped_by_agents,
-        saved=attempt.saved_after_request,
-        noticed=attempt.noticed or "",
-        ranks_seen=frozenset(attempt.ranks_seen),
+        saved=ended.saved_after_request,
+        noticed=ended.noticed,
+        ranks_seen=ended.ranks_seen,
     )

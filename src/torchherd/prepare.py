@@ -163,11 +163,14 @@ def explain_probe_failure(node: NodeSpec, python: str, result: CommandResult) ->
     return f"{node.host}: the probe failed: {last}"
 
 
-def fast_preflight(cluster: ClusterSpec, facts: Mapping[str, NodeFacts]) -> list[str]:
-    """The checks that make a launch fail for sure, as problem lines (empty: go ahead)."""
+def fast_preflight(
+    cluster: ClusterSpec, facts: Mapping[str, NodeFacts], joining: tuple[str, ...] = ()
+) -> list[str]:
+    """The checks that make a launch fail for sure, as problem lines (empty: go ahead);
+    ``joining``: nodes about to join the others' running job (preflight.fast_checks)."""
     from .preflight import Status, fast_checks
 
-    return [r.line() for r in fast_checks(cluster, facts) if r.status is Status.FAIL]
+    return [r.line() for r in fast_checks(cluster, facts, joining) if r.status is Status.FAIL]
 
 
 @dataclass(frozen=True)

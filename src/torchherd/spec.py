@@ -148,6 +148,10 @@ class ClusterSpec(BaseModel):
     launcher_silence: float = Field(default=90.0, ge=5, le=3600)
     """Seconds the nodes' agents keep the job running while they hear nothing from the
     launcher (stopped, suspended, cut off by the network) before they stop it themselves."""
+    link_silence: float = Field(default=10.0, ge=4, le=600)
+    """Seconds without a word from a node's agent (not even its 2-s "alive") after which herd
+    calls the node lost; while the other nodes' ranks still step (so its ranks take part in
+    their collectives), up to launcher_silence."""
     setup: str | None = None
     """Shell commands run in the shell that starts each node's agent, e.g.
     "module load cuda/12.6 && source ~/venv/bin/activate"; a failure stops the launch."""

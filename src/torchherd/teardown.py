@@ -13,7 +13,7 @@ import asyncio
 import time
 from collections.abc import Callable
 
-from .agent.attempt import TEARDOWN_BUDGET
+from .agent.attempt import ATTEMPT_VAR, TEARDOWN_BUDGET
 from .links import AgentLink
 from .logs import JobOutput
 from .plan import LaunchPlan, NodePlan
@@ -47,6 +47,8 @@ class Teardown:
         self.output = output
         self.clock = clock
         self.killing = False
+        self.number = int(plan.nodes[0].env.get(ATTEMPT_VAR, "0")) if plan.nodes else 0
+        """The attempt these nodes run: the agents act on its commands only."""
         self.deadlines: dict[str, float] = {}
         self.sweeps: dict[str, asyncio.Task[bool]] = {}
 
@@ -59,7 +61,7 @@ class Teardown:
         link = self.links.get(host)
         if link is None or host in self.deadlines:
             return
-        fields: dict[str, object] = {"stacks": stacks}
+        fields: dict[str, object] = {"stacks": stacks, "attempt": self.number}
         if next_attempt is not None:
             fields["next"] = next_attempt
         link.command("stop", **fields)
@@ -72,7 +74,7 @@ class Teardown:
         for host in hosts:
             link = self.links.get(host)
             if link is not None:
-                link.command("kill")
+                link.command("kill", attempt=self.number)
                 self.deadlines[host] = min(self.deadlines.get(host, deadline), deadline)
 
     def ended(self, host: str) -> None:

@@ -172,3 +172,65 @@ def test_a_spare_takes_a_lost_nodes_place_and_the_loss_is_unchanged(
     assert [a["how"] for a in record["attempts"]] == ["first", "spare"], record["attempts"]
     testbed.heal("node2")
     herd.assert_clean(["node1", "node2", "node3"], settle=30)
+
+
+def steps_job(
+    testbed: Testbed, tmp_path: Path, nodes: list[dict[str, object]], args: list[str]
+) -> LiveHerd:
+    """`herd launch ARGS steps.py ...` (a plain loop of all-reduces, no snapshots)."""
+    home = tmp_path / "home"
+    path = testbed.write_cluster_file(
+        tmp_path / "herd.toml",
+        nodes=nodes,
+        workdir=str(SCRIPTS),
+        env={"HERD_HOME": str(home)},
+        launcher_silence=10,
+    )
+    return LiveHerd(["-c", str(path), "--grace", "3", *args], home, testbed)
+
+
+def test_a_node_that_fails_twice_in_a_row_is_set_aside(testbed: Testbed, tmp_path: Path) -> None:
+    """node2's rank fails at step 5 of every attempt: after its second failure in a row the
+    job goes on without it (--min-nodes 2) instead of crash-looping on it."""
+    herd = steps_job(
+        testbed,
+        tmp_path,
+        one_each("node1", "node2", "node3"),
+        ["--max-restarts", "3", "--min-nodes", "2", "steps.py", "--steps", "40"]
+        + ["--fail-host", "node2"],
+    )
+    code = herd.finish(timeout=300)
+    out = herd.output
+    assert code == 0, out
+    assert "node2 failed 2 attempts in a row: set aside" in out, out
+    assert "going on without node2: 2 node(s), rendezvous on node1" in out, out
+    record = herd.record()
+    assert [a["outcome"] for a in record["attempts"]] == ["failed", "failed", "succeeded"]
+    assert [n["host"] for n in record["nodes"]] == ["node1", "node3"], record["nodes"]
+    herd.assert_clean(["node1", "node2", "node3"])
+
+
+def test_a_dead_spare_is_never_chosen(clean_faults: Testbed, tmp_path: Path) -> None:
+    """The spare is cut off first: herd notices its silence (an idle agent answers pings) and
+    drops it, so when node2 is lost the job goes on with node1 (--min-nodes 1) instead of
+    waiting for a spare that will never join."""
+    testbed = clean_faults
+    herd = steps_job(
+        testbed,
+        tmp_path,
+        one_each("node1", "node2", spare="node3"),
+        ["--max-restarts", "1", "--min-nodes", "1", "steps.py", "--steps", "300", "--quiet"],
+    )
+    herd.wait_for(r"STEPPING rank=1", 120)
+    testbed.partition("node3")
+    herd.wait_for(r"spare node3 stopped answering; it is no longer kept ready", 60)
+    testbed.partition("node2")
+    herd.wait_for(r"going on without node2: 1 node\(s\), rendezvous on node1", 60)
+    code = herd.finish(timeout=240)
+    out = herd.output
+    assert code == 0, out
+    assert "spare node3 takes" not in out, out
+    assert [n["host"] for n in herd.record()["nodes"]] == ["node1"]
+    testbed.heal("node2")
+    testbed.heal("node3")
+    herd.assert_clean(["node1", "node2", "node3"], settle=30)

@@ -157,6 +157,43 @@ def test_a_time_limit_during_a_restart_starts_nothing_more(
     herd.assert_clean(["node1", "node2"])
 
 
+def test_a_time_limit_during_a_restart_exits_5_when_a_snapshot_stands(
+    testbed: Testbed, tmp_path: Path
+) -> None:
+    """The same limit during the same teardown, from a job that reported a committed snapshot
+    before it failed: no attempt starts after it, and herd exits 5 (requeue me): the last
+    snapshot stands."""
+    path, home = cluster(testbed, tmp_path, ["node1", "node2"])
+    herd = LiveHerd(
+        [
+            "-c",
+            str(path),
+            "--max-restarts",
+            "3",
+            "--grace",
+            "20",
+            "phases.py",
+            "--report-saved",
+            "--fail-rank",
+            "1",
+            "--sigterm-delay",
+            "10",
+        ],
+        home,
+        testbed,
+    )
+    herd.wait_for(r"node2 failed; stopping the other nodes", 120)
+    herd.signal(signal.SIGUSR1)
+    code = herd.finish(timeout=120)
+    out = herd.output
+    assert code == 5, out
+    assert "the time limit came while the job was restarting" in out, out
+    assert "the last committed snapshot stands" in out, out
+    assert "restarting the job (restart" not in out and "attempt 1" not in out, out
+    assert herd.record()["state"] == "saved"
+    herd.assert_clean(["node1", "node2"])
+
+
 def test_the_second_ctrl_c_kills_at_once_and_leaves_nothing(
     testbed: Testbed, tmp_path: Path
 ) -> None:

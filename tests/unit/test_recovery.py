@@ -1,16 +1,15 @@
 """Recovery's parts alone: node liveness on a test clock, the causes table on recorded failure
-output, the evidence judge on recorded py-spy dumps, the restart policy (the hang watch has
-tests of its own: test_hang.py)."""
+output, the evidence judge on recorded py-spy dumps (the hang watch and the restart decision
+have tests of their own: test_hang.py, test_restart_decision.py)."""
 
 from __future__ import annotations
 
 import pytest
 
 from tests.unit.clock import Clock
-from torchherd.recovery import NodeLiveness, RankStack, RestartPolicy, explain
+from torchherd.recovery import NodeLiveness, RankStack, explain
 from torchherd.recovery.evidence import judge
-from torchherd.recovery.liveness import STALL, LauncherClock
-from torchherd.recovery.policy import PROGRESS_BY_TIME, made_progress
+from torchherd.recovery.liveness import STALL, LauncherClock, steps_vouch_for
 
 # ---------------------------------------------------------------------------------------------
 # liveness
@@ -155,22 +154,11 @@ def test_main_frames_skip_other_threads() -> None:
     assert not stack(1, IN_DATA).in_collective
 
 
-# ---------------------------------------------------------------------------------------------
-# policy
-
-
-def test_restart_budget_and_node_count() -> None:
-    policy = RestartPolicy(max_restarts=2, min_nodes=2)
-    assert policy.should_restart(1, 0) and policy.should_restart(1, 1)
-    assert not policy.should_restart(1, 2)
-    assert not policy.should_restart(130, 0)  # interrupted: never restarted
-    assert policy.enough_nodes(2, 3) and not policy.enough_nodes(1, 3)
-    assert not RestartPolicy().enough_nodes(2, 3)  # by default every node is needed
-
-
-def test_progress_is_a_higher_step_or_a_long_run_without_steps() -> None:
-    assert made_progress(None, 5, 1)
-    assert made_progress(40, 41, 1)
-    assert not made_progress(40, 40, 10_000)
-    assert not made_progress(None, None, 10)
-    assert made_progress(None, None, PROGRESS_BY_TIME)
+def test_a_quiet_link_is_not_a_lost_node_while_the_others_step() -> None:
+    """The node was last heard at 100 s; the silence limit is 10 s, the cap 90 s."""
+    vouch = steps_vouch_for
+    assert vouch(100.0, [112.0], now=115.0, silence=10.0, limit=90.0)  # steps after its word
+    assert not vouch(100.0, [103.0], now=112.0, silence=10.0, limit=90.0)  # a step in flight
+    assert not vouch(100.0, [], now=112.0, silence=10.0, limit=90.0)  # no one steps
+    assert not vouch(100.0, [120.0], now=135.0, silence=10.0, limit=90.0)  # they stopped too
+    assert not vouch(100.0, [189.0], now=191.0, silence=10.0, limit=90.0)  # past the cap

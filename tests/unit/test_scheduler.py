@@ -236,6 +236,8 @@ def test_agent_verbs_are_one_step_across_the_nodes() -> None:
         # One node's command ending (even badly) must not end the other nodes' commands.
         "--kill-on-bad-exit=0",
         "--wait=0",
+        # A node Slurm marks down must not end the other agents (spares too): herd decides.
+        "--no-kill",
         "--cpus-per-task=4",
         "--overlap",
         "--label",

@@ -55,6 +55,8 @@ def test_slurm_keeps_the_allocation_when_herd_handles_node_loss() -> None:
     handled = render(spec("slurm", launch_args=("--min-nodes", "2", "train.py")))
     assert "#SBATCH --no-kill" in handled.splitlines()
     assert "herd goes on without the node" in handled
+    spared = render(spec("slurm", launch_args=("--spares=1", "train.py")))
+    assert "#SBATCH --no-kill" in spared.splitlines() and "puts a spare in its place" in spared
     plain = render(spec("slurm"))
     assert "--no-kill" not in plain and "Slurm ends the job and requeues it" in plain
 

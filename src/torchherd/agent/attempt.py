@@ -22,6 +22,7 @@ import json
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import tempfile
 import threading
@@ -63,14 +64,49 @@ def herd_home(env: dict[str, str]) -> str:
     return os.path.expanduser(env.get("HERD_HOME") or os.environ.get("HERD_HOME") or "~/.herd")
 
 
+_progress_root: str | None = None
+
+
 def progress_root() -> str:
-    """Node-local storage for progress files: the user's runtime directory, else /dev/shm,
-    else the temporary directory; never the home (an NFS home that stalls would freeze
-    training inside ``beat()``)."""
-    for candidate in (os.environ.get("XDG_RUNTIME_DIR"), "/dev/shm"):
+    """Node-local storage for progress files: ``herd-<uid>`` in the user's runtime directory,
+    else in /dev/shm, else in the temporary directory; never the home (an NFS home that stalls
+    would freeze training inside ``beat()``). Such a name in a shared directory can be taken
+    first by anyone: it is used only when it is this user's own directory (no link, 0700);
+    otherwise the next place, and at last a fresh private directory of its own."""
+    global _progress_root
+    if _progress_root is not None and _is_own_private_dir(_progress_root):
+        return _progress_root
+    for candidate in (os.environ.get("XDG_RUNTIME_DIR"), "/dev/shm", tempfile.gettempdir()):
         if candidate and os.path.isdir(candidate) and os.access(candidate, os.W_OK | os.X_OK):
-            return os.path.join(candidate, f"herd-{os.getuid()}")
-    return os.path.join(tempfile.gettempdir(), f"herd-{os.getuid()}")
+            path = os.path.join(candidate, f"herd-{os.getuid()}")
+            if _is_own_private_dir(path):
+                _progress_root = path
+                return path
+    _progress_root = tempfile.mkdtemp(prefix=f"herd-{os.getuid()}-")
+    return _progress_root
+
+
+def _is_own_private_dir(path: str) -> bool:
+    """``path`` is (or is now made) a directory of this user's alone: not a link, owned by
+    this user, mode 0700 (set if it was looser)."""
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    except OSError:
+        return False
+    try:
+        found = os.lstat(path)
+    except OSError:
+        return False
+    if not stat.S_ISDIR(found.st_mode) or found.st_uid != os.getuid():
+        return False
+    if found.st_mode & 0o077:
+        try:
+            os.chmod(path, 0o700)
+        except OSError:
+            return False
+    return True
 
 
 def attempt_of(request: dict[str, Any]) -> str:

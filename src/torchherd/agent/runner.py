@@ -20,6 +20,10 @@ attempt has ended. The agent reads JSON lines on stdin:
     {"cmd": "why-slow", "rank": R}    what this node can tell about why rank R is slow
     {"cmd": "bye"} or stdin closed    end the current attempt, then exit
 
+stop, kill, save, stacks and look may carry "attempt": N: then they act on attempt N only (one
+for an earlier attempt is ignored; one for a later attempt waits until it starts here), so a
+command never reaches the previous attempt.
+
 and answers with events on stdout (agent.protocol). It says {"e": "alive"} every alive_every()
 seconds for as long as it runs, stopping included, so a node that stops slowly is never taken
 for a lost one (unless it said something else lately: any event is as good). The launcher
@@ -45,6 +49,18 @@ from .look import look_event
 from .protocol import encode
 
 __all__ = ["Agent", "NodeAttempt", "Prewarmed", "herd_home", "main"]
+
+# Commands that act on one attempt: with an "attempt" field, only that attempt's (agent
+# commands never reach the previous attempt, nor start the next one early).
+ATTEMPT_COMMANDS = ("stop", "kill", "save", "stacks", "look")
+
+
+def _attempt_number(value: object) -> int:
+    try:
+        return int(str(value))
+    except ValueError:
+        return -1
+
 
 # Seconds between the agent's own "alive" events (at least; see alive_every).
 ALIVE_EVERY = 2.0
@@ -157,6 +173,8 @@ class Agent:
         self.leaving = threading.Event()
         self.leave_why = ""
         self.last_heard = time.monotonic()
+        self.pending: list[dict[str, Any]] = []
+        """Commands for an attempt that has not started here yet (ATTEMPT_COMMANDS)."""
         self._lock = threading.Lock()
         heartbeat = float(first.get("heartbeat") or 0)
         self.silence = float(first.get("silence") or SILENCE) if heartbeat else 0.0
@@ -174,6 +192,11 @@ class Agent:
                 self.request = request
                 if self.leaving.is_set():
                     self.current.request_stop(self.leave_why)
+                number = _attempt_number(self.current.attempt)
+                waiting = [c for c in self.pending if _attempt_number(c["attempt"]) == number]
+                self.pending = [c for c in self.pending if _attempt_number(c["attempt"]) > number]
+            for command in waiting:
+                self.handle(command)
             code = self.current.run()
             # Only a launcher that keeps its agents (and says so) sends another attempt.
             request = self._next_request() if request.get("serve") else None
@@ -252,6 +275,18 @@ class Agent:
     def handle(self, command: dict[str, Any]) -> None:
         kind = command.get("cmd")
         current = self.current
+        if kind in ATTEMPT_COMMANDS and command.get("attempt") is not None:
+            # Meant for one attempt: an earlier attempt's is ignored; a later one's waits
+            # until that attempt starts here (its request may still be on its way).
+            with self._lock:
+                current = self.current
+                meant = _attempt_number(command["attempt"])
+                here = _attempt_number(current.attempt) if current is not None else None
+                if here is None or meant > here:
+                    self.pending.append(command)
+                    return
+                if meant < here:
+                    return
         if kind == "run" and isinstance(command.get("request"), dict):
             self.requests.put(command["request"])
         elif kind == "stop":
@@ -373,7 +408,12 @@ def first_request(lines: Lines) -> tuple[dict[str, Any], Prewarmed | None] | Non
         elif message.get("cmd") == "prewarm" and spec is not None:
             spec["attempt"] = message.get("attempt", spec.get("attempt", 0))
         else:
-            continue  # a ping
+            if message.get("cmd") == "ping":
+                # An idle agent (a spare, a node back) answers, so the launcher can tell it
+                # from one cut off: a spare that does not answer is never chosen.
+                sys.stdout.buffer.write(encode({"e": "alive"}))
+                sys.stdout.buffer.flush()
+            continue
         if prewarmed is not None:
             prewarmed.discard()
         prewarmed = Prewarmed(spec)

@@ -48,6 +48,8 @@ CLUSTER_HINTS = """\
 # rendezvous = "static"             # node ranks from herd's plan ("c10d": torchrun's elastic round)
 # launcher_silence = 90             # seconds a node runs on without hearing herd (a stalled
 #                                   # launcher, a suspended laptop), then it stops its share
+# link_silence = 10                 # seconds of a node's silence before herd calls it lost
+#                                   # (longer while the others still step)
 """
 
 

@@ -137,10 +137,13 @@ def make_report(
     )
 
 
-def fast_checks(cluster: ClusterSpec, facts: Mapping[str, NodeFacts]) -> list[CheckResult]:
+def fast_checks(
+    cluster: ClusterSpec, facts: Mapping[str, NodeFacts], joining: tuple[str, ...] = ()
+) -> list[CheckResult]:
     """What every launch checks on the quick probe: torch, versions, workdir, the job's script
     or module on every node, and the rendezvous node's port and exposure (no public address
-    unless allowed)."""
+    unless allowed). The same checks admit a node into a running job (``joining``: such
+    nodes are held to the others' versions)."""
     findings = Findings(cluster=cluster, facts=facts, full_probe=False)
     results = []
     for node in cluster.nodes:
@@ -149,7 +152,7 @@ def fast_checks(cluster: ClusterSpec, facts: Mapping[str, NodeFacts]) -> list[Ch
             checks.workdir(node, findings),
             checks.entry(node, findings),
         ]
-    results += versions(findings)
+    results += versions(findings, joining)
     first = cluster.rendezvous_node
     first_facts = facts.get(first.host)
     if cluster.transport != "local" and first_facts is not None:

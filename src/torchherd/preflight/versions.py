@@ -3,6 +3,8 @@
 A mismatch rarely fails at once: it shows up as a pickling error, a hang in a collective or an
 obscure NCCL error minutes in. The odd nodes out are the ones that differ from the most common
 value (on a tie, from the rendezvous node), so a table of differences points at what to fix.
+A node joining a running job (a spare, a node back) is held to the job's nodes: the reference
+is their most common value, never the newcomer's, whatever the cluster's order.
 """
 
 from __future__ import annotations
@@ -59,8 +61,9 @@ def reference(values: Mapping[str, str | None], order: list[str]) -> str | None:
     return None
 
 
-def versions(findings: Findings) -> list[CheckResult]:
-    """One result per probed node: fail where it differs, warn where only the launcher differs."""
+def versions(findings: Findings, joining: tuple[str, ...] = ()) -> list[CheckResult]:
+    """One result per probed node: fail where it differs, warn where only the launcher differs.
+    ``joining``: nodes that join the others' running job, judged against them."""
     order = [n.host for n in findings.cluster.nodes]
     table = differences(findings)
     results = []
@@ -71,7 +74,8 @@ def versions(findings: Findings) -> list[CheckResult]:
             continue
         odd = []
         for name, values in table.items():
-            expected = reference(values, order)
+            members = {h: v for h, v in values.items() if h not in joining}
+            expected = reference(members or values, order)
             mine = values.get(host)
             if mine is not None and mine != expected:
                 others = [h for h in order if values.get(h) == expected]

@@ -5,10 +5,13 @@
     evidence   evidence.Evidence       every rank's stacks (py-spy), who is behind and why
                causes.explain          known failure signatures -> a cause and a fix, in words
                failures.choose_first_failure   the failure that caused the others
-    decisions  policy.RestartPolicy    restart, go on with fewer nodes, or give up (crash loop)
+    decisions  policy.RestartPolicy.decide   after an attempt: stop (exit code, reason) or
+                                       restart, and on which nodes: one pure function of the
+                                       outcome, the nodes at hand, the history, the signals
+               nodes.choose_nodes      the next attempt's nodes: in place, a spare, fewer, back
 
-An Attempt (attempt.py) is given these objects (and a clock), so each can be tested alone and
-swapped.
+An Attempt (attempt.py) is given the detection and evidence objects (and a clock), the job loop
+(job.py) the policy, so each can be tested alone and swapped.
 """
 
 from .causes import Cause, explain

@@ -11,6 +11,11 @@ anyone, and on its return finds every node "silent" with their events still wait
 pipes. ``LauncherClock`` notices such a gap (on CLOCK_BOOTTIME, which runs through a suspend),
 and ``NodeLiveness.excuse`` starts every node's silence afresh: a stalled launcher never
 blames the nodes.
+
+A quiet link is not a lost node while the job visibly goes on with it (``steps_vouch_for``):
+when the other nodes' ranks step well after the node's last word, its ranks take part in
+their collectives (its control link is the trouble, not its machine); it is then given up to
+launcher_silence before it is called lost.
 """
 
 from __future__ import annotations
@@ -91,6 +96,27 @@ class NodeLiveness:
         now = self._clock()
         return [h for h in sorted(self._watching) if now - self._heard[h] > self.silence]
 
+    def last_heard(self, host: str) -> float:
+        """When (on this watch's clock) the node was last heard from."""
+        return self._heard[host]
+
     def last_heard_wall(self, host: str) -> float:
         """Wall-clock time the node was last heard from (for "stopped answering at ...")."""
         return self._wall_heard[host]
+
+
+# Seconds after a quiet node's last word by which the others' steps show that its ranks still
+# take part in the collectives (not a step that was in flight, not a late beat).
+QUIET_STEP_MARGIN = 5.0
+
+
+def steps_vouch_for(
+    heard: float, others_stepped: Iterable[float], now: float, silence: float, limit: float
+) -> bool:
+    """Whether a node quiet since ``heard`` is still in the job for all that: the other nodes'
+    ranks stepped well after its last word and lately (``others_stepped``: when each other
+    node's step last went up), so its ranks take part in their collectives; never past
+    ``limit`` seconds of quiet."""
+    if now - heard > limit:
+        return False
+    return any(t > heard + QUIET_STEP_MARGIN and now - t < silence for t in others_stepped)

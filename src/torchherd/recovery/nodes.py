@@ -8,9 +8,12 @@ the ones that came back. Pure functions over host names; the job (job.py) gather
     fewer      lost nodes without a spare are left out when at least ``min_nodes`` remain
                (the first node left hosts the rendezvous); each is swept before it is used
                again
-    grown      nodes that were left out and came back (they answer, were swept, pass the
-               fast checks) join again, up to the cluster's own node count; a node that comes
-               back while the world is full becomes a spare
+    grown      nodes that were left out and came back (they answer, were swept, pass a
+               launch's checks: pool.joining_problems) join again, up to the cluster's own
+               node count; a node that comes back while the world is full becomes a spare
+
+recovery.policy.RestartPolicy.decide calls this: which nodes are "lost" there includes nodes
+whose end is unconfirmed and nodes set aside for failing attempts in a row.
 """
 
 from __future__ import annotations

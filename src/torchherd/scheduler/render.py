@@ -111,9 +111,11 @@ def _launch_line(spec: SubmitSpec) -> str:
 
 
 def handles_node_loss(launch_args: tuple[str, ...]) -> bool:
-    """Whether the job goes on without a lost node (``--min-nodes``): then Slurm must not end
-    the whole job when a node fails (``--no-kill``)."""
-    return any(a == "--min-nodes" or a.startswith("--min-nodes=") for a in launch_args)
+    """Whether the job goes on without a lost node (``--min-nodes``) or puts a spare in its
+    place (``--spares``): then Slurm must not end the whole job when a node fails
+    (``--no-kill``)."""
+    options = ("--min-nodes", "--spares")
+    return any(a in options or a.split("=", 1)[0] in options for a in launch_args)
 
 
 def render_slurm(spec: SubmitSpec, limit: int) -> str:
@@ -147,7 +149,8 @@ def render_slurm(spec: SubmitSpec, limit: int) -> str:
         "# workers and requeues this job, which resumes from the snapshot.",
         "# A lost node: "
         + (
-            "--no-kill keeps the allocation, and herd goes on without the node (--min-nodes)."
+            "--no-kill keeps the allocation, and herd goes on without the node (--min-nodes)"
+            " or puts a spare in its place (--spares)."
             if goes_on_without_nodes
             else "Slurm ends the job and requeues it (herd needs every node)."
         ),

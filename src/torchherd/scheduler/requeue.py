@@ -104,11 +104,6 @@ def _int(text: str | None) -> int:
     return int(text) if text and text.strip().isdigit() else 0
 
 
-def pbs_seconds_left(job: str, run: Runner = _run) -> float | None:
-    """Seconds until the walltime of a running PBS job ends, from qstat; None if unknown."""
-    return _pbs_walltime_left(job, run)[0]
-
-
 def _pbs_walltime_left(job: str, run: Runner) -> tuple[float | None, str]:
     """Seconds left of the job's walltime, or None and why qstat could not say."""
     try:

@@ -69,6 +69,16 @@ class FitResult:
     """Step of the snapshot this run resumed from, if any."""
     eval_loss: float | None = None
     """Last evaluation loss, if an eval dataset was given."""
+    stopped: bool = False
+    """True when herd asked for a save and stop (a time limit, or nodes back to grow the job)
+    and ``fit()`` returned at a snapshot before the end: the run is not finished, and code after
+    ``fit()`` (a final evaluation, an export) should not run on the partial model; the job
+    resumes from the snapshot. False when training reached max_steps or max_epochs."""
+
+    @property
+    def finished(self) -> bool:
+        """Training reached its end (not stopped for a save)."""
+        return not self.stopped
 
 
 @dataclass(slots=True)
@@ -267,7 +277,14 @@ class Trainer:
                     self.sampler.set_epoch(self.epoch)
                 self._after_step()
         self._finish()
-        return FitResult(self.step, self.epoch, self._last_loss, self.resumed_from, self._last_eval)
+        return FitResult(
+            self.step,
+            self.epoch,
+            self._last_loss,
+            self.resumed_from,
+            self._last_eval,
+            stopped=self.stopped_for_save,
+        )
 
     def _done(self) -> bool:
         cfg = self.config

@@ -5,15 +5,17 @@ on the launching node, so herd's agent commands (``python -m torchherd.agent pro
 started together on many nodes become ONE step, a task per node:
 
     srun --nodes=K --ntasks=K --ntasks-per-node=1 --nodelist=N1,...,NK --kill-on-bad-exit=0
-         --wait=0 --cpus-per-task=C --overlap --quiet --label --input=all
+         --wait=0 --no-kill --cpus-per-task=C --overlap --quiet --label --input=all
          <shell> -c '<setup prelude>; cd W && env ... python -m torchherd.agent.relay'
 
 Each task's relay connects back to the launcher and carries its node's command over a link of
 its own (transport/relay.py), so every agent still has its own stdin, stdout and exit code.
 ``--kill-on-bad-exit=0`` and ``--wait=0``: one node's command ending, well or badly, must not end
 the others' (a site's KillOnBadExit or WaitTime would); herd stops them itself when it decides
-to. Other commands (``herd exec``'s wrapper, which must run where torchherd is not installed
-yet) are one step per node, at most ``fanout`` at a time:
+to. ``--no-kill``: a node Slurm marks down must not end the step's other tasks (the surviving
+agents, the spares' included): herd notices the loss itself and decides (a spare, fewer nodes,
+or a clean stop with the evidence). Other commands (``herd exec``'s wrapper, which must run
+where torchherd is not installed yet) are one step per node, at most ``fanout`` at a time:
 
     srun --nodes=1 --ntasks=1 --ntasks-per-node=1 --nodelist=NODE --kill-on-bad-exit=1
          --cpus-per-task=C --overlap  <shell> -c '<setup prelude>; cd W && env ... command'
@@ -90,6 +92,7 @@ def step_argv(srun: str, job_id: str | None, nodes: Iterable[str], cpus: int) ->
         f"--nodelist={','.join(hosts)}",
         "--kill-on-bad-exit=0",
         "--wait=0",
+        "--no-kill",
         f"--cpus-per-task={max(1, cpus)}",
         "--overlap",
         "--quiet",

@@ -20,6 +20,8 @@ is sent unless asked, so every silent phase is silent for real.
 --idle                 after the first all-reduce, sleep for ever (no collective, no CPU)
 --linger               after the phases, print `LINGERING rank=R` and sleep for ever
 --beat                 beat every step (torchherd.progress.beat)
+--report-saved         rank 0 reports a committed snapshot at step 1 after its first
+                       all-reduce (torchherd.progress.saved), as a script that saves does
 """
 
 import argparse
@@ -47,6 +49,7 @@ parser.add_argument("--progressive", action="store_true")
 parser.add_argument("--idle", action="store_true")
 parser.add_argument("--linger", action="store_true")
 parser.add_argument("--beat", action="store_true")
+parser.add_argument("--report-saved", action="store_true")
 args = parser.parse_args()
 
 rank = int(os.environ["RANK"])
@@ -70,6 +73,10 @@ dist.init_process_group("gloo")
 value = torch.ones(1)
 dist.all_reduce(value)
 print(f"STEPPING rank={rank} pid={os.getpid()}", flush=True)
+if args.report_saved and rank == 0:
+    from torchherd.progress import saved
+
+    saved(1, "step-1 (a test's word)")
 if args.idle:
     while True:
         time.sleep(3600)

@@ -3,7 +3,8 @@
 Rank 0 prints "step N" every 10 steps; every rank calls torchherd.progress.beat(step) and
 prints "STEPPING rank=R pid=P host=H" once, after its first all-reduce, so a test can pick a
 victim. --steps N ends the job after N steps; --fail-rank R makes rank R exit with code 3 at
-once (every attempt: a crash loop); --quiet prints nothing after the first line.
+once (every attempt: a crash loop); --fail-host H makes the ranks on host H exit with code 3
+at step 5 (every attempt there); --quiet prints nothing after the first line.
 """
 
 import argparse
@@ -20,6 +21,7 @@ from torchherd.progress import beat
 parser = argparse.ArgumentParser()
 parser.add_argument("--steps", type=int, default=100000)
 parser.add_argument("--fail-rank", type=int, default=-1)
+parser.add_argument("--fail-host", default="")
 parser.add_argument("--quiet", action="store_true")
 args = parser.parse_args()
 
@@ -33,6 +35,9 @@ for step in range(1, args.steps + 1):
     dist.all_reduce(value)
     value.fill_(1.0)
     beat(step)
+    if step == 5 and args.fail_host and socket.gethostname() == args.fail_host:
+        print(f"rank {rank} on {args.fail_host} failing on purpose", file=sys.stderr, flush=True)
+        os._exit(3)
     if step == 1:
         host = socket.gethostname()
         print(f"STEPPING rank={rank} pid={os.getpid()} host={host}", flush=True)

@@ -176,3 +176,20 @@ def test_outside_herd_nothing_is_written(tmp_path: Path, monkeypatch: pytest.Mon
     with _trainer(tmp_path / "run", 1) as trainer:
         trainer.fit()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+
+
+def test_fit_tells_a_stop_for_a_save_from_a_finish(progress_dir: Path, tmp_path: Path) -> None:
+    """herd's save request (the file its agent writes) stops fit() at a snapshot: the result
+    says stopped, not finished, so code after fit() can tell a partial model."""
+    with _trainer(tmp_path / "done", max_steps=4, snapshot_every=100) as trainer:
+        done = trainer.fit()
+    assert done.finished and not done.stopped and done.step == 4
+    (progress_dir / progress.SAVE_REQUEST).write_text("")
+    progress._save_seen = False
+    progress._last_look = 0.0
+    try:
+        with _trainer(tmp_path / "asked", max_steps=1000, snapshot_every=100) as trainer:
+            asked = trainer.fit()
+    finally:
+        progress._save_seen = False
+    assert asked.stopped and not asked.finished and asked.step < 1000

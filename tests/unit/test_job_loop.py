@@ -1,0 +1,300 @@
+"""The job loop (job.JobRun) driven with a fake attempt: what it does with each decision, its
+record, its signals. The attempts, the replanning and the sweeps talk to nodes over ssh, which
+cannot run in a unit test: FakeAttempt, fake_replan and fake sweeps stand in for them (named
+so); the loop, the decision, the plans, the record and the output are the real ones."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.unit.test_plan import facts
+from torchherd.errors import (
+    EXIT_CRASH_LOOP,
+    EXIT_INTERRUPTED,
+    EXIT_JOB_FAILED,
+    EXIT_OK,
+    EXIT_SAVED,
+)
+from torchherd.job import JobRun
+from torchherd.jobs import job_dir
+from torchherd.logs import Failure
+from torchherd.outcome import AttemptResult
+from torchherd.plan import JobSpec, LaunchPlan, make_plan
+from torchherd.prepare import Prepared
+from torchherd.spec import ClusterSpec, NodeSpec
+from torchherd.transport.local import LocalTransport
+
+HOSTS = ("n1", "n2", "n3")
+
+
+@dataclass
+class Scripted:
+    """How one fake attempt ends."""
+
+    exit_code: int = EXIT_JOB_FAILED
+    failed: str | None = "n2"
+    lost: tuple[str, ...] = ()
+    max_step: int | None = 10
+    saves: int = 0
+    during: Callable[[JobRun], None] | None = None
+    """Called while the attempt runs (a signal arriving, say)."""
+
+
+class FakeAttempt:
+    """Stands in for attempt.Attempt (which starts torchrun on nodes over ssh): ends as
+    scripted, with the outcome's shape the real one has."""
+
+    def __init__(self, job: JobRun, script: Scripted) -> None:
+        self.job = job
+        self.plan: LaunchPlan = job.prepared.plan
+        self.number = job.number
+        self.script = script
+        self.saves = script.saves
+        self.growing = ""
+        self.stopping = False
+        self.interrupted = False
+
+    async def run(self) -> AttemptResult:
+        await asyncio.sleep(0)
+        if self.script.during is not None:
+            self.script.during(self.job)
+        hosts = [n.host for n in self.plan.nodes]
+        s = self.script
+        states = {
+            h: "lost" if h in s.lost else "failed" if h == s.failed else "stopped" for h in hosts
+        }
+        if s.exit_code == EXIT_OK:
+            states = {h: "succeeded" for h in hosts}
+        failure = None
+        if s.exit_code == EXIT_JOB_FAILED:
+            where = s.lost[0] if s.lost else s.failed
+            failure = Failure(where or "n1", 1, 1, None, "boom")
+        return AttemptResult(
+            job_id=self.plan.job_id,
+            exit_code=s.exit_code,
+            node_status=states,
+            first_failure=failure,
+            lost=tuple(h for h in hosts if h in s.lost),
+            max_step=s.max_step,
+            number=self.number,
+            reusable=tuple(h for h in hosts if h not in s.lost),
+        )
+
+    def interrupt(self) -> None:
+        self.interrupted = True
+
+    def request_save(self, within: float, grow: str = "") -> None:
+        self.growing = grow
+
+    def step_rates(self) -> dict[str, tuple[int, float | None]]:
+        return {}
+
+
+def cluster() -> ClusterSpec:
+    return ClusterSpec(nodes=tuple(NodeSpec(host=h, nproc=1) for h in HOSTS))
+
+
+def all_facts() -> dict[str, Any]:
+    return {
+        h: facts(h, [("eth0", f"10.0.0.{i + 1}", 24)], ssh_addr=f"10.0.0.{i + 1}", port=29500)
+        for i, h in enumerate(HOSTS)
+    }
+
+
+class Loop:
+    """A JobRun over the three-node cluster, its attempts scripted."""
+
+    def __init__(self, tmp_path: Path, scripts: list[Scripted], **job: Any) -> None:
+        spec = JobSpec(entry=("train.py",), job_id="job-loop", **job)
+        found = all_facts()
+        plan = make_plan(cluster(), spec, found)
+        self.scripts = list(scripts)
+        self.attempts: list[FakeAttempt] = []
+        self.replans: list[list[str]] = []
+        self.swept: list[str] = []
+        self.sweep_answers: dict[str, bool] = {}
+        self.out = io.StringIO()
+        self.run = JobRun(
+            Prepared(cluster(), found, {}, plan),
+            spec,
+            LocalTransport(cluster()),
+            stream=self.out,
+            log_dir=tmp_path / "logs",
+            color=False,
+            attempts=self.attempt,
+            replanner=self.fake_replan,
+            sweeper=self.fake_sweep,
+        )
+
+    def attempt(self, job: JobRun) -> Any:
+        made = FakeAttempt(job, self.scripts.pop(0))
+        self.attempts.append(made)
+        return made
+
+    async def fake_replan(
+        self, prepared: Prepared, job: JobSpec, transport: Any, *, nodes: list[str], links: Any
+    ) -> Prepared:
+        self.replans.append(list(nodes))
+        plan = make_plan(prepared.cluster.select(nodes), job, prepared.facts)
+        return Prepared(prepared.cluster, prepared.facts, prepared.secrets, plan)
+
+    async def fake_sweep(self, last: LaunchPlan, node: Any) -> bool:
+        self.swept.append(node.host)
+        return self.sweep_answers.get(node.host, False)
+
+    def go(self) -> Any:
+        return asyncio.run(self.run.run())
+
+    def record(self) -> dict[str, Any]:
+        found = json.loads((job_dir("job-loop") / "job.json").read_text())
+        assert isinstance(found, dict)
+        return found
+
+
+@pytest.fixture(autouse=True)
+def _home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HERD_HOME", str(tmp_path / "home"))
+
+
+def test_failures_restart_in_place_until_the_job_succeeds(tmp_path: Path) -> None:
+    loop = Loop(tmp_path, [Scripted(), Scripted(max_step=20), Scripted(EXIT_OK)], max_restarts=3)
+    result = loop.go()
+    assert result.exit_code == EXIT_OK and result.restarts == 2
+    assert [a.number for a in loop.attempts] == [0, 1, 2]
+    assert not loop.replans and not loop.swept  # in place: no new plan, no sweep
+    attempts = loop.record()["attempts"]
+    assert [a.get("how") for a in attempts] == ["first", "in place", "in place"]
+    assert [a["outcome"] for a in attempts] == ["failed", "failed", "succeeded"]
+    assert "restarting the job (restart 2 of 3)" in loop.out.getvalue()
+
+
+def test_a_crash_loop_ends_the_job_with_exit_4(tmp_path: Path) -> None:
+    loop = Loop(tmp_path, [Scripted(max_step=5)] * 3, max_restarts=10, crash_loop=2)
+    result = loop.go()
+    assert result.exit_code == EXIT_CRASH_LOOP and len(loop.attempts) == 3
+    assert "crash loop: 2 restart(s) in a row" in result.reason
+    assert loop.record()["state"] == "failed" and loop.record()["exit_code"] == EXIT_CRASH_LOOP
+
+
+def test_the_budget_spent_ends_the_job_with_the_failure_and_says_so(tmp_path: Path) -> None:
+    loop = Loop(tmp_path, [Scripted(max_step=s) for s in (1, 2, 3)], max_restarts=2)
+    result = loop.go()
+    assert result.exit_code == EXIT_JOB_FAILED and result.restarts == 2
+    assert "gave up: the restart budget is spent (2 of 2)" in loop.out.getvalue()
+
+
+def test_a_lost_node_with_min_nodes_gives_a_new_plan_without_it(tmp_path: Path) -> None:
+    loop = Loop(tmp_path, [Scripted(lost=("n1",)), Scripted(EXIT_OK)], max_restarts=1, min_nodes=2)
+    result = loop.go()
+    assert result.exit_code == EXIT_OK
+    assert loop.replans == [["n2", "n3"]]
+    assert [n.host for n in loop.attempts[1].plan.nodes] == ["n2", "n3"]
+    assert loop.attempts[1].plan.world_size == 2
+    assert "n1" in loop.run.pool.left_out  # looked at again, to grow back
+    entry = loop.record()["attempts"][1]
+    assert entry["how"] == "new plan" and "going on without n1" in entry["why"]
+
+
+def test_a_lost_node_the_job_needs_is_swept_and_waited_for(tmp_path: Path) -> None:
+    loop = Loop(tmp_path, [Scripted(lost=("n1",)), Scripted(EXIT_OK)], max_restarts=1)
+    loop.sweep_answers["n1"] = True
+    assert loop.go().exit_code == EXIT_OK
+    assert loop.swept == ["n1"] and loop.replans == [["n1", "n2", "n3"]]
+
+
+def test_a_lost_node_that_never_answers_ends_the_job_with_what_to_do(tmp_path: Path) -> None:
+    loop = Loop(tmp_path, [Scripted(lost=("n1",))], max_restarts=1)
+    result = loop.go()
+    assert result.exit_code == EXIT_JOB_FAILED and loop.swept == ["n1"]
+    out = loop.out.getvalue()
+    assert "cannot restart: n1 still do(es) not answer: 2 node(s) left, 3 needed" in out
+    assert "--min-nodes M" in out and len(loop.attempts) == 1
+
+
+def test_a_time_limit_while_replanning_exits_5_with_a_snapshot(tmp_path: Path) -> None:
+    """SIGUSR1 between attempts: no attempt starts, and the job's committed snapshot stands
+    (exit 5, requeue me)."""
+    loop = Loop(
+        tmp_path, [Scripted(lost=("n1",), saves=2), Scripted(EXIT_OK)], max_restarts=1, min_nodes=2
+    )
+    real = loop.fake_replan
+
+    async def replan_then_limit(*args: Any, **kw: Any) -> Prepared:
+        loop.run.save_and_stop()
+        await asyncio.sleep(5)  # cancelled by the signal
+        return await real(*args, **kw)
+
+    loop.run.replan = replan_then_limit
+    result = loop.go()
+    assert result.exit_code == EXIT_SAVED and len(loop.attempts) == 1
+    assert "the time limit came while the job was restarting" in loop.out.getvalue()
+    assert loop.record()["state"] == "saved"
+
+
+def test_a_time_limit_as_an_attempt_ends_starts_nothing_more(tmp_path: Path) -> None:
+    """The limit comes as the failed attempt ends (nothing could save any more): without any
+    committed snapshot, the failure stands and nothing more starts."""
+
+    def limit(job: JobRun) -> None:
+        job.current = None  # the attempt is over, as far as the signal can tell
+        job.save_and_stop()
+
+    loop = Loop(tmp_path, [Scripted(during=limit), Scripted(EXIT_OK)], max_restarts=3)
+    result = loop.go()
+    assert result.exit_code == EXIT_JOB_FAILED and len(loop.attempts) == 1
+    assert "never reported a committed snapshot" in result.reason
+
+
+def test_ctrl_c_between_attempts_is_acted_on_before_the_next_starts(tmp_path: Path) -> None:
+    loop = Loop(tmp_path, [Scripted(lost=("n1",)), Scripted(EXIT_OK)], max_restarts=1)
+
+    async def answer_then_interrupt(last: LaunchPlan, node: Any) -> bool:
+        loop.run.interrupt()
+        return True
+
+    loop.run.sweep = answer_then_interrupt
+    result = loop.go()
+    assert result.exit_code == EXIT_INTERRUPTED and len(loop.attempts) == 1
+    assert loop.record()["state"] == "stopped"
+
+
+def test_survivors_of_a_kill_keep_their_node_out_of_an_in_place_restart(tmp_path: Path) -> None:
+    """An agent's exit event names processes that outlived its kill: the node is not reusable
+    in place (the next attempt would start beside them) and its end is unconfirmed, so the
+    decision sweeps it first; herd says so. A real Attempt fed the agent's event (no node)."""
+    from torchherd.attempt import Attempt
+    from torchherd.logs import JobOutput
+    from torchherd.recovery.policy import Action, Bench, Ended, History, RestartPolicy
+
+    loop = Loop(tmp_path, [])
+    plan = loop.run.prepared.plan
+    out = io.StringIO()
+    output = JobOutput(tmp_path / "logs2", list(HOSTS), plan.world_size, stream=out, color=False)
+
+    async def ended() -> Any:
+        attempt = Attempt(plan, cluster(), LocalTransport(cluster()), output, {}, number=0)
+        for host, node in attempt.nodes.items():
+            event = {"e": "exit", "code": 1 if host == "n2" else -15, "stopped": host != "n2"}
+            if host == "n3":
+                event["survivors"] = [4242]
+            attempt._exited(node, event)
+        return attempt.ended_state()
+
+    state = asyncio.run(ended())
+    output.close()
+    assert "n3" not in state.reusable and "n3" in state.unconfirmed
+    assert "outlived the kill on n3 (pid 4242): n3 takes no further attempt" in out.getvalue()
+    decision = RestartPolicy(max_restarts=1).decide(
+        Ended(1, HOSTS, lost=frozenset(state.unconfirmed), reusable=frozenset(state.reusable)),
+        Bench(order=HOSTS, size=3, nproc={h: 1 for h in HOSTS}),
+        History(),
+    )
+    assert decision.action is Action.SWEEP and decision.sweep == ("n3",)
