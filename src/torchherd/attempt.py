@@ -427,6 +427,7 @@ class Attempt:
             node.error = event["error"] | {"last_stderr": event.get("last_stderr", [])}
         if event.get("code") == 0:
             self._set_state(node, "succeeded")
+            self.hang.finished()  # the others' ranks get FINISH_GRACE s to exit too
         elif event.get("stopped"):
             self._set_state(node, "stopped")
             # Even when the job is already ending: while this launcher was away, the first

@@ -19,7 +19,9 @@ from tests.unit.clock import Clock
 from torchherd.recovery.hang import (
     ALL_STUCK,
     ALL_WAITING,
+    ALL_WAITING_STEPS,
     CONFIRM,
+    FIRST_COLLECTIVE,
     LOOK_AFTER,
     LOOK_EVERY,
     LOOK_EVERY_MAX,
@@ -96,13 +98,37 @@ def test_a_blocked_rank_while_the_other_waits_is_a_hang() -> None:
     assert hang.behind[0].startswith("node1 rank 1: blocked at <module> (worker.py:")
 
 
-def test_every_rank_waiting_is_a_hang_only_after_its_long_limit() -> None:
-    _, _, verdicts = replay("all-waiting", repeat_last_for=ALL_WAITING + 2 * LOOK_EVERY)
+def test_every_rank_waiting_in_the_first_collective_gets_the_large_job_floor() -> None:
+    """No step yet: communicators may take minutes to set up on a large job."""
+    _, _, verdicts = replay("all-waiting", repeat_last_for=FIRST_COLLECTIVE + 2 * LOOK_EVERY)
     index, hang = first_hang(verdicts)
     looks = recorded("all-waiting")["looks"]
     waited = looks[-1]["t"] - looks[0]["t"] + (index - len(looks) + 1) * LOOK_EVERY
-    assert waited >= ALL_WAITING - LOOK_EVERY
-    assert "no rank has worked" in hang.reason
+    assert FIRST_COLLECTIVE - LOOK_EVERY <= waited <= FIRST_COLLECTIVE + 2 * LOOK_EVERY
+    assert "no rank has worked" in hang.reason and f"limit {FIRST_COLLECTIVE:.0f} s" in hang.reason
+
+
+@pytest.mark.parametrize(("step_seconds", "limit"), [(0.1, ALL_WAITING), (30.0, 300.0)])
+def test_every_rank_waiting_after_steps_gets_a_limit_of_its_pace(
+    step_seconds: float, limit: float
+) -> None:
+    """After steps: ALL_WAITING s, or ALL_WAITING_STEPS of the job's own steps if longer."""
+    assert limit == max(ALL_WAITING, ALL_WAITING_STEPS * step_seconds)
+    data = recorded("all-waiting")
+    clock = Clock()
+    watch = HangWatch(clock=clock, world_size=data["world_size"])
+    watch.started()
+    for step in range(5):
+        watch.signal(0, step)
+        clock.advance(step_seconds)
+    found, waited = None, 0.0
+    while found is None and waited < 2 * limit:
+        clock.advance(LOOK_EVERY)
+        waited += LOOK_EVERY
+        watch.looked("node1", data["looks"][-1]["event"])
+        found = watch.check()
+    assert found is not None and "no rank has worked" in found.reason
+    assert limit <= waited <= limit + LOOK_AFTER + 2 * LOOK_EVERY
 
 
 # ---------------------------------------------------------------------------------------------
