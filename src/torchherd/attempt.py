@@ -597,7 +597,10 @@ class Attempt:
         self.hang_found = hang.describe()
         self.behind = hang.behind
         self.noticed = "the hang watch"
-        self.output.note(f"herd: the job is hung: {self.hang_found}")
+        if self.hang_found.startswith("finished, but"):
+            self.output.note(f"herd: the job {self.hang_found}")  # its ranks' work is done
+        else:
+            self.output.note(f"herd: the job is hung: {self.hang_found}")
         self.cause = Failure(
             host="",
             rank=None,
