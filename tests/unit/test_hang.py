@@ -603,3 +603,22 @@ def test_a_rank_still_working_after_the_others_finished_gets_minutes() -> None:
         cpu += 100 * int(LOOK_EVERY)
         watch.looked("n", event(look(0, 0, cpu=cpu)))
         assert watch.check() is None
+
+
+def test_a_node_whose_ranks_all_left_marks_the_others_finish() -> None:
+    """torchrun waits at its exit barrier (minutes) for the other nodes: its node does not end,
+    but its looks come back empty. A rank still running elsewhere is named."""
+    clock = Clock()
+    watch = HangWatch(clock=clock, world_size=2)
+    watch.started()
+    clock.advance(LOOK_AFTER)
+    watch.looked("a", event(look(0, 0)))
+    watch.looked("b", event(look(1, 0)))
+    found, waited = None, 0.0
+    while found is None and waited < 200:
+        clock.advance(LOOK_EVERY)
+        waited += LOOK_EVERY
+        watch.looked("a", event())
+        watch.looked("b", event(look(1, 0, frames=("_shutdown (threading.py:1590)",))))
+        found = watch.check()
+    assert found is not None and found.reason.startswith("finished, but b rank 1 never exited")

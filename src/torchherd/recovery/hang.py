@@ -592,8 +592,10 @@ class HangWatch:
             return
         looks = RankLook.from_event(host, event, self._clock())
         here = {look.rank for look in looks}
-        if self._seen_on.get(host, set()) - here and here:
-            self.finished()  # a rank of this node left while others run on
+        if self._seen_on.get(host, set()) - here:
+            # A rank of this node left while the job runs on (torchrun itself waits for the
+            # other nodes at its exit barrier, for minutes: its node does not end yet).
+            self.finished()
         self._seen_on[host] = self._seen_on.get(host, set()) | here
         for look in looks:
             track = self._tracks.setdefault(look.rank, _RankTrack())
