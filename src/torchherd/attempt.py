@@ -341,6 +341,7 @@ class Attempt:
             for rank in event.get("r") or []:
                 if isinstance(rank, int):
                     self.ranks_seen.add((host, rank))
+                    self.hang.seen(host, rank)
                     self.hang.signal(rank)
         elif kind == "beats":
             self._beats(host, event.get("b") or [])
@@ -379,6 +380,7 @@ class Attempt:
             rank, step, at, compute = item
             if not isinstance(rank, int):
                 continue
+            self.hang.seen(host, rank)
             self.hang.signal(rank, step if isinstance(step, int) else None)
             self.slow.computed(host, rank, compute)
             self._stepped(host, step, at)
@@ -414,6 +416,7 @@ class Attempt:
         self.output.lines(host, shown)
         for rank in spoke:
             self.ranks_seen.add((host, rank))
+            self.hang.seen(host, rank)
             self.hang.signal(rank)
 
     def _exited(self, node: NodeRun, event: dict[str, Any]) -> None:

@@ -611,9 +611,9 @@ def test_a_node_whose_ranks_all_left_marks_the_others_finish() -> None:
     clock = Clock()
     watch = HangWatch(clock=clock, world_size=2)
     watch.started()
+    watch.seen("a", 0)  # rank 0 spoke from node a, then exited before any look
+    watch.seen("b", 1)
     clock.advance(LOOK_AFTER)
-    watch.looked("a", event(look(0, 0)))
-    watch.looked("b", event(look(1, 0)))
     found, waited = None, 0.0
     while found is None and waited < 200:
         clock.advance(LOOK_EVERY)

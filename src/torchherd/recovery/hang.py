@@ -542,6 +542,11 @@ class HangWatch:
             self._phase_since.pop(rank, None)
         self._reset(self._clock())
 
+    def seen(self, host: str, rank: int) -> None:
+        """``rank`` runs on ``host`` (it spoke or beat from there): a look from ``host``
+        without it means it has exited."""
+        self._seen_on.setdefault(host, set()).add(rank)
+
     def finished(self) -> None:
         """Some ranks finished (a node's workers all exited 0) while others may still run."""
         if self.finished_at is None:
