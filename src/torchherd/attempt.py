@@ -349,6 +349,7 @@ class Attempt:
             for rank in event.get("r") or []:
                 if isinstance(rank, int):
                     self.ranks_seen.add((host, rank))
+                    self.hang.seen(host, rank)
                     self.hang.signal(rank)
         elif kind == "beats":
             self._beats(host, event.get("b") or [])
@@ -387,6 +388,7 @@ class Attempt:
             rank, step, at, compute = item
             if not isinstance(rank, int):
                 continue
+            self.hang.seen(host, rank)
             self.hang.signal(rank, step if isinstance(step, int) else None)
             self.slow.computed(host, rank, compute)
             self._stepped(host, step, at)
@@ -425,6 +427,7 @@ class Attempt:
         self.output.lines(host, shown)
         for rank in spoke:
             self.ranks_seen.add((host, rank))
+            self.hang.seen(host, rank)
             self.hang.signal(rank)
 
     def _exited(self, node: NodeRun, event: dict[str, Any]) -> None:
@@ -446,6 +449,7 @@ class Attempt:
             node.error = event["error"] | {"last_stderr": event.get("last_stderr", [])}
         if event.get("code") == 0:
             self._set_state(node, "succeeded")
+            self.hang.finished()  # the others' ranks get FINISH_GRACE s to exit too
         elif event.get("stopped"):
             self._set_state(node, "stopped")
             # Even when the job is already ending: while this launcher was away, the first
@@ -617,7 +621,10 @@ class Attempt:
         self.hang_found = hang.describe()
         self.behind = hang.behind
         self.noticed = "the hang watch"
-        self.output.note(f"herd: the job is hung: {self.hang_found}")
+        if self.hang_found.startswith("finished, but"):
+            self.output.note(f"herd: the job {self.hang_found}")  # its ranks' work is done
+        else:
+            self.output.note(f"herd: the job is hung: {self.hang_found}")
         self.cause = Failure(
             host="",
             rank=None,

@@ -5,9 +5,10 @@ lines and its process (stacks, CPU, I/O), so a job that prints rarely, compiles 
 or saves for five is never taken for a hung one:
 
     beat(step)           this rank made progress (the Trainer does every step)
-    with phase("saving snapshot"): ...
+    with phase("saving snapshot"): ...    (or phase("saving", limit=600))
                          a known long phase is under way on this rank (a save, a wait for a
                          background save, a resume, an upload): the rank counts as working
+                         for at most ``limit`` seconds (PHASE_LIMIT when not given)
     saved(step, where)   a snapshot was committed (a time-limit stop ends with exit 5 only
                          once a snapshot committed after the request is confirmed)
     save_requested()     herd asks the workers to save a snapshot and stop (a time limit)
@@ -19,7 +20,8 @@ taken for fresh progress:
 
     rank-R          "<step or -> <wall time> [compute s]"   beat(), replaced atomically
                     (compute: the mean of the steps since the last write)
-    rank-R.phase    "<wall time> <name>"               while a phase runs; removed at its end
+    rank-R.phase    "<wall time> <name>" [+ "\n<limit s>"]   while a phase runs; removed at
+                                                       its end
     rank-R.saved    "<step> <wall time> <where>"       the last committed snapshot
     save-and-stop   written by the agent               save_requested() looks for it
 
@@ -45,6 +47,9 @@ PROGRESS_DIR_VAR = "HERD_PROGRESS_DIR"
 SAVE_REQUEST = "save-and-stop"
 PHASE_SUFFIX = ".phase"
 SAVED_SUFFIX = ".saved"
+# Seconds a declared phase keeps a rank counted as working when the script gives no limit
+# (the launcher's hang watch enforces it; see recovery.hang).
+PHASE_LIMIT = 1800.0
 # Seconds between writes of a rank's beat file, and between looks for the save request.
 BEAT_EVERY = 0.5
 LOOK_EVERY = 1.0
@@ -111,13 +116,16 @@ def beat(step: int | None = None, compute: float | None = None, now: bool = Fals
 
 
 @contextlib.contextmanager
-def phase(name: str) -> Iterator[None]:
+def phase(name: str, limit: float | None = None) -> Iterator[None]:
     """Mark a known long phase of this rank's training loop (a save, a resume, a wait for a
-    background save): while it runs the rank counts as working, whatever its stacks show.
+    background save): while it runs the rank counts as working, whatever its stacks show, for
+    at most ``limit`` seconds (PHASE_LIMIT, 30 minutes, when not given).
 
-    Phases nest (the outermost one is shown). Use it around code the training loop waits
-    for; a background thread's own work needs none. A rank stopped by a signal or a debugger
-    is still a hang, phase or not. No-op outside herd.
+    Phases nest (the outermost one is shown, with its limit). Use it around code the training
+    loop waits for; a background thread's own work needs none. A phase is no blank cheque: a
+    rank stopped by a signal or a debugger is still a hang, ``--hang-timeout`` still applies,
+    and a rank that shows no CPU, no I/O, no frame change and no wake-up for the hang limit is
+    judged like any other. No-op outside herd.
     """
     path = _path(PHASE_SUFFIX)
     if path is None:
@@ -127,7 +135,8 @@ def phase(name: str) -> Iterator[None]:
         _phases.append(name)
         outermost = _phases[0]
         if len(_phases) == 1:
-            _replace(path, f"{time.time():.3f} {_one_line(outermost)}\n")
+            bound = "" if limit is None else f"{float(limit):g}\n"
+            _replace(path, f"{time.time():.3f} {_one_line(outermost)}\n{bound}")
     try:
         yield
     finally:
@@ -182,6 +191,8 @@ class RankProgress:
     """Seconds the rank computed in the step it last beat for, when it said."""
     phase: str | None = None
     phase_since: float | None = None
+    phase_limit: float | None = None
+    """Seconds the phase may last, when the script said."""
     saved_step: int | None = None
     saved_at: float | None = None
     saved_where: str = ""
@@ -209,8 +220,11 @@ def read_progress(directory: str) -> dict[int, RankProgress]:
                 fields["beat_at"] = float(when)
                 fields["compute"] = float(work[0]) if work else None
             elif "." + suffix == PHASE_SUFFIX:
-                since, _, label = text.partition(" ")
+                head, _, bound = text.partition("\n")
+                since, _, label = head.partition(" ")
                 fields["phase_since"], fields["phase"] = float(since), label
+                if bound.strip():
+                    fields["phase_limit"] = float(bound)
             elif "." + suffix == SAVED_SUFFIX:
                 step_text, when, *where = text.split(" ", 2)
                 fields["saved_step"], fields["saved_at"] = int(step_text), float(when)
@@ -237,6 +251,7 @@ def request_save(directory: str) -> None:
 
 
 __all__ = [
+    "PHASE_LIMIT",
     "PROGRESS_DIR_VAR",
     "RankProgress",
     "beat",

@@ -96,6 +96,7 @@ def test_alive_only_when_the_node_said_nothing_lately(monkeypatch: pytest.Monkey
     emit({"e": "alive"})  # the beats said it
     clock[0] += 0.6
     emit({"e": "alive"})  # silent for longer than ALIVE_EVERY: said
+    assert emit.drain(5.0)
     assert out.events() == ["alive", "beats", "alive"]
 
 
@@ -144,3 +145,40 @@ def test_agents_that_stopped_for_a_silent_launcher_explain_a_peers_failure(tmp_p
     output.close()
     assert supervisor.stopped_for_silence
     assert "n2's agent stopped the job" in (tmp_path / "out").read_text()
+
+
+def test_emitting_never_waits_on_a_link_nobody_reads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A partition closes nothing: the link's buffers fill and a write blocks for good. The
+    agent must still be able to say it stops (and stop its workers): emitting never blocks."""
+    import os
+    import threading
+
+    read_end, write_end = os.pipe()  # a real pipe whose reader never reads (until the end)
+    writer = os.fdopen(write_end, "wb")
+
+    class Link:
+        buffer = writer
+
+    monkeypatch.setattr(sys, "stdout", Link())
+    emit = runner.StdoutEmitter(on_broken=lambda: None)
+    big = "x" * 4096
+    done = threading.Event()
+
+    def flood() -> None:
+        for index in range(200):  # 800 KiB: far more than a pipe (or a socket) holds
+            emit({"e": "note", "i": index, "text": big})
+        emit({"e": "exit", "code": 0})
+        done.set()
+
+    threading.Thread(target=flood, daemon=True).start()
+    try:
+        assert done.wait(10.0), "emitting blocked on a link nobody reads"
+        assert emit.pending() > 0  # the rest waits for the link, in the agent's memory
+        # Once the link is read again, everything arrives, in order.
+        received = b""
+        while not received.endswith(b'"exit","code":0}\n') and len(received) < 2_000_000:
+            received += os.read(read_end, 1 << 16)
+        assert emit.drain(5.0)
+        assert [json.loads(line)["e"] for line in received.splitlines()][-1] == "exit"
+    finally:
+        os.close(read_end)

@@ -4,11 +4,16 @@ Its verdicts are replayed on real looks recorded from real jobs (tests/unit/look
 by tests/unit/looks/record.py with the agent's own code): a rank stopped before and after the
 first collective, a rank blocked on a lock while the other waits, every rank computing in
 silence, rank 0 saving while the other waits in a barrier, every rank waiting for the other,
-and ranks waiting for their DataLoader workers.
+ranks waiting for their DataLoader workers; and waits on the world outside the job while the
+other rank waits in a collective (rank 0 reading from an HTTP server that sends a byte a
+second, rank 1 in a long sleep, rank 1 blocked on a file lock another process holds), a rank
+deadlocked inside ``phase("saving")``, and a rank that never exits (a non-daemon thread) after
+the other finished.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -19,10 +24,19 @@ from tests.unit.clock import Clock
 from torchherd.recovery.hang import (
     ALL_STUCK,
     ALL_WAITING,
+    ALL_WAITING_STEPS,
     CONFIRM,
+    CONFIRM_STEPS,
+    FINISH_GRACE,
+    FIRST_COLLECTIVE,
+    IDLE,
     LOOK_AFTER,
     LOOK_EVERY,
     LOOK_EVERY_MAX,
+    OUTSIDE,
+    OUTSIDE_LIMIT,
+    PHASE_LIMIT,
+    WAITING,
     HangWatch,
     RankLook,
     activity,
@@ -35,15 +49,21 @@ def recorded(name: str) -> dict[str, Any]:
     return json.loads((LOOKS / f"{name}.json").read_text())
 
 
-def replay(name: str, repeat_last_for: float = 0.0) -> tuple[HangWatch, Clock, list[Any]]:
+def replay(
+    name: str,
+    repeat_last_for: float = 0.0,
+    watch: HangWatch | None = None,
+    clock: Clock | None = None,
+) -> tuple[HangWatch, Clock, list[Any]]:
     """Feed a recording to a fresh watch, as the launcher would: workers start, the job goes
     silent, looks come every few seconds. With ``repeat_last_for``, the last look is given
     again every LOOK_EVERY s for that long (nothing moved meanwhile). The verdict after each
     look is returned."""
     data = recorded(name)
-    clock = Clock()
-    watch = HangWatch(clock=clock, world_size=data["world_size"])
-    watch.started()
+    if watch is None or clock is None:
+        clock = Clock()
+        watch = HangWatch(clock=clock, world_size=data["world_size"])
+        watch.started()
     clock.advance(LOOK_AFTER)
     start = clock.now
     verdicts = []
@@ -96,13 +116,37 @@ def test_a_blocked_rank_while_the_other_waits_is_a_hang() -> None:
     assert hang.behind[0].startswith("node1 rank 1: blocked at <module> (worker.py:")
 
 
-def test_every_rank_waiting_is_a_hang_only_after_its_long_limit() -> None:
-    _, _, verdicts = replay("all-waiting", repeat_last_for=ALL_WAITING + 2 * LOOK_EVERY)
+def test_every_rank_waiting_in_the_first_collective_gets_the_large_job_floor() -> None:
+    """No step yet: communicators may take minutes to set up on a large job."""
+    _, _, verdicts = replay("all-waiting", repeat_last_for=FIRST_COLLECTIVE + 2 * LOOK_EVERY)
     index, hang = first_hang(verdicts)
     looks = recorded("all-waiting")["looks"]
     waited = looks[-1]["t"] - looks[0]["t"] + (index - len(looks) + 1) * LOOK_EVERY
-    assert waited >= ALL_WAITING - LOOK_EVERY
-    assert "no rank has worked" in hang.reason
+    assert FIRST_COLLECTIVE - LOOK_EVERY <= waited <= FIRST_COLLECTIVE + 2 * LOOK_EVERY
+    assert "no rank has worked" in hang.reason and f"limit {FIRST_COLLECTIVE:.0f} s" in hang.reason
+
+
+@pytest.mark.parametrize(("step_seconds", "limit"), [(0.1, ALL_WAITING), (30.0, 300.0)])
+def test_every_rank_waiting_after_steps_gets_a_limit_of_its_pace(
+    step_seconds: float, limit: float
+) -> None:
+    """After steps: ALL_WAITING s, or ALL_WAITING_STEPS of the job's own steps if longer."""
+    assert limit == max(ALL_WAITING, ALL_WAITING_STEPS * step_seconds)
+    data = recorded("all-waiting")
+    clock = Clock()
+    watch = HangWatch(clock=clock, world_size=data["world_size"])
+    watch.started()
+    for step in range(5):
+        watch.signal(0, step)
+        clock.advance(step_seconds)
+    found, waited = None, 0.0
+    while found is None and waited < 2 * limit:
+        clock.advance(LOOK_EVERY)
+        waited += LOOK_EVERY
+        watch.looked("node1", data["looks"][-1]["event"])
+        found = watch.check()
+    assert found is not None and "no rank has worked" in found.reason
+    assert limit <= waited <= limit + LOOK_AFTER + 2 * LOOK_EVERY
 
 
 # ---------------------------------------------------------------------------------------------
@@ -350,3 +394,231 @@ def test_a_stalled_launcher_does_not_count_its_own_absence_as_silence() -> None:
     assert watch.check() is None
     clock.advance(6)
     assert watch.check() is not None
+
+
+# ---------------------------------------------------------------------------------------------
+# waits on the world outside the job: minutes, not seconds
+
+
+@pytest.mark.parametrize(
+    ("name", "rank", "what"),
+    [
+        ("socket-wait", 0, "a read on a socket"),
+        ("backoff-sleep", 1, "a sleep"),
+        ("lock-wait", 1, "a file lock"),
+    ],
+)
+def test_a_rank_waiting_on_the_world_is_not_hung_for_minutes(
+    name: str, rank: int, what: str
+) -> None:
+    """A download, a backoff, a lock held by another process, while the other rank waits in
+    a collective: not idle. After OUTSIDE_LIMIT s it is a hang, naming what it waits on."""
+    _, _, verdicts = replay(name, repeat_last_for=OUTSIDE_LIMIT - 60)
+    assert verdicts == [None] * len(verdicts)
+    _, _, verdicts = replay(name, repeat_last_for=OUTSIDE_LIMIT + 2 * LOOK_EVERY)
+    _, hang = first_hang(verdicts)
+    assert f"node1 rank {rank} waited outside the job" in hang.reason
+    assert f"limit {OUTSIDE_LIMIT:g} s" in hang.reason
+    assert hang.behind[0].startswith(f"node1 rank {rank}: waiting on {what}")
+
+
+def test_disk_wait_is_waiting_outside() -> None:
+    """State D (a slow NFS or Lustre mount): the lock-wait recording with rank 1's main
+    thread put in state D instead (a slow mount cannot be made on this machine)."""
+    looks = [
+        RankLook.from_event("node1", t["event"], t["t"]) for t in recorded("lock-wait")["looks"]
+    ]
+    before, after = ({look.rank: look for look in group} for group in looks[-2:])
+    in_d = dataclasses.replace(after[1], state="D", outside=None)
+    assert in_d.waits_outside is not None and "state D" in in_d.waits_outside
+    assert activity(before[1], in_d) == OUTSIDE
+    assert activity(before[0], after[0]) == WAITING
+
+
+def test_a_rank_that_keeps_waking_is_not_frozen() -> None:
+    """No CPU worth the name, no I/O, the same frames, no known wait: but its main thread is
+    switched in and out between looks (a polling loop): outside, not idle."""
+    base = {
+        "state": "S",
+        "cpu": 0,
+        "io": 0,
+        "frames": ["poll (train.py:9)"],
+        "pid": 5,
+        "rank": 0,
+        "main": {"switches": 100},
+    }
+    woke = dict(base, main={"switches": 130})
+    still = dict(base)
+    first = RankLook.from_event("n", event(base), 0.0)[0]
+    assert activity(first, RankLook.from_event("n", event(woke), 5.0)[0]) == OUTSIDE
+    assert activity(first, RankLook.from_event("n", event(still), 5.0)[0]) == IDLE
+
+
+def test_the_confirmation_window_follows_the_jobs_pace() -> None:
+    """A blocked rank is named after CONFIRM s, or CONFIRM_STEPS of the job's steps."""
+    data = recorded("blocked-rank")
+
+    def named_after(step_seconds: float) -> float:
+        clock = Clock()
+        watch = HangWatch(clock=clock, world_size=2)
+        watch.started()
+        for step in range(4):
+            watch.signal(0, step)
+            clock.advance(step_seconds)
+        watch.signal(0, 4)
+        waited = 0.0
+        while waited < 600:
+            clock.advance(LOOK_EVERY)
+            waited += LOOK_EVERY
+            watch.looked("node1", data["looks"][-1]["event"])
+            if watch.check() is not None:
+                return waited
+        raise AssertionError("never named")
+
+    fast, slow = named_after(0.05), named_after(20.0)
+    assert fast <= CONFIRM + 2 * LOOK_EVERY
+    assert CONFIRM_STEPS * 20.0 <= slow <= CONFIRM_STEPS * 20.0 + 2 * LOOK_EVERY
+
+
+# ---------------------------------------------------------------------------------------------
+# phases have limits
+
+
+def phase_deadlock(timeout: float | None) -> tuple[int, Any, float]:
+    """Replay rank 1 deadlocked inside phase("saving") (rank 0 waits in a barrier), as the
+    launcher sees it: a line from each rank, the phase, then silence and looks."""
+    clock = Clock()
+    watch = HangWatch(timeout=timeout, clock=clock, world_size=2)
+    watch.started()
+    watch.signal(0)
+    watch.signal(1)
+    watch.phase(1, "saving")
+    start = clock.now
+    _, _, verdicts = replay(
+        "phase-deadlock", repeat_last_for=OUTSIDE_LIMIT + 60, watch=watch, clock=clock
+    )
+    index, hang = first_hang(verdicts)
+    looks = recorded("phase-deadlock")["looks"]
+    at = LOOK_AFTER + looks[min(index, len(looks) - 1)]["t"] - looks[0]["t"]
+    at += max(0, index - len(looks) + 1) * LOOK_EVERY
+    assert clock.now - start >= at - 1
+    return index, hang, at
+
+
+def test_hang_timeout_applies_inside_a_phase_and_names_the_rank() -> None:
+    _, hang, at = phase_deadlock(timeout=60)
+    assert 60 <= at <= 60 + 2 * LOOK_EVERY
+    assert "set by --hang-timeout" in hang.reason and "rank 1 in phase 'saving'" in hang.reason
+    assert any(line.startswith("node1 rank 1: idle in phase 'saving'") for line in hang.behind)
+
+
+def test_a_phase_that_shows_nothing_for_the_hang_limit_is_judged_like_any_wait() -> None:
+    """No --hang-timeout: no CPU, I/O, frame change or wake-up for OUTSIDE_LIMIT s inside a
+    phase, while the other rank waits in a barrier: idle, named."""
+    _, hang, at = phase_deadlock(timeout=None)
+    assert OUTSIDE_LIMIT <= at <= OUTSIDE_LIMIT + 2 * LOOK_EVERY + LOOK_AFTER
+    assert "node1 rank 1 idle" in hang.reason and "barrier" in hang.reason
+
+
+def test_a_phase_ends_at_its_limit_even_while_the_rank_works() -> None:
+    clock = Clock()
+    watch = HangWatch(clock=clock, world_size=1)
+    watch.started()
+    watch.phase(0, "uploading")
+    cpu, found, waited = 0, None, 0.0
+    while found is None and waited < 400:
+        clock.advance(LOOK_EVERY)
+        waited += LOOK_EVERY
+        cpu += 100 * int(LOOK_EVERY)
+        seen = look(0, 0, cpu=cpu, phase="uploading") | {"phase_limit": 300}
+        watch.looked("n", event(seen))
+        found = watch.check()
+    assert found is not None and "in phase 'uploading'" in found.reason
+    assert "limit 300 s" in found.reason and 300 <= waited <= 300 + 2 * LOOK_EVERY
+
+
+def test_a_phase_without_a_limit_gets_the_default() -> None:
+    clock = Clock()
+    watch = HangWatch(clock=clock, world_size=1)
+    watch.started()
+    watch.phase(0, "evaluating")
+    cpu, found, waited = 0, None, 0.0
+    while found is None and waited < PHASE_LIMIT + 120:
+        clock.advance(LOOK_EVERY_MAX)
+        waited += LOOK_EVERY_MAX
+        cpu += 100 * int(LOOK_EVERY_MAX)
+        watch.looked("n", event(look(0, 0, cpu=cpu, phase="evaluating")))
+        found = watch.check()
+    assert found is not None and f"limit {PHASE_LIMIT:g} s" in found.reason
+    assert waited >= PHASE_LIMIT
+
+
+# ---------------------------------------------------------------------------------------------
+# every rank is watched, present or missing
+
+
+def test_a_rank_that_never_exits_after_the_others_finished_is_named() -> None:
+    """Rank 0's node finished; rank 1's interpreter waits for a non-daemon thread forever."""
+    clock = Clock()
+    watch = HangWatch(clock=clock, world_size=2)
+    watch.started()
+    watch.finished()  # rank 0's node: every worker exited 0
+    _, _, verdicts = replay(
+        "never-exits", repeat_last_for=FINISH_GRACE + 2 * LOOK_EVERY, watch=watch, clock=clock
+    )
+    index, hang = first_hang(verdicts)
+    assert index >= 2
+    assert hang.reason.startswith("finished, but node1 rank 1 never exited")
+    assert hang.behind[0].startswith("node1 rank 1: still running at _shutdown (threading.py")
+
+
+def test_a_rank_that_leaves_the_looks_marks_the_others_finish() -> None:
+    """Both ranks on one node: rank 0 exits, rank 1 stays; torchrun waits, herd does not."""
+    clock = Clock()
+    watch = HangWatch(clock=clock, world_size=2)
+    watch.started()
+    clock.advance(LOOK_AFTER)
+    both = event(look(0, 0, frames=("f (train.py:1)",)), look(1, 0, frames=("f (train.py:1)",)))
+    watch.looked("n", both)
+    assert watch.finished_at is None
+    found, waited = None, 0.0
+    while found is None and waited < 200:
+        clock.advance(LOOK_EVERY)
+        waited += LOOK_EVERY
+        watch.looked("n", event(look(1, 0, frames=("_shutdown (threading.py:1590)",))))
+        found = watch.check()
+    assert found is not None and "never exited" in found.reason
+    assert FINISH_GRACE <= waited <= FINISH_GRACE + 2 * LOOK_EVERY
+
+
+def test_a_rank_still_working_after_the_others_finished_gets_minutes() -> None:
+    """Rank 0 uploads the final model while the others have exited: work, for a while."""
+    clock = Clock()
+    watch = HangWatch(clock=clock, world_size=2)
+    watch.started()
+    watch.finished()
+    cpu = 0
+    for _ in range(int(OUTSIDE_LIMIT / LOOK_EVERY) - 2):
+        clock.advance(LOOK_EVERY)
+        cpu += 100 * int(LOOK_EVERY)
+        watch.looked("n", event(look(0, 0, cpu=cpu)))
+        assert watch.check() is None
+
+
+def test_a_node_whose_ranks_all_left_marks_the_others_finish() -> None:
+    """torchrun waits at its exit barrier (minutes) for the other nodes: its node does not end,
+    but its looks come back empty. A rank still running elsewhere is named."""
+    clock = Clock()
+    watch = HangWatch(clock=clock, world_size=2)
+    watch.started()
+    watch.seen("a", 0)  # rank 0 spoke from node a, then exited before any look
+    watch.seen("b", 1)
+    clock.advance(LOOK_AFTER)
+    found, waited = None, 0.0
+    while found is None and waited < 200:
+        clock.advance(LOOK_EVERY)
+        waited += LOOK_EVERY
+        watch.looked("a", event())
+        watch.looked("b", event(look(1, 0, frames=("_shutdown (threading.py:1590)",))))
+        found = watch.check()
+    assert found is not None and found.reason.startswith("finished, but b rank 1 never exited")

@@ -98,3 +98,50 @@ def test_a_sweep_of_one_attempt_leaves_the_next_alone() -> None:
                 except ProcessLookupError:
                     pass
             process.wait()
+
+
+# A torchrun stand-in: a tagged process without RANK that starts one rank; the rank double-forks
+# a helper (its parent exits at once, so the helper is adopted by init) and then sleeps.
+LAUNCHER = """
+import os, subprocess, sys
+rank = subprocess.Popen([sys.executable, "-c", sys.argv[1]], env=dict(os.environ, RANK="0",
+                        LOCAL_RANK="0"), stdout=subprocess.PIPE, text=True)
+print(rank.pid, rank.stdout.readline().strip(), flush=True)
+rank.wait()
+"""
+DOUBLE_FORKING_RANK = """
+import os, time
+if os.fork() == 0:
+    if os.fork() == 0:
+        print(os.getpid(), flush=True)
+        time.sleep(600)
+    os._exit(0)
+os.wait()
+time.sleep(600)
+"""
+
+
+def test_a_double_forked_child_is_never_a_second_copy_of_its_rank() -> None:
+    job = f"w-{uuid.uuid4().hex[:6]}"
+    env = dict(os.environ, HERD_JOB_ID=job, HERD_NODE="n1", HERD_ATTEMPT="0")
+    env.pop("RANK", None)
+    launcher = subprocess.Popen(
+        [sys.executable, "-c", LAUNCHER, DOUBLE_FORKING_RANK],
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert launcher.stdout is not None
+    rank, helper = (int(pid) for pid in launcher.stdout.readline().split())
+    try:
+        assert workers.parent(helper) != rank  # adopted: no longer in the rank's tree
+        found = workers.find_workers(job, "n1")
+        assert [(w.rank, w.pid) for w in found] == [(0, rank)]
+        assert helper in found[0].children  # still the rank's (its CPU and I/O count)
+    finally:
+        for pid in (helper, rank, launcher.pid):
+            try:
+                os.kill(pid, 9)
+            except ProcessLookupError:
+                pass
+        launcher.wait()

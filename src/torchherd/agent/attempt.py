@@ -404,7 +404,15 @@ class NodeAttempt:
         for rank, seen in ranks.items():
             if sent.get((rank, "phase")) != seen.phase_since:
                 sent[(rank, "phase")] = seen.phase_since
-                self.emit({"e": "phase", "r": rank, "name": seen.phase, "since": seen.phase_since})
+                self.emit(
+                    {
+                        "e": "phase",
+                        "r": rank,
+                        "name": seen.phase,
+                        "since": seen.phase_since,
+                        "limit": seen.phase_limit,
+                    }
+                )
             if seen.saved_at is not None and sent.get((rank, "saved")) != seen.saved_at:
                 sent[(rank, "saved")] = seen.saved_at
                 self.emit(

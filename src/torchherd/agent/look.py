@@ -10,7 +10,13 @@ When a job has gone quiet, the launcher asks every agent to look. For each rank 
                process); None when they could not be taken, with ``error`` saying why
     active     py-spy's word on whether the main thread was running on a CPU
     gpu        whether the rank has an NVIDIA GPU open
-    phase      the known long phase the rank declared (torchherd.progress.phase), if any
+    phase      the known long phase the rank declared (torchherd.progress.phase), if any,
+               with ``phase_limit`` (seconds it may last, when the script set it)
+    main       the main thread as the kernel sees it: state, wait channel, the system call
+               it is blocked in, its context switches so far (agent.workers.thread_wait)
+    outside    what the main thread waits on outside the job, in words (a socket read, a
+               poll, a file lock, a sleep, disk wait), or None
+    disk       how many of the rank's threads are in disk wait (state D)
 
 Counters are cumulative: the launcher judges the difference between two looks (recovery.hang).
 """
@@ -87,12 +93,18 @@ def look(
             "children": len(worker.children),
             "gpu": procs.holds_gpu(worker.pid),
         }
+        main = procs.thread_wait(worker.pid)
+        seen["main"] = main
+        seen["outside"] = procs.waiting_outside(worker.pid, main)
+        seen["disk"] = procs.threads_in_disk_wait(worker.pid)
         if with_frames:
             seen |= frames_of(worker.pid, tool)
         mine = declared.get(worker.rank)
         if mine is not None and mine.phase:
             seen["phase"] = mine.phase
             seen["phase_since"] = mine.phase_since
+            if mine.phase_limit is not None:
+                seen["phase_limit"] = mine.phase_limit
         return seen
 
     with ThreadPoolExecutor(max_workers=min(16, len(found))) as pool:

@@ -35,6 +35,7 @@ it exits. SIGTERM, SIGINT or SIGHUP (`herd stop`) end the attempt and the agent.
 
 from __future__ import annotations
 
+import collections
 import json
 import queue
 import signal
@@ -73,6 +74,11 @@ SILENCE = 90.0
 LINE_BATCH_EVERY = 0.05
 LINE_BATCH_MAX = 1000
 LINE_BATCH_BYTES = 256 * 1024
+# Bytes of events that may wait for a link nobody reads (a partition closes nothing: the
+# socket's buffers fill and a write blocks for good); beyond that, events are dropped.
+OUT_MAX = 16 * 1024 * 1024
+# Seconds an exiting agent waits for its last events to reach the launcher.
+DRAIN_AT_EXIT = 10.0
 # Seconds an agent that stopped its attempt for a silent launcher waits for it to come back
 # (its report is then delivered and the job restarted) before it exits.
 LINGER = 300.0
@@ -94,6 +100,12 @@ class StdoutEmitter:
     ...]}``), at most LINE_BATCH_EVERY seconds late: one event for many lines keeps the
     launcher's work per line small on large jobs. Any other event first sends the lines
     queued before it, so the order of everything holds.
+
+    Nothing that emits ever waits on the link: a writer thread of its own writes what is
+    queued. A cut link (a partition closes nothing, its buffers fill) blocks that thread only,
+    never the attempt that must stop its workers for the silent launcher; past OUT_MAX bytes
+    waiting, events are dropped (nobody reads them), and the first one after the link drains
+    says how many were.
     """
 
     def __init__(
@@ -101,6 +113,7 @@ class StdoutEmitter:
         on_broken: Callable[[], None],
         alive_every: float = ALIVE_EVERY,
         clock: Callable[[], float] = time.monotonic,
+        stream: Any = None,
     ) -> None:
         self._lock = threading.Condition()
         self._alive_every = alive_every
@@ -110,7 +123,13 @@ class StdoutEmitter:
         self._lines: list[list[Any]] = []
         self._bytes = 0
         self._last_write = float("-inf")
+        self._out: collections.deque[bytes] = collections.deque()
+        self._out_bytes = 0
+        self._dropped = 0
+        self._out_ready = threading.Condition()
+        self._stream = stream if stream is not None else sys.stdout.buffer
         threading.Thread(target=self._flush_lines, daemon=True).start()
+        threading.Thread(target=self._write_out, daemon=True).start()
 
     def __call__(self, event: dict[str, Any]) -> None:
         with self._lock:
@@ -147,15 +166,57 @@ class StdoutEmitter:
             self._write(encode({"e": "lines", "b": batch}))
 
     def _write(self, data: bytes) -> None:
+        """Queue ``data`` for the writer thread; never blocks."""
         if self._broken:
             return
-        try:
-            sys.stdout.buffer.write(data)
-            sys.stdout.buffer.flush()
-            self._last_write = self._clock()
-        except (BrokenPipeError, OSError):
-            self._broken = True
-            self._on_broken()
+        self._last_write = self._clock()
+        with self._out_ready:
+            if self._out_bytes + len(data) > OUT_MAX:
+                self._dropped += 1
+                return
+            self._out.append(data)
+            self._out_bytes += len(data)
+            self._out_ready.notify()
+
+    def _write_out(self) -> None:
+        """The only writer to the link: blocks for as long as the link does, alone."""
+        while True:
+            with self._out_ready:
+                while not self._out:
+                    self._out_ready.wait()
+                data = self._out.popleft()
+                queued = len(data)
+                dropped, self._dropped = self._dropped, 0
+            if dropped:
+                data = encode({"e": "dropped", "n": dropped}) + data
+            try:
+                self._stream.write(data)
+                self._stream.flush()
+            except (BrokenPipeError, OSError, ValueError):
+                self._broken = True
+                self._on_broken()
+                return
+            finally:
+                with self._out_ready:
+                    self._out_bytes -= queued
+
+    def drain(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` s for everything queued to be written (an agent's last
+        events before it exits); False when the link did not take it in time."""
+        self._send_lines_now()
+        deadline = time.monotonic() + timeout
+        while not self._broken and self.pending() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return not self.pending()
+
+    def _send_lines_now(self) -> None:
+        with self._lock:
+            self._send_lines()
+
+    def pending(self) -> int:
+        """Bytes queued for the link and not yet written."""
+        with self._out_ready:
+            return self._out_bytes
 
 
 class Agent:
@@ -454,7 +515,8 @@ def main() -> int:
         if agent is not None:
             agent.leave("launcher-gone")
 
-    agent = Agent(request, StdoutEmitter(on_broken=gone, alive_every=alive_every(request)), lines)
+    emitter = StdoutEmitter(on_broken=gone, alive_every=alive_every(request))
+    agent = Agent(request, emitter, lines)
     agent.prewarmed = prewarmed
 
     def on_signal(*_: object) -> None:
@@ -468,4 +530,6 @@ def main() -> int:
     threading.Thread(target=agent.say_alive, daemon=True).start()
     if agent.silence:
         threading.Thread(target=agent.watch_launcher, daemon=True).start()
-    return agent.serve()
+    code = agent.serve()
+    emitter.drain(DRAIN_AT_EXIT)
+    return code

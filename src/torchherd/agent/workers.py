@@ -9,6 +9,17 @@ and I/O, and their stacks are kept apart by pid, never in the rank's own file.
 What the kernel says without touching the process: its state (R running, S sleeping, D disk
 wait, T stopped, Z zombie), the CPU time of its whole tree (utime + stime, in clock ticks) and
 the bytes its tree read and wrote (``rchar + wchar``: files, pipes and sockets alike).
+
+What a thread waits in, also without touching it: its state, its wait channel
+(``/proc/PID/task/TID/wchan``), the system call it is blocked in (``.../syscall``: a read on a
+socket, a poll, a file lock, a sleep) and how often it was switched out (voluntary and
+involuntary context switches: a thread that keeps waking up is not frozen). ``waiting_outside``
+turns that into words ("a read on a socket", "a file lock", "a sleep", "disk wait (state D)")
+when the main thread waits on the world outside the job rather than on the job itself.
+
+A rank is torchrun's direct child: a process with RANK whose parent is a tagged process without
+one. Any other process with RANK is a child of the rank with that RANK (a DataLoader worker, a
+double-forked helper whose parent has exited), never a second copy of the rank.
 """
 
 from __future__ import annotations
@@ -108,6 +119,147 @@ def holds_gpu(pid: int) -> bool:
     return False
 
 
+# System calls that wait on the world outside the job, by machine: number -> words. A socket
+# read, a poll or select (sockets and pipes), a file lock, a sleep, a connect or accept.
+_OUTSIDE_CALLS = {
+    "x86_64": {
+        0: "read",
+        17: "read",
+        19: "read",
+        45: "recvfrom",
+        47: "recvmsg",
+        7: "poll",
+        23: "select",
+        232: "epoll_wait",
+        281: "epoll_pwait",
+        271: "ppoll",
+        270: "pselect6",
+        73: "flock",
+        72: "fcntl",
+        35: "nanosleep",
+        230: "clock_nanosleep",
+        42: "connect",
+        43: "accept",
+        288: "accept4",
+    },
+    "aarch64": {
+        63: "read",
+        67: "read",
+        65: "read",
+        207: "recvfrom",
+        212: "recvmsg",
+        73: "ppoll",
+        72: "pselect6",
+        22: "epoll_pwait",
+        32: "flock",
+        25: "fcntl",
+        101: "nanosleep",
+        115: "clock_nanosleep",
+        203: "connect",
+        202: "accept",
+        242: "accept4",
+    },
+}
+_MACHINE = os.uname().machine if hasattr(os, "uname") else ""
+_WORDS = {
+    "recvfrom": "a read on a socket",
+    "recvmsg": "a read on a socket",
+    "connect": "a connect on a socket",
+    "accept": "an accept on a socket",
+    "accept4": "an accept on a socket",
+    "poll": "a poll (sockets or pipes)",
+    "ppoll": "a poll (sockets or pipes)",
+    "select": "a select (sockets or pipes)",
+    "pselect6": "a select (sockets or pipes)",
+    "epoll_wait": "an epoll wait (sockets or pipes)",
+    "epoll_pwait": "an epoll wait (sockets or pipes)",
+    "flock": "a file lock",
+    "fcntl": "a file lock",
+    "nanosleep": "a sleep",
+    "clock_nanosleep": "a sleep",
+}
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path) as handle:
+            return handle.read()
+    except OSError:
+        return None
+
+
+def thread_wait(pid: int, tid: int | None = None) -> dict[str, object]:
+    """What one thread (the main thread by default) is doing, as the kernel says: its state,
+    wait channel, the system call it is blocked in (name where known, else its number; None
+    while it runs) with that call's first argument, and its context switches so far."""
+    tid = pid if tid is None else tid
+    base = f"/proc/{pid}/task/{tid}"
+    stat = _read(f"{base}/stat")
+    state = stat.rsplit(")", 1)[-1].split()[0] if stat and ")" in stat else "?"
+    wchan = (_read(f"{base}/wchan") or "").strip() or None
+    call: str | None = None
+    first: int | None = None
+    raw = (_read(f"{base}/syscall") or "").split()
+    if raw and raw[0].lstrip("-").isdigit():
+        number = int(raw[0])
+        call = _OUTSIDE_CALLS.get(_MACHINE, {}).get(number, str(number))
+        try:
+            first = int(raw[1], 16) if len(raw) > 1 else None
+        except ValueError:
+            first = None
+    switches = None
+    status = _read(f"{base}/status")
+    if status:
+        counts = [
+            int(line.split()[1])
+            for line in status.splitlines()
+            if line.startswith(("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches"))
+        ]
+        switches = sum(counts) if counts else None
+    return {"state": state, "wchan": wchan, "syscall": call, "arg": first, "switches": switches}
+
+
+def _is_socket(pid: int, fd: int | None) -> bool:
+    if fd is None:
+        return False
+    try:
+        return os.readlink(f"/proc/{pid}/fd/{fd}").startswith("socket:")
+    except OSError:
+        return False
+
+
+def waiting_outside(pid: int, main: dict[str, object]) -> str | None:
+    """What the main thread waits on outside the job, in words, or None: a socket read, a poll,
+    a file lock, a sleep, or disk wait (state D: a slow or hung mount). A read on a pipe or a
+    file is not counted (a pipe from a DataLoader worker is the job's own). A futex (a lock or
+    condition between the job's threads) is never outside: a rank blocked on its own lock is
+    the classic hang."""
+    if main.get("state") == "D":
+        return "disk wait (state D: a slow or hung mount)"
+    call = main.get("syscall")
+    if not isinstance(call, str):
+        return None
+    if call == "read":
+        arg = main.get("arg")
+        fd = arg if isinstance(arg, int) else None
+        return "a read on a socket" if _is_socket(pid, fd) else None
+    return _WORDS.get(call)
+
+
+def threads_in_disk_wait(pid: int) -> int:
+    """How many of the process's threads are in state D (a slow or hung mount)."""
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return 0
+    count = 0
+    for tid in tids:
+        stat = _read(f"/proc/{pid}/task/{tid}/stat")
+        if stat and ")" in stat and stat.rsplit(")", 1)[-1].split()[:1] == ["D"]:
+            count += 1
+    return count
+
+
 def descendants(pid: int) -> list[int]:
     """Every process below ``pid`` (children, their children, ...)."""
     found: list[int] = []
@@ -127,13 +279,26 @@ def find_workers(job_id: str, node: str, attempt: str | None = None) -> list[Wor
         env = environ(pid)
         if "RANK" in env and "LOCAL_RANK" in env:
             ranks[pid] = (env["RANK"], env["LOCAL_RANK"])
-    found = []
+    launchers = set(tagged) - set(ranks)  # torchrun (and the agent's own helpers)
+    direct = {pid for pid in ranks if parent(pid) in launchers}
+    found: dict[str, Worker] = {}
     for pid, (rank, local_rank) in ranks.items():
+        if pid not in direct and any(ranks[d][0] == rank for d in direct):
+            continue  # a child of the rank (a DataLoader worker, a double-forked helper)
         up = parent(pid)
-        if up in ranks and ranks[up][0] == rank:
-            continue  # a child of the rank (a DataLoader worker): part of the rank's tree
+        if pid not in direct and up in ranks and ranks[up][0] == rank:
+            continue  # torchrun is gone: the rank is still the top of its own tree
         try:
-            found.append(Worker(pid, int(rank), int(local_rank), tuple(descendants(pid))))
+            worker = Worker(pid, int(rank), int(local_rank), tuple(descendants(pid)))
         except ValueError:
             continue
-    return sorted(found, key=lambda w: w.rank)
+        # Children that left the rank's tree (their parent exited) still belong to it.
+        strays = [
+            other
+            for other, (r, _) in ranks.items()
+            if r == rank and other != pid and other not in worker.children and other not in direct
+        ]
+        known = found.get(rank)
+        if known is None or (pid in direct and known.pid not in direct):
+            found[rank] = Worker(pid, worker.rank, worker.local_rank, (*worker.children, *strays))
+    return sorted(found.values(), key=lambda w: w.rank)

@@ -5,36 +5,59 @@ Progress signals are each rank's output lines, the step beats a script sends wit
 (``progress.phase``). Silence alone is never a verdict. Once no rank has shown progress for
 LOOK_AFTER seconds since the workers started (before the first step too), herd looks at every
 rank without pausing it (agent.look: kernel state, CPU and I/O of its process tree, the main
-thread's Python frames) and looks again every LOOK_EVERY seconds while the job stays silent
-(less often while every look shows work). Between two looks each rank is:
+thread's Python frames, the system call and wait channel it is blocked in, its context
+switches) and looks again every LOOK_EVERY seconds while the job stays silent (less often while
+every look shows work). Between two looks each rank is:
 
     stopped   its process is stopped (state T: SIGSTOP, a debugger, a frozen container)
-    working   it declared a phase, its frames moved, it read or wrote data, or it used CPU
-              outside a collective: compiling, computing, saving, loading
+    working   its frames moved, it read or wrote data, or it used CPU outside a collective:
+              compiling, computing, saving, loading
     waiting   its main thread is in a collective (or the rendezvous, or a backward pass
               without CPU: DDP waiting for its all-reduce)
-    idle      none of these: no CPU, no I/O, the same frames (blocked on a lock, a dead
-              mount, a queue nobody fills)
+    outside   it waits on the world outside the job: blocked reading a socket, in a poll or
+              select, on a file lock, in a sleep, in disk wait (state D: a slow NFS or Lustre
+              mount), or in a socket, lock or sleep frame; or its main thread keeps waking up
+              (its context switches rise from look to look): a download, a retry's backoff,
+              ``main_process_first``'s lock, a hiccupping mount
+    idle      none of these: no CPU, no I/O, the same frames, no wake-up, blocked on something
+              of the job's own (a lock between its threads, a queue nobody fills)
+
+A rank in a declared phase counts as working, whatever it shows, for the phase's limit
+(``phase(name, limit=S)``; PHASE_LIMIT, 30 minutes, by default), unless it stays idle (no CPU,
+no I/O, no frame change, no wake-up) for the frozen-phase limit (``--hang-timeout`` when set,
+else OUTSIDE_LIMIT): then it is judged like any idle rank.
 
 The job is hung when, with no progress signal meanwhile:
 
     1. a rank has been stopped for CONFIRM s (it holds every collective up);
-    2. nobody works, some ranks wait, and a rank has been idle for CONFIRM s (it will never
-       reach the collective the others wait in);
-    3. nobody has worked for ALL_WAITING s (every rank waits, or waits and idles: a lost
-       peer, a firewall, a dead link);
+    2. nobody works, some ranks wait, and a rank has been idle for the confirmation window
+       (it will never reach the collective the others wait in);
+    3. nobody has worked or waited outside for the all-waiting limit (every rank waits, or
+       waits and idles: a lost peer, a firewall, a dead link);
     4. every rank holds a GPU and has stayed at the same frames with no I/O for ALL_STUCK s,
        whatever its CPU (ranks spinning on a GPU that never finishes: the CPU waits on the
        stream at full speed). On CPU-only ranks the same picture is a long computation in
-       one line, which is work.
+       one line, which is work;
+    5. a rank has waited outside the job for OUTSIDE_LIMIT s (minutes, not seconds: a server
+       that never answers, a lock never released, a mount that never comes back);
+    6. a rank has been in a phase for longer than the phase's limit;
+    7. some ranks finished (their node's workers all exited 0, or the rank left the looks)
+       and another is still running FINISH_GRACE s later without working: the job finished,
+       but that rank never exited (a non-daemon thread, a hung exit handler).
+
+The windows follow the job's own pace: the confirmation window is CONFIRM s or CONFIRM_STEPS
+steps, whichever is longer, and the all-waiting limit ALL_WAITING s or ALL_WAITING_STEPS steps;
+before the first step (communicators still being set up, which takes minutes on large jobs) it
+is FIRST_COLLECTIVE s. A stopped rank is named within CONFIRM s whatever the pace: nothing a
+stopped process does is slow work.
 
 A working rank keeps the job alive however long it works (a 10-minute compile, a 30-minute
 evaluation that prints nothing, a 5-minute save), even while the others wait for it. Where no
-frames can be taken (py-spy missing, ptrace not allowed), rules 1 and 3 still hold.
+frames can be taken (py-spy missing, ptrace not allowed), rules 1, 3 and 5 still hold.
 
 ``--hang-timeout S`` adds a plain limit: S seconds without any progress signal, counted from
-the first one (start-up has its own timeouts), is a hang whatever the looks say (0 turns the
-whole watch off).
+the first one (start-up has its own timeouts), is a hang whatever the looks say, inside a
+declared phase too (0 turns the whole watch off).
 """
 
 from __future__ import annotations
@@ -52,8 +75,21 @@ LOOK_EVERY = 5.0
 LOOK_EVERY_MAX = 60.0
 # Seconds a rank must stay stopped (or idle while others wait) before the job is hung.
 CONFIRM = 10.0
-# Seconds nobody may work (everyone waits or idles) before the job is hung.
+# ... or this many of the job's own steps, when longer (a slow job's ranks pause longer).
+CONFIRM_STEPS = 3.0
+# Seconds nobody may work (everyone waits or idles) before the job is hung...
 ALL_WAITING = 120.0
+# ... or this many steps, when longer...
+ALL_WAITING_STEPS = 10.0
+# ... and before the first step: a large job's communicators can take minutes to set up.
+FIRST_COLLECTIVE = 300.0
+# Seconds a rank may wait on the world outside the job (a socket, a lock, a sleep, a slow
+# mount) before the job is hung: downloads, backoffs and mount hiccups take minutes.
+OUTSIDE_LIMIT = 600.0
+# Seconds a rank may stay in a declared phase without a limit of its own.
+PHASE_LIMIT = 1800.0
+# Seconds a rank may go on running once other ranks finished, when it is not working.
+FINISH_GRACE = 60.0
 # Seconds every rank may stay at the same frames with no I/O, CPU or not, before a hang.
 ALL_STUCK = 300.0
 # Share of one core above which a rank outside a collective counts as working.
@@ -74,6 +110,12 @@ _COLLECTIVE = re.compile(
 )
 # Frames that wait when the rank uses no CPU, and compute when it does.
 _MAYBE_WAITING = re.compile(r"^(backward|_engine_run_backward|run_backward|step|forward)$")
+# Innermost frames that wait on the world outside the job: sockets and HTTP, file locks, sleeps
+# (py-spy shows time.sleep's caller, so a sleep is known by its system call instead).
+_OUTSIDE_FRAME = re.compile(
+    r"\((\S*/)?(socket|ssl|selectors|http/client|urllib3/\S+|requests/\S+|filelock/\S+|"
+    r"_filelock|aiohttp/\S+|httpx/\S+|httpcore/\S+)\.py:"
+)
 _FRAME_NAME = re.compile(r"^(\S+) \(")
 
 
@@ -108,6 +150,14 @@ class RankLook:
     """The rank has an NVIDIA GPU open."""
     active: bool | None = None
     """py-spy's word on whether the main thread was running on a CPU at the look."""
+    outside: str | None = None
+    """What the main thread waits on outside the job, in words (agent.workers)."""
+    wakes: int | None = None
+    """The main thread's context switches so far."""
+    disk: int = 0
+    """Threads of the rank in disk wait (state D)."""
+    phase_limit: float | None = None
+    """Seconds the declared phase may last, when the script said."""
 
     @classmethod
     def from_event(cls, host: str, event: Mapping[str, Any], at: float) -> list[RankLook]:
@@ -130,6 +180,10 @@ class RankLook:
                         error=seen.get("error"),
                         gpu=bool(seen.get("gpu")),
                         active=seen.get("active") if isinstance(seen.get("active"), bool) else None,
+                        outside=seen.get("outside") or None,
+                        wakes=_int_or_none((seen.get("main") or {}).get("switches")),
+                        disk=int(seen.get("disk") or 0),
+                        phase_limit=_float_or_none(seen.get("phase_limit")),
                     )
                 )
             except (KeyError, TypeError, ValueError):
@@ -159,16 +213,41 @@ class RankLook:
     def where(self) -> str:
         return self.frames[0] if self.frames else "unknown"
 
+    @property
+    def waits_outside(self) -> str | None:
+        """What the rank waits on outside the job, in words, from the kernel or its frames."""
+        if self.outside:
+            return self.outside
+        if self.state == "D" or self.disk:
+            return "disk wait (state D: a slow or hung mount)"
+        if self.frames and _OUTSIDE_FRAME.search(self.frames[0]):
+            return f"a wait at {self.frames[0]}"
+        return None
 
-STOPPED, WORKING, WAITING, IDLE = "stopped", "working", "waiting", "idle"
+
+def _int_or_none(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _float_or_none(value: Any) -> float | None:
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    return None
+
+
+STOPPED, WORKING, WAITING, OUTSIDE, IDLE = "stopped", "working", "waiting", "outside", "idle"
+
+
+def woke(before: RankLook, after: RankLook) -> bool:
+    """Whether the main thread was switched in and out between the looks (it keeps waking)."""
+    return after.wakes is not None and before.wakes is not None and after.wakes > before.wakes
 
 
 def activity(before: RankLook, after: RankLook) -> str:
-    """What a rank did between two looks of the same process (see the module docstring)."""
+    """What a rank did between two looks of the same process (see the module docstring); a
+    declared phase is not taken into account here (HangWatch does)."""
     if after.stopped:
         return STOPPED
-    if after.phase:
-        return WORKING
     seconds = max(after.at - before.at, 1e-3)
     busy = (after.cpu - before.cpu) / (after.ticks * seconds) >= CPU_BUSY
     moved = after.frames is not None and before.frames is not None and after.frames != before.frames
@@ -179,7 +258,11 @@ def activity(before: RankLook, after: RankLook) -> str:
         return WAITING
     if after.maybe_waiting:
         return WORKING if busy else WAITING
-    return WORKING if busy else IDLE
+    if busy:
+        return WORKING
+    if after.waits_outside is not None or woke(before, after):
+        return OUTSIDE
+    return IDLE
 
 
 @dataclass(frozen=True)
@@ -199,20 +282,66 @@ class Hang:
 class _RankTrack:
     looks: list[RankLook] = field(default_factory=list)
     still_since: float | None = None
-    """Start of the current run of looks in which the rank did not work."""
+    """Start of the current run of looks in which the rank neither worked nor waited outside."""
     kind_since: tuple[str, float] | None = None
-    """The rank's current activity and since when it has held."""
+    """The rank's current activity (a phase aside) and since when it has held."""
     same_frames_since: float | None = None
     """Since when its frames and I/O have not changed (CPU or not)."""
+    phase_seen: tuple[str, float] | None = None
+    """The phase the rank is in and since when (this launcher's clock)."""
 
 
-def judge(tracks: Mapping[int, _RankTrack], world_size: int, now: float) -> Hang | None:
-    """The verdict over every rank's looks since the job went silent (rules 1-4)."""
+@dataclass(frozen=True)
+class Limits:
+    """The windows of one verdict, in seconds (see the module docstring)."""
+
+    confirm: float = CONFIRM
+    all_waiting: float = FIRST_COLLECTIVE
+    outside: float = OUTSIDE_LIMIT
+    frozen_phase: float = OUTSIDE_LIMIT
+    finish_grace: float = FINISH_GRACE
+
+    @classmethod
+    def for_pace(
+        cls, step_seconds: float | None, stepped: bool, hang_timeout: float | None = None
+    ) -> Limits:
+        """The windows for a job that takes ``step_seconds`` a step (None: unknown), has made
+        a step already or not, and runs with ``--hang-timeout`` (None: not set)."""
+        pace = step_seconds or 0.0
+        return cls(
+            confirm=max(CONFIRM, CONFIRM_STEPS * pace),
+            all_waiting=max(ALL_WAITING, ALL_WAITING_STEPS * pace) if stepped else FIRST_COLLECTIVE,
+            frozen_phase=hang_timeout if hang_timeout else OUTSIDE_LIMIT,
+        )
+
+
+def effective(track: _RankTrack, now: float, limits: Limits) -> tuple[str, float] | None:
+    """The rank's activity as the rules see it, and since when: a phase counts as work until
+    the rank has stayed idle through it for the frozen-phase limit."""
+    if track.kind_since is None:
+        return None
+    kind, since = track.kind_since
+    if track.phase_seen is None or kind == STOPPED:
+        return kind, since
+    if kind == IDLE and now - since >= limits.frozen_phase:
+        return IDLE, since
+    return WORKING, track.phase_seen[1]
+
+
+def judge(
+    tracks: Mapping[int, _RankTrack],
+    world_size: int,
+    now: float,
+    limits: Limits | None = None,
+    finished_at: float | None = None,
+) -> Hang | None:
+    """The verdict over every rank's looks since the job went silent (rules 1-7)."""
+    limits = limits or Limits(all_waiting=ALL_WAITING)
     current: dict[int, tuple[str, float, RankLook]] = {}
     for rank, track in tracks.items():
-        if track.kind_since is not None and track.looks:
-            kind, since = track.kind_since
-            current[rank] = (kind, since, track.looks[-1])
+        seen = effective(track, now, limits)
+        if seen is not None and track.looks:
+            current[rank] = (seen[0], seen[1], track.looks[-1])
     stopped = [
         (rank, look)
         for rank, (kind, since, look) in current.items()
@@ -225,6 +354,56 @@ def judge(tracks: Mapping[int, _RankTrack], world_size: int, now: float) -> Hang
             tuple(
                 f"{look.host} rank {rank}: stopped (state T: SIGSTOP, a debugger) at {look.where}"
                 for rank, look in stopped
+            ),
+        )
+    for rank, track in sorted(tracks.items()):
+        if track.phase_seen is None or not track.looks:
+            continue
+        name, since = track.phase_seen
+        look = track.looks[-1]
+        bound = look.phase_limit if look.phase_limit is not None else PHASE_LIMIT
+        if now - since >= bound:
+            return Hang(
+                f"{look.host} rank {rank} has been in phase {name!r} for {now - since:.0f} s "
+                f"(limit {bound:g} s; set it with phase(name, limit=S))",
+                (f"{look.host} rank {rank}: in phase {name!r} at {look.where}",),
+            )
+    if finished_at is not None:
+        # Only ranks seen since: the ones that finished are seen no more.
+        current = {r: c for r, c in current.items() if c[2].at >= finished_at}
+    if finished_at is not None and current:
+        after = now - finished_at
+        idle = [
+            (r, look) for r, (kind, _, look) in current.items() if kind not in (WORKING, OUTSIDE)
+        ]
+        busy = [(r, look) for r, (kind, _, look) in current.items() if kind in (WORKING, OUTSIDE)]
+        late = idle if after >= limits.finish_grace else []
+        late += busy if after >= limits.outside else []
+        if late:
+            return Hang(
+                f"finished, but {_ranks(sorted(late))} never exited ({after:.0f} s after the "
+                f"first ranks finished; limit {limits.finish_grace:g} s, or "
+                f"{limits.outside:g} s while working)",
+                tuple(
+                    f"{look.host} rank {r}: still running at {look.where} after the others finished"
+                    for r, look in sorted(late)
+                ),
+            )
+        return None
+    outside_long = [
+        (r, look)
+        for r, (kind, since, look) in current.items()
+        if kind == OUTSIDE and now - since >= limits.outside
+    ]
+    if outside_long:
+        return Hang(
+            f"{_ranks(outside_long)} waited outside the job for "
+            f"{max(now - current[r][1] for r, _ in outside_long):.0f} s "
+            f"(limit {limits.outside:g} s)",
+            tuple(
+                f"{look.host} rank {r}: waiting on "
+                f"{look.waits_outside or 'something that wakes it'} at {look.where}"
+                for r, look in outside_long
             ),
         )
     if len(current) < world_size:
@@ -240,19 +419,19 @@ def judge(tracks: Mapping[int, _RankTrack], world_size: int, now: float) -> Hang
                 f"(limit {ALL_STUCK:.0f} s): spinning on something that never finishes",
                 _odd_ones(current),
             )
-    if any(k == WORKING for k, _, _ in current.values()):
-        return None  # a rank works: the others wait for it
+    if any(k in (WORKING, OUTSIDE) for k, _, _ in current.values()):
+        return None  # a rank works, or waits on the world: the others wait for it
     waiting = [(r, look) for r, (kind, _, look) in current.items() if kind == WAITING]
     idle = [
         (r, look)
         for r, (kind, since, look) in current.items()
-        if kind == IDLE and now - since >= CONFIRM
+        if kind == IDLE and now - since >= limits.confirm
     ]
     if waiting and idle:
         where = waiting[0][1].collective or waiting[0][1].where
         return Hang(
-            f"{_ranks(idle)} idle (no CPU, no I/O, the same frames) while the others wait "
-            f"in {where}",
+            f"{_ranks(idle)} idle (no CPU, no I/O, no wake-up, the same frames) while the "
+            f"others wait in {where}",
             tuple(
                 f"{look.host} rank {r}: blocked at {look.where} (no CPU, no I/O) while the "
                 f"others wait in {where}"
@@ -262,10 +441,10 @@ def judge(tracks: Mapping[int, _RankTrack], world_size: int, now: float) -> Hang
     still = [tracks[r].still_since for r in current]
     if all(s is not None for s in still):
         nobody_for = now - max(s for s in still if s is not None)
-        if nobody_for >= ALL_WAITING:
+        if nobody_for >= limits.all_waiting:
             return Hang(
                 f"no rank has worked for {nobody_for:.0f} s: every rank waits or idles "
-                f"(limit {ALL_WAITING:.0f} s)",
+                f"(limit {limits.all_waiting:.0f} s)",
                 _odd_ones(current),
             )
     return None
@@ -318,7 +497,13 @@ class HangWatch:
         """When each rank last showed progress (clock time)."""
         self.phases: dict[int, str] = {}
         """The long phase each rank has declared, while it runs."""
+        self._phase_since: dict[int, float] = {}
         self._signalled = False
+        self._paces: list[tuple[float, int]] = []
+        """(when, highest step) each time the highest step rose: the job's pace."""
+        self.finished_at: float | None = None
+        """When ranks were first seen to finish while others ran (this clock)."""
+        self._seen_on: dict[str, set[int]] = {}
 
     @property
     def enabled(self) -> bool:
@@ -339,6 +524,9 @@ class HangWatch:
         self._signalled = True
         if step is not None and step >= self.steps.get(rank, -1):
             self.steps[rank] = step
+            if not self._paces or step > self._paces[-1][1]:
+                self._paces.append((now, step))
+                del self._paces[:-20]
         self._reset(now)
 
     def phase(self, rank: int | None, name: str | None) -> None:
@@ -346,10 +534,34 @@ class HangWatch:
         if rank is None:
             return
         if name:
+            if self.phases.get(rank) != name:
+                self._phase_since[rank] = self._clock()
             self.phases[rank] = name
         else:
             self.phases.pop(rank, None)
+            self._phase_since.pop(rank, None)
         self._reset(self._clock())
+
+    def seen(self, host: str, rank: int) -> None:
+        """``rank`` runs on ``host`` (it spoke or beat from there): a look from ``host``
+        without it means it has exited."""
+        self._seen_on.setdefault(host, set()).add(rank)
+
+    def finished(self) -> None:
+        """Some ranks finished (a node's workers all exited 0) while others may still run."""
+        if self.finished_at is None:
+            self.finished_at = self._clock()
+
+    def step_seconds(self) -> float | None:
+        """Seconds per step over the last steps seen, when known."""
+        if len(self._paces) < 2:
+            return None
+        (t0, s0), (t1, s1) = self._paces[0], self._paces[-1]
+        return (t1 - t0) / (s1 - s0) if s1 > s0 and t1 > t0 else None
+
+    def limits(self) -> Limits:
+        """The windows for this job now (its pace, whether it has stepped, --hang-timeout)."""
+        return Limits.for_pace(self.step_seconds(), bool(self.steps), self.timeout or None)
 
     def excuse(self, seconds: float) -> None:
         """This launcher did not run for ``seconds`` (stopped, suspended, starved): that time
@@ -383,7 +595,14 @@ class HangWatch:
         """A node's answer to a look ({"e": "look"}): follow each rank from look to look."""
         if self._since is None:
             return
-        for look in RankLook.from_event(host, event, self._clock()):
+        looks = RankLook.from_event(host, event, self._clock())
+        here = {look.rank for look in looks}
+        if self._seen_on.get(host, set()) - here:
+            # A rank of this node left while the job runs on (torchrun itself waits for the
+            # other nodes at its exit barrier, for minutes: its node does not end yet).
+            self.finished()
+        self._seen_on[host] = self._seen_on.get(host, set()) | here
+        for look in looks:
             track = self._tracks.setdefault(look.rank, _RankTrack())
             previous = track.looks[-1] if track.looks else None
             if previous is not None and previous.pid != look.pid:
@@ -391,6 +610,12 @@ class HangWatch:
                 previous = None
             track.looks.append(look)
             del track.looks[:-3]
+            if look.phase:
+                if track.phase_seen is None or track.phase_seen[0] != look.phase:
+                    since = self._phase_since.get(look.rank, look.at)
+                    track.phase_seen = (look.phase, min(since, look.at))
+            else:
+                track.phase_seen = None
             if previous is None:
                 if look.stopped:
                     track.kind_since = (STOPPED, look.at)
@@ -398,7 +623,7 @@ class HangWatch:
             kind = activity(previous, look)
             if track.kind_since is None or track.kind_since[0] != kind:
                 track.kind_since = (kind, previous.at if kind != STOPPED else look.at)
-            if kind == WORKING:
+            if kind in (WORKING, OUTSIDE):
                 track.still_since = None
             elif track.still_since is None:
                 track.still_since = previous.at
@@ -407,7 +632,7 @@ class HangWatch:
                 and previous.io is not None
                 and look.io - previous.io >= IO_MOVING
             )
-            if not unchanged or look.phase:
+            if not unchanged or look.phase or kind == OUTSIDE:
                 track.same_frames_since = None
             elif track.same_frames_since is None:
                 track.same_frames_since = previous.at
@@ -421,21 +646,32 @@ class HangWatch:
         if not self.enabled or self._since is None:
             return None
         silent = self._clock() - self._since
-        if (
-            self.timeout is not None
-            and self._signalled
-            and silent > self.timeout
-            and not self.phases
-        ):
+        if self.timeout is not None and self._signalled and silent > self.timeout:
+            inside = ", ".join(
+                f"rank {r} in phase {name!r}" for r, name in sorted(self.phases.items())
+            )
             return Hang(
                 f"no progress from any rank for {silent:.0f} s (limit {self.timeout:g} s, set "
-                "by --hang-timeout)",
+                f"by --hang-timeout){'; ' + inside if inside else ''}",
+                self._places(),
                 silent_for=silent,
             )
         now = max((t.looks[-1].at for t in self._tracks.values() if t.looks), default=None)
         if now is None:
             return None
-        found = judge(self._tracks, self.world_size, now)
+        found = judge(self._tracks, self.world_size, now, self.limits(), self.finished_at)
         if found is None:
             return None
         return Hang(found.reason, found.behind, silent)
+
+    def _places(self) -> tuple[str, ...]:
+        """Where each rank was at the last look (for a verdict of the plain limit)."""
+        lines = []
+        for rank, track in sorted(self._tracks.items()):
+            if not track.looks:
+                continue
+            look = track.looks[-1]
+            kind = track.kind_since[0] if track.kind_since else "seen once"
+            inside = f" in phase {look.phase!r}" if look.phase else ""
+            lines.append(f"{look.host} rank {rank}: {kind}{inside} at {look.where}")
+        return tuple(lines)

@@ -89,6 +89,52 @@ elif scenario == "dataloader-wait":
             return torch.ones(1)
     for batch in DataLoader(Slow(), batch_size=8, num_workers=1):
         dist.all_reduce(batch)
+elif scenario == "socket-wait":
+    ready()
+    if rank == 0:  # a download from a server that sends a byte a second
+        import urllib.request
+        with urllib.request.urlopen(os.environ["SLOW_URL"]) as answer:
+            answer.read()
+    dist.barrier()
+elif scenario == "backoff-sleep":
+    ready()
+    if rank == 1:
+        time.sleep(600)  # a retry's backoff
+    dist.all_reduce(v)
+elif scenario == "lock-wait":
+    ready()
+    if rank == 1:  # another process holds the lock (main_process_first, a cache's lock)
+        import fcntl
+        with open(os.environ["LOCK_FILE"], "w") as held:
+            fcntl.flock(held, fcntl.LOCK_EX)
+    dist.barrier()
+elif scenario == "phase-deadlock":
+    from torchherd.progress import phase
+    ready()
+    if rank == 1:
+        with phase("saving"):
+            lock = threading.Lock(); lock.acquire(); lock.acquire()
+    dist.barrier()
+elif scenario == "never-exits":
+    ready()
+    dist.barrier()
+    if rank == 1:  # a non-daemon thread that waits forever: the interpreter never exits
+        threading.Thread(target=threading.Event().wait).start()
+    print(f"DONE rank={rank}", flush=True)
+"""
+
+# A server that answers one byte a second (a slow mirror), for "socket-wait".
+SLOW_SERVER = r"""
+import http.server, sys, time
+class Slow(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.send_header("Content-Length", "1000"); self.end_headers()
+        for _ in range(1000):
+            self.wfile.write(b"x"); self.wfile.flush(); time.sleep(1)
+    def log_message(self, *args): pass
+server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Slow)
+print(server.server_address[1], flush=True)
+server.serve_forever()
 """
 
 SCENARIOS = {
@@ -100,6 +146,11 @@ SCENARIOS = {
     "silent-save": (None, None, 4),
     "all-waiting": (None, None, 4),
     "dataloader-wait": (None, None, 4),
+    "socket-wait": (None, None, 4),
+    "backoff-sleep": (None, None, 4),
+    "lock-wait": (None, None, 4),
+    "phase-deadlock": (None, None, 4),
+    "never-exits": (None, None, 4),
 }
 LOOK_EVERY = 5.0
 
@@ -110,12 +161,39 @@ def record(name: str) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         script = Path(tmp) / "worker.py"
         script.write_text(WORKER)
+        helpers = []
+        server = subprocess.Popen(
+            [sys.executable, "-c", SLOW_SERVER], stdout=subprocess.PIPE, text=True
+        )
+        helpers.append(server)
+        assert server.stdout is not None
+        port = int(server.stdout.readline())
+        lock_file = Path(tmp) / "held.lock"
+        holder = subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                "import fcntl, sys, time\nf = open(sys.argv[1], 'w')\n"
+                "fcntl.flock(f, fcntl.LOCK_EX)\nprint('held', flush=True)\ntime.sleep(900)",
+                str(lock_file),
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        helpers.append(holder)
+        assert holder.stdout is not None
+        holder.stdout.readline()
+        progress_dir = Path(tmp) / "progress"
+        progress_dir.mkdir()
         env = dict(
             os.environ,
             HERD_JOB_ID=JOB,
             HERD_NODE=NODE,
             HERD_ATTEMPT=attempt,
             SAVE_DIR=tmp,
+            SLOW_URL=f"http://127.0.0.1:{port}/data",
+            LOCK_FILE=str(lock_file),
+            HERD_PROGRESS_DIR=str(progress_dir),
             OMP_NUM_THREADS="1",
             PYTHONUNBUFFERED="1",
         )
@@ -145,13 +223,18 @@ def record(name: str) -> None:
                     pids[int(fields["rank"])] = int(fields["pid"])
                     if len(pids) == 2:
                         break
+            if name == "never-exits":  # wait until rank 0 has exited, rank 1 has not
+                for line in job.stdout:
+                    if line.startswith("DONE rank=1"):
+                        break
+                time.sleep(2)
             if action == "stop":
                 os.kill(pids[victim], signal.SIGSTOP)
             time.sleep(3)
             taken = []
             start = time.monotonic()
             for _ in range(looks):
-                event = look_event(JOB, NODE, attempt, None)
+                event = look_event(JOB, NODE, attempt, str(progress_dir))
                 taken.append({"t": round(time.monotonic() - start, 2), "event": event})
                 time.sleep(LOOK_EVERY)
             for pid in pids.values():
@@ -163,6 +246,9 @@ def record(name: str) -> None:
             # Workers run in sessions of their own: end every process of the scenario by tag.
             end_job(JOB, NODE, 0, attempt)
             job.wait()
+            for helper in helpers:
+                helper.kill()
+                helper.wait()
     out = {"scenario": name, "world_size": 2, "looks": taken}
     (HERE / f"{name}.json").write_text(json.dumps(out, indent=1) + "\n")
     kinds = [

@@ -1,0 +1,112 @@
+"""Test job: ranks that wait on the world outside the job, a rank deadlocked inside a phase,
+a rank that never exits. Prints `STEPPING rank=R` after its first all-reduce, then each wait
+is silent (no output, no beat):
+
+--download S   rank 0 reads from an HTTP server on its own node's loopback that sends one
+               byte a second, for S s, while the others wait in a barrier
+--backoff S    rank 1 sleeps S s (a retry's backoff) while the others wait in an all-reduce
+--lock S       the last rank blocks on a file lock that another process holds for S s, while
+               the others wait in a barrier
+--deadlock-in-phase
+               rank 1 deadlocks (takes a lock it holds) inside phase("saving") while the
+               others wait in a barrier
+--never-exit   rank 1 starts a non-daemon thread that waits for ever, then finishes its script:
+               its interpreter never exits
+Prints `DONE rank=R` at the end.
+"""
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import torch
+import torch.distributed as dist
+
+from torchherd.progress import phase
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--download", type=float, default=0)
+parser.add_argument("--backoff", type=float, default=0)
+parser.add_argument("--lock", type=float, default=0)
+parser.add_argument("--deadlock-in-phase", action="store_true")
+parser.add_argument("--never-exit", action="store_true")
+args = parser.parse_args()
+
+SLOW_SERVER = r"""
+import http.server, sys, time
+class Slow(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        size = int(self.path.strip("/"))
+        self.send_response(200); self.send_header("Content-Length", str(size)); self.end_headers()
+        for _ in range(size):
+            self.wfile.write(b"x"); self.wfile.flush(); time.sleep(1)
+    def log_message(self, *args): pass
+server = http.server.HTTPServer(("127.0.0.1", 0), Slow)
+print(server.server_address[1], flush=True)
+server.handle_request()
+"""
+HOLDER = r"""
+import fcntl, sys, time
+held = open(sys.argv[1], "w")
+fcntl.flock(held, fcntl.LOCK_EX)
+print("held", flush=True)
+time.sleep(float(sys.argv[2]))
+"""
+
+dist.init_process_group("gloo")
+rank, world = dist.get_rank(), dist.get_world_size()
+value = torch.ones(1)
+for _ in range(5):
+    dist.all_reduce(value)
+print(f"STEPPING rank={rank}", flush=True)
+
+if args.download:
+    if rank == 0:
+        import urllib.request
+
+        server = subprocess.Popen(
+            [sys.executable, "-c", SLOW_SERVER], stdout=subprocess.PIPE, text=True
+        )
+        port = int(server.stdout.readline())
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/{int(args.download)}") as answer:
+            answer.read()
+        server.wait()
+    dist.barrier()
+if args.backoff:
+    if rank == 1:
+        time.sleep(args.backoff)
+    dist.all_reduce(value)
+if args.lock:
+    if rank == world - 1:
+        import fcntl
+
+        path = os.path.join(tempfile.gettempdir(), f"waits-{os.getpid()}.lock")
+        holder = subprocess.Popen(
+            [sys.executable, "-c", HOLDER, path, str(args.lock)], stdout=subprocess.PIPE, text=True
+        )
+        holder.stdout.readline()
+        with open(path, "w") as mine:
+            fcntl.flock(mine, fcntl.LOCK_EX)  # blocks until the holder lets go
+        holder.wait()
+        os.unlink(path)
+    dist.barrier()
+if args.deadlock_in_phase:
+    if rank == 1:
+        with phase("saving"):
+            lock = threading.Lock()
+            lock.acquire()
+            lock.acquire()
+    dist.barrier()
+print(f"DONE rank={rank}", flush=True)
+if args.never_exit:
+    dist.barrier()
+    dist.destroy_process_group()
+    if rank == 1:
+        threading.Thread(target=threading.Event().wait).start()
+    sys.exit(0)
+dist.barrier()
+dist.destroy_process_group()

@@ -1,0 +1,128 @@
+"""The hang watch, round two, on the testbed: waits on the world outside the job that are not
+hangs, and hangs that used to hide (inside a phase, after the others finished, on a node cut
+off with a full link).
+
+Each test asserts what herd itself reports (which rank, which limit, and what it must never
+say), and, under the process watch, that nothing herd started is left. Seconds belong in
+bench/recovery.py, not here: the bounds below are ones a loaded machine cannot eat.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+
+from tests.integration.herd_cli import one_worker_cluster as cluster
+from tests.integration.live import LiveHerd, job_id
+from tests.testbed import Testbed
+
+NODES = ["node1", "node2", "node3"]
+
+
+def test_waits_on_the_world_outside_the_job_are_not_hangs(testbed: Testbed, tmp_path: Path) -> None:
+    """Default settings, in silence: rank 0 downloads for 45 s from a server on its node's
+    loopback that sends a byte a second while the others wait in a barrier; rank 1 sleeps
+    30 s (a backoff) while the others wait in an all-reduce; rank 2 is blocked 40 s on a file
+    lock another process holds while the others wait in a barrier. None of it is a hang."""
+    path, home = cluster(testbed, tmp_path, NODES)
+    herd = LiveHerd(
+        ["-c", str(path), "waits.py", "--download", "45", "--backoff", "30", "--lock", "40"],
+        home,
+        testbed,
+    )
+    code = herd.finish(timeout=420)
+    out = herd.output
+    assert code == 0, out
+    assert len(re.findall(r"DONE rank=\d", out)) == 3, out
+    assert "hung" not in out, out
+    herd.assert_clean(NODES)
+
+
+def test_a_deadlock_inside_a_phase_is_caught_by_the_hang_timeout(
+    testbed: Testbed, tmp_path: Path
+) -> None:
+    """Rank 1 deadlocks inside phase("saving") while the others wait in a barrier, with
+    --hang-timeout 60: a phase is no blank cheque. Named well within 150 s."""
+    path, home = cluster(testbed, tmp_path, NODES)
+    herd = LiveHerd(
+        ["-c", str(path), "--hang-timeout", "60", "waits.py", "--deadlock-in-phase"],
+        home,
+        testbed,
+    )
+    herd.wait_for(r"STEPPING rank=1", 180)
+    stuck = time.monotonic()
+    herd.wait_for(r"the job is hung", 150)
+    assert time.monotonic() - stuck <= 150
+    code = herd.finish(timeout=120)
+    out = herd.output
+    assert code == 1, out
+    assert "set by --hang-timeout" in out and "rank 1 in phase 'saving'" in out, out
+    assert re.search(r"node2 rank 1: idle in phase 'saving'", out), out
+    herd.assert_clean(NODES)
+
+
+def test_a_rank_that_never_exits_after_the_others_finished_is_named(
+    testbed: Testbed, tmp_path: Path
+) -> None:
+    """Ranks 0 and 2 finish; rank 1's interpreter waits for ever on a non-daemon thread.
+    herd names it within 3 minutes, says the job finished, and ends it."""
+    path, home = cluster(testbed, tmp_path, NODES)
+    herd = LiveHerd(["-c", str(path), "waits.py", "--never-exit"], home, testbed)
+    herd.wait_for(r"DONE rank=1", 180)
+    done = time.monotonic()
+    herd.wait_for(r"finished, but node2 rank 1 never exited", 180)
+    assert time.monotonic() - done <= 180
+    code = herd.finish(timeout=120)
+    out = herd.output
+    assert code == 1, out
+    assert "herd: the job finished, but node2 rank 1 never exited" in out, out
+    herd.assert_clean(NODES)
+
+
+def test_a_node_cut_off_with_a_full_link_ends_its_workers(
+    clean_faults: Testbed, tmp_path: Path
+) -> None:
+    """node3's link is cut while its rank prints a lot: nothing reads what its agent writes
+    (a partition closes nothing; the buffers fill). Its workers must still be gone within
+    launcher_silence (15 s here) plus the grace period (3 s), while the link stays cut."""
+    testbed = clean_faults
+    path, home = cluster(testbed, tmp_path, ["node2", "node3"], launcher_silence=15)
+    herd = LiveHerd(
+        ["-c", str(path), "--grace", "3", "chatty.py", "--seconds", "600", "--rate", "2000"],
+        home,
+        testbed,
+    )
+    herd.wait_for(r"rank 1 line \d+", 180)
+    time.sleep(5)  # a few MB in flight
+    job = job_id(home)
+    testbed.partition("node3")
+    cut = time.monotonic()
+    on_node3: list[int] = []
+    try:
+        while time.monotonic() - cut < 15 + 3 + 40:  # silence + grace + a loaded machine's slack
+            on_node3 = [
+                pid
+                for pid in testbed.processes_with_env("HERD_JOB_ID", job)
+                if {b"HERD_NODE=node3", b"RANK=1"} <= set(_environ(pid).split(b"\0"))
+            ]
+            if not on_node3:
+                break
+            time.sleep(0.5)
+        gone_after = time.monotonic() - cut
+        assert not on_node3, (
+            f"node3's workers {on_node3} still run {gone_after:.0f} s after the cut"
+        )
+        herd.finish(timeout=180)
+    finally:
+        testbed.heal("node3")
+    out = herd.output
+    assert "node3 stopped answering" in out, out
+    herd.assert_clean(["node2", "node3"], settle=30)
+
+
+def _environ(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return b""
