@@ -10,9 +10,9 @@ from pathlib import Path
 
 
 def make_wheel(folder: Path, name: str, version: str, platform: str = "any",
-               python: str = "py3", abi: str = "none", payload: int = 0) -> Path:
+               python: str = "py3", abi: str = "none", payload: int = 0, modules: int = 0) -> Path:
     """Write ``NAME-VERSION-PY-ABI-PLATFORM.whl`` into ``folder``; ``payload`` extra bytes of
-    data make it as large as a test needs."""
+    data make it as large as a test needs, ``modules`` extra small modules as slow to install."""
     folder.mkdir(parents=True, exist_ok=True)
     module = name.replace("-", "_")
     dist = f"{module}-{version}.dist-info"
@@ -26,6 +26,8 @@ def make_wheel(folder: Path, name: str, version: str, platform: str = "any",
     }
     if payload:
         files[f"{module}/data.bin"] = "x" * payload
+    for k in range(modules):
+        files[f"{module}/part{k}.py"] = f"K = {k}\n"
     record = []
     for path, text in files.items():
         digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=")

@@ -168,8 +168,12 @@ def receive(root: str, stream: IO[bytes]) -> dict[str, Any]:
             part = final + f".part-{os.getpid()}"
             source = tar.extractfile(member)
             assert source is not None
-            with open(part, "wb") as out:
-                shutil.copyfileobj(source, out, 1 << 20)
+            try:
+                with open(part, "wb") as out:
+                    shutil.copyfileobj(source, out, 1 << 20)
+            except BaseException:
+                os.unlink(part)  # a cut stream or a full disk: no half file left
+                raise
             if folder == bin_dir:
                 os.chmod(part, 0o755)
             os.replace(part, final)
@@ -206,11 +210,12 @@ def build(
     target = os.path.join(root, want)
     uv = os.path.join(root, "bin", f"uv-{uv_version}")
     _end_with_launcher(stdin)
-    if os.path.exists(os.path.join(target, COMPLETE)):
+    if os.path.exists(os.path.join(target, COMPLETE)) and _listed(target) == want:
         say(step="present")
     else:
         if os.path.exists(target):
-            say(step="removing unfinished build")
+            # An unfinished build, or a finished one changed by hand since: built again.
+            say(step="removing unfinished or changed build")
             shutil.rmtree(target)
         env = dict(os.environ, UV_CACHE_DIR=os.path.join(root, "cache", "uv"),
                    UV_NO_CONFIG="1", UV_PYTHON_DOWNLOADS="never")
@@ -218,9 +223,11 @@ def build(
         _run([uv, "venv", "--quiet", "--python", python, target], env)
         say(step="install", wheels=len(wheels))
         files = [os.path.join(root, "cache", "wheels", name) for name in wheels]
+        told = os.path.exists(os.path.join(root, PLATFORM_FILE))
+        platform_args = ["--python-platform", f"{machine(root)}-unknown-linux-gnu"] if told else []
         _run([uv, "pip", "install", "--quiet", "--offline", "--no-index", "--no-deps",
               "--link-mode", "hardlink", "--python", os.path.join(target, "bin", "python"),
-              *files], env)
+              *platform_args, *files], env)
         say(step="verify")
         got = _verify(target)
         if got != want:
@@ -229,6 +236,11 @@ def build(
             mark.write(want + "\n")
     switch(root, want)
     return {"current": want}
+
+
+def _listed(env: str) -> str:
+    """The hash of what an environment's folders hold (no interpreter started)."""
+    return envid.identity(envid.installed(site_packages(env)), _env_python(env))
 
 
 def _verify(env: str) -> str:

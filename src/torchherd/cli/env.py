@@ -9,7 +9,7 @@ from pathlib import Path
 
 import typer
 
-from ..errors import EXIT_NODE_NOT_READY, EXIT_OK
+from ..errors import EXIT_INTERRUPTED, EXIT_NODE_NOT_READY, EXIT_OK
 from .app import CLUSTER_HELP, HOSTS_HELP, NODES_HELP, app
 from .common import cluster_for, result_table
 from .ops import console
@@ -88,7 +88,13 @@ def sync_command(
     if not as_json:
         print(f"environment {target.hash} ({len(target.packages)} packages, {target.source})",
               file=sys.stderr)
-    results = asyncio.run(runner.sync(target, list(wheels)))
+    try:
+        results = asyncio.run(runner.sync(target, list(wheels)))
+    except KeyboardInterrupt:
+        print("herd env sync interrupted: a node switches only once its new environment is "
+              "complete and verified, so every node not yet switched keeps its previous one "
+              "(`herd env status` shows each node's)", file=sys.stderr)
+        return EXIT_INTERRUPTED
     _print_results(results, as_json, {"hash": target.hash})
     bad = [r for r in results if r.state in ("failed", "refused")]
     if not as_json:

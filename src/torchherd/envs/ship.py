@@ -159,6 +159,16 @@ class EnvSync:
                 continue
             platform = Platform(facts["machine"], facts.get("glibc"), facts["python_tag"])
             result.platform = platform.describe()
+            node_minor = ".".join(str(facts["python_version"]).split(".")[:2])
+            want_minor = ".".join(target.python_version.split(".")[:2])
+            if node_minor != want_minor:
+                result.state = "failed"
+                result.detail = (
+                    f"{self.node_python} here is Python {facts['python_version']}, the "
+                    f"environment is for {want_minor}: install Python {want_minor} there and "
+                    f"name it with --node-python, or lock for {node_minor}"
+                )
+                continue
             result.before = facts.get("current")
             envs = facts.get("envs", {})
             current = envs.get(result.before or "", {})
