@@ -45,6 +45,8 @@ class NodeFacts:
     python_version: str = ""
     torch_version: str | None = None
     torchherd_version: str | None = None
+    env_hash: str | None = None
+    """The hash of every installed distribution and the Python minor (``agent/envid.py``)."""
     gpu_count: int = 0
     cpu_count: int = 1
     env: dict[str, str] = field(default_factory=dict)
@@ -71,6 +73,7 @@ class NodeFacts:
             "python_version",
             "torch_version",
             "torchherd_version",
+            "env_hash",
             "gpu_count",
             "cpu_count",
             "env",
@@ -92,6 +95,7 @@ class NodeFacts:
             python_version=data.get("python_version", ""),
             torch_version=data.get("torch_version"),
             torchherd_version=data.get("torchherd_version"),
+            env_hash=data.get("env_hash"),
             gpu_count=int(data.get("gpu_count", 0)),
             cpu_count=int(data.get("cpu_count", 1)),
             env=dict(data.get("env", {})),

@@ -23,6 +23,8 @@ import struct
 import sys
 from typing import Any
 
+from . import envid
+
 # ioctl request numbers from <linux/sockios.h>
 _SIOCGIFADDR = 0x8915
 _SIOCGIFNETMASK = 0x891B
@@ -77,10 +79,13 @@ def collect(request: dict[str, Any]) -> dict[str, Any]:
         facts["entry"] = find_entry(entry, facts.get("workdir") or os.getcwd())
     if "port" in request:
         facts["port"] = check_port(int(request["port"] or 0))
+    environment = envid.this_environment()
+    facts["env_hash"] = environment["hash"]  # `herd env`: what this python has, hashed
     if request.get("full"):
         from .probe_full import collect_full
 
         facts.update(collect_full(request, facts.get("workdir")))
+        facts["env_packages"] = environment["packages"]  # the doctor names what differs
     return facts
 
 

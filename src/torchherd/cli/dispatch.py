@@ -23,6 +23,7 @@ from . import submit as _submit  # noqa: F401
 from . import top as _top  # noqa: F401
 from . import bench as _bench  # noqa: F401
 from . import demo as _demo  # noqa: F401
+from . import env as _env  # noqa: F401
 # isort: on
 
 __all__ = ["app", "dispatch"]

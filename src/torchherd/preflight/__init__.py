@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from ..facts import NodeFacts
 from ..spec import ClusterSpec, NodeSpec
 from . import checks, network_checks, storage_checks
+from .environment import environment
 from .findings import (
     Findings,
     Limits,
@@ -50,6 +51,7 @@ CHECKS: tuple[Check, ...] = (
     Check("python", "py", "the node's python runs the torchherd agent"),
     Check("torch", "torch", "torch imports (and sees the GPUs, if any)"),
     Check("versions", "vers", "python minor, torch, CUDA, NCCL, torchherd equal on all nodes"),
+    Check("environment", "env", "every installed package the same on all nodes (one hash)"),
     Check("workdir", "wdir", "the working directory exists"),
     Check("workers", "nproc", "workers fit the node's GPUs (or CPU cores)"),
     Check("gpus", "gpus", "GPUs free of other processes"),
@@ -96,7 +98,8 @@ def run_checks(findings: Findings) -> list[CheckResult]:
     by_node: dict[str, list[CheckResult]] = {n.host: [] for n in findings.cluster.nodes}
     for node in findings.cluster.nodes:
         by_node[node.host] = [check(node, findings, outcome) for check in _node_checks()]
-    for result in versions(findings) + storage_checks.storage(findings):
+    cluster_wide = versions(findings) + environment(findings) + storage_checks.storage(findings)
+    for result in cluster_wide:
         by_node[str(result.host)].append(result)
     order = {check.id: index for index, check in enumerate(CHECKS)}
     results = []
@@ -153,6 +156,7 @@ def fast_checks(
             checks.entry(node, findings),
         ]
     results += versions(findings, joining)
+    results += environment(findings)
     first = cluster.rendezvous_node
     first_facts = facts.get(first.host)
     if cluster.transport != "local" and first_facts is not None:

@@ -1,0 +1,206 @@
+"""`herd env` on real nodes: each testbed node has its own filesystem at ``bed.private`` (a
+mount namespace), so an environment built there exists on that node only, as on separate
+machines. Nodes start with nothing but python3; the wheels are small ones made on the spot."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.integration.conftest import require_testbed
+from tests.integration.herd_cli import herd
+from tests.testbed import Testbed
+from tests.wheels import make_wheel
+from torchherd.agent import envid
+
+PY = f"{sys.version_info[0]}.{sys.version_info[1]}.0"
+
+
+@pytest.fixture(scope="module")
+def bed() -> Iterator[Testbed]:
+    require_testbed()
+    with Testbed(3, hosts_loopback=False, private_dirs=True) as testbed:
+        yield testbed
+
+
+@pytest.fixture(scope="module")
+def work(bed: Testbed, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    work = tmp_path_factory.mktemp("env")
+    bed.write_cluster_file(work / "herd.toml")
+    wheels = work / "wheels"
+    make_wheel(wheels, "alpha", "1.0")
+    make_wheel(wheels, "alpha", "2.0")
+    make_wheel(wheels, "beta", "1.0", payload=300_000)
+    (work / "v1.txt").write_text("alpha==1.0\nbeta==1.0\n")
+    (work / "v2.txt").write_text("alpha==2.0\nbeta==1.0\n")
+    return work
+
+
+def env(bed: Testbed, work: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    root = f"{bed.private}/herd"
+    return herd(["env", *args, "-c", str(work / "herd.toml"), "--root", root],
+                work / "home", work, timeout=240)
+
+
+def sync(bed: Testbed, work: Path, lock: str, *extra: str) -> tuple[int, dict]:
+    done = env(bed, work, "sync", "--lock", lock, "--wheels", str(work / "wheels"), "--json",
+               *extra)
+    assert done.stdout.strip(), done.stderr
+    return done.returncode, json.loads(done.stdout)
+
+
+def current(bed: Testbed, node: str) -> str:
+    return os.readlink(bed.private_of(node) / "herd" / "current")
+
+
+def test_fresh_nodes_end_identical_and_run_the_synced_python(bed: Testbed, work: Path) -> None:
+    code, out = sync(bed, work, "v1.txt")
+    want = envid.identity({"alpha": "1.0", "beta": "1.0"}, PY)
+    assert code == 0, out
+    assert out["hash"] == want
+    for node in out["nodes"]:
+        assert (node["state"], node["after"], node["before"]) == ("synced", want, None), node
+        assert node["files_sent"] == 3  # two wheels and uv itself
+    for test_node in bed.nodes:
+        # Built on the node's own filesystem, and its python imports the synced code there.
+        assert (bed.private_of(test_node) / "herd" / want / ".herd-complete").is_file()
+        said = bed.ns_run(test_node, [f"{bed.private}/herd/current/bin/python", "-c",
+                                      "import alpha, sys; print(alpha.VERSION, sys.prefix)"])
+        assert said.stdout.split()[0] == "1.0"
+    assert not (bed.private / "herd").exists()  # nothing on the launcher's own filesystem
+    status = env(bed, work, "status", "--lock", "v1.txt", "--json")
+    assert status.returncode == 0, status.stdout + status.stderr
+    # Nothing changed: nothing travels, nothing is built.
+    code, out = sync(bed, work, "v1.txt")
+    assert code == 0 and {n["state"] for n in out["nodes"]} == {"same"}
+    assert sum(n["bytes_sent"] for n in out["nodes"]) == 0
+
+
+def test_one_changed_package_moves_alone_and_going_back_is_instant(
+    bed: Testbed, work: Path
+) -> None:
+    old = envid.identity({"alpha": "1.0", "beta": "1.0"}, PY)
+    sync(bed, work, "v1.txt")
+    code, out = sync(bed, work, "v2.txt")
+    new = envid.identity({"alpha": "2.0", "beta": "1.0"}, PY)
+    assert code == 0, out
+    alpha2 = (work / "wheels" / "alpha-2.0-py3-none-any.whl").stat().st_size
+    for node in out["nodes"]:
+        assert node["files_sent"] == 1 and alpha2 < node["bytes_sent"] < alpha2 + 4096, node
+        assert node["changes"] == ["alpha 1.0 -> 2.0"]
+        assert node["after"] == new
+    used = env(bed, work, "use", old)
+    assert used.returncode == 0, used.stdout + used.stderr
+    assert {current(bed, n.name) for n in bed.nodes} == {old}
+    removed = env(bed, work, "rm", new, "--json")
+    assert removed.returncode == 0
+    assert not (bed.private_of("node1") / "herd" / new).exists()
+
+
+def test_a_node_changed_by_hand_is_named_and_repaired(bed: Testbed, work: Path) -> None:
+    want = envid.identity({"alpha": "1.0", "beta": "1.0"}, PY)
+    sync(bed, work, "v1.txt")
+    site = next((bed.private_of("node2") / "herd" / want).glob("lib/python*/site-packages"))
+    for path in site.glob("beta*"):
+        subprocess.run(["rm", "-rf", str(path)], check=True)
+    status = env(bed, work, "status", "--lock", "v1.txt")
+    assert status.returncode == 3
+    assert "node2: beta (missing) -> 1.0" in status.stdout
+    assert "node1:" not in status.stdout
+    assert "fix: herd env sync --lock v1.txt" in status.stderr and "--nodes node2" in status.stderr
+    code, out = sync(bed, work, "v1.txt")
+    states = {n["host"]: n["state"] for n in out["nodes"]}
+    assert code == 0 and states == {"node1": "same", "node2": "synced", "node3": "same"}
+    assert env(bed, work, "status", "--lock", "v1.txt").returncode == 0
+
+
+def test_ctrl_c_mid_sync_leaves_the_previous_environment(bed: Testbed, work: Path) -> None:
+    old = envid.identity({"alpha": "1.0", "beta": "1.0"}, PY)
+    sync(bed, work, "v1.txt")
+    # A large new package: the install takes long enough to be interrupted in.
+    make_wheel(work / "wheels", "gamma", "1.0", payload=20_000_000, modules=20_000)
+    (work / "v3.txt").write_text("alpha==1.0\nbeta==1.0\ngamma==1.0\n")
+    argv = [sys.executable, "-m", "torchherd", "env", "sync", "--lock", "v3.txt", "--wheels",
+            str(work / "wheels"), "-c", str(work / "herd.toml"), "--root", f"{bed.private}/herd"]
+    proc = subprocess.Popen(argv, cwd=work, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=dict(os.environ, HERD_HOME=str(work / "home")))
+    assert proc.stderr is not None
+    seen = []
+    for line in proc.stderr:
+        seen.append(line)
+        if line.rstrip().endswith(": install"):  # a node is building; none has switched
+            break
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, "".join(seen) + err
+    assert "keeps its previous one" in err
+    # Whatever a node still had running must end, not finish the build and switch later.
+    deadline = time.monotonic() + 60
+    while any(bed.node_processes(n) for n in bed.nodes) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(bed.node_processes(n) for n in bed.nodes)
+    for node in bed.nodes:
+        assert current(bed, node.name) == old
+        said = bed.ns_run(node, [f"{bed.private}/herd/current/bin/python", "-c",
+                                 "import alpha; print(alpha.VERSION)"])
+        assert said.stdout.strip() == "1.0"
+        assert not list((bed.private_of(node) / "herd" / "cache" / "wheels").glob("*.part-*"))
+
+
+def test_a_full_disk_is_named_before_anything_is_written(bed: Testbed, work: Path) -> None:
+    fresh = f"{bed.private}/small"
+    bed.ns_run("node3", ["mkdir", "-p", fresh])
+    bed.ns_run("node3", ["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", fresh])
+    try:
+        done = herd(["env", "sync", "--lock", "v1.txt", "--wheels", str(work / "wheels"),
+                     "-c", str(work / "herd.toml"), "--root", f"{fresh}/herd"],
+                    work / "home", work, timeout=240)
+        assert done.returncode == 3, done.stdout + done.stderr
+        assert "node3: disk space: needs" in done.stdout and "nothing was written" in done.stdout
+        assert "node1: not started: other nodes lack disk space" in done.stdout
+        listed = bed.ns_run("node3", ["ls", "-A", fresh]).stdout.split()
+        assert listed == []
+    finally:
+        bed.ns_run("node3", ["umount", fresh], check=False)
+    assert not (bed.private_of("node1") / "small").exists()
+
+
+def test_a_node_without_the_interpreter_is_named_with_the_fix(bed: Testbed, work: Path) -> None:
+    done = herd(["env", "sync", "--lock", "v1.txt", "--wheels", str(work / "wheels"),
+                 "-c", str(work / "herd.toml"), "--root", f"{bed.private}/herd",
+                 "--nodes", "node1", "--node-python", "/opt/none/python3"],
+                work / "home", work)
+    assert done.returncode == 3
+    assert "node1: no /opt/none/python3 on this node: install Python 3" in done.stdout
+
+
+def test_another_platform_gets_its_own_wheels(bed: Testbed, work: Path) -> None:
+    wheels = work / "wheels"
+    for machine in ("x86_64", "aarch64"):
+        make_wheel(wheels, "fast", "1.0", platform=f"linux_{machine}", python="cp311",
+                   abi="cp311")
+    (work / "v4.txt").write_text("alpha==1.0\nfast==1.0\n")
+    (bed.private_of("node3") / "herd").mkdir(exist_ok=True)
+    (bed.private_of("node3") / "herd" / "platform").write_text("aarch64\n")
+    try:
+        code, out = sync(bed, work, "v4.txt")
+    finally:
+        (bed.private_of("node3") / "herd" / "platform").unlink()
+    assert code == 0, out
+    want = envid.identity({"alpha": "1.0", "fast": "1.0"}, PY)
+    assert {n["after"] for n in out["nodes"]} == {want}
+    platforms = {n["host"]: n["platform"] for n in out["nodes"]}
+    assert "aarch64" in platforms["node3"] and "x86_64" in platforms["node1"]
+    cache3 = {p.name for p in (bed.private_of("node3") / "herd" / "cache" / "wheels").iterdir()}
+    cache1 = {p.name for p in (bed.private_of("node1") / "herd" / "cache" / "wheels").iterdir()}
+    assert "fast-1.0-cp311-cp311-linux_aarch64.whl" in cache3
+    assert "fast-1.0-cp311-cp311-linux_x86_64.whl" not in cache3
+    assert "fast-1.0-cp311-cp311-linux_x86_64.whl" in cache1
