@@ -505,6 +505,11 @@ def outcome_of(result: RunResult) -> str:
     return "failed"
 
 
+# The failing rank's last stderr lines the record keeps (the console shows ten): what the
+# report page shows under the first failure once the console has scrolled away.
+STDERR_KEPT = 20
+
+
 def failure_record(result: RunResult, secrets: list[str]) -> dict[str, Any] | None:
     failure = result.first_failure
     if failure is None:
@@ -515,6 +520,7 @@ def failure_record(result: RunResult, secrets: list[str]) -> dict[str, Any] | No
         "exitcode": failure.exitcode,
         "signal": failure.signal,
         "message": redact_text(failure.message, secrets),
+        "stderr_tail": [redact_text(line, secrets) for line in failure.last_stderr[-STDERR_KEPT:]],
         "cause": failure.cause,
         "remedy": failure.remedy,
     }

@@ -20,6 +20,7 @@ from .agent.protocol import readable_failure
 from .console import Console
 from .files import open_private, private_dir
 from .jobs import herd_home
+from .noise import Chatter
 from .redact import redact_text
 
 # Seconds output may sit in buffers: lines reach a pipe, `herd logs` and the files this late at
@@ -116,6 +117,8 @@ class JobOutput:
         self.width = max(len(h) for h in hosts) + 1 + len(str(max(world_size - 1, 0)))
         self._secrets = [s for s in secrets if s]
         self.files = LogFiles(log_dir, self.console)
+        self.chatter = Chatter()
+        """torch's known chatter, left out of the console (see torchherd.noise)."""
         self._flushed = time.monotonic()
 
     def prefix(self, host: str, rank: int | None) -> str:
@@ -133,7 +136,8 @@ class JobOutput:
         for rank, said in batch:
             text = redact_text(said, self._secrets) if self._secrets else said
             label = self.prefix(host, rank)
-            if self.ranks is None or rank is None or rank in self.ranks:
+            wanted = self.ranks is None or rank is None or rank in self.ranks
+            if wanted and self.chatter.shown(text):
                 if self.color:
                     code = self._colors.get(host, "0") if rank is not None else _DIM
                     shown.append(f"\x1b[{code}m{label}\x1b[0m | {text}")
@@ -145,6 +149,15 @@ class JobOutput:
         self.files.write_many(kept)
         if time.monotonic() - self._flushed > FLUSH_EVERY:
             self.flush()
+
+    def verdict_given(self) -> None:
+        """herd has said how this attempt ends and is stopping it: from here the dying words
+        of its ranks and agents go to the files only."""
+        self.chatter.verdict()
+
+    def attempt_started(self) -> None:
+        """A new attempt: its lines matter again."""
+        self.chatter.next_attempt()
 
     def note(self, text: str) -> None:
         """herd's own words (banner, restarts, summary): console and merged log."""

@@ -30,6 +30,12 @@ def cluster_for(
 
 
 def _whole_cluster(config: str | None, hosts: str | None, nproc: int | None) -> ClusterSpec:
+    if hosts is not None and not hosts.strip(" ,"):
+        # `-H "$HOSTS"` with HOSTS unset: running on this machine alone is never what was meant
+        raise UsageError(
+            "-H is empty (an unset shell variable?)",
+            "give hosts like -H gpu1:4,gpu2:4, or leave -H out to use herd.toml or this machine",
+        )
     if config and hosts:
         raise ConfigError("give either -c FILE or -H HOSTS, not both", "drop one of them")
     allocation = detect_allocation()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import sys
@@ -15,9 +16,11 @@ from ..files import private_dir
 from ..launch import LaunchOptions, launch
 from ..plan import JobSpec, LaunchPlan
 from ..scheduler.requeue import pbs_deadline, requeue_after_save
+from ..spec import ClusterSpec
 from .app import CLUSTER_HELP, HOSTS_HELP, NODES_HELP, app
 from .common import cluster_for
-from .parsing import RUNS_SOMETHING, LaunchCommand
+from .parsing import RUNS_SOMETHING, TORCHRUN_OTHERWISE, LaunchCommand
+from .state import state
 
 # An environment variable's name, as POSIX shells accept it.
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -171,6 +174,7 @@ def launch_command(
     if module and no_python:
         raise UsageError("-m and --no-python do not go together", "drop one of them")
     cluster = cluster_for(config, hosts, nodes=nodes, nproc=nproc)
+    check_single_node(cluster)
     if module:
         if script is not None:
             args.insert(0, script)
@@ -195,8 +199,7 @@ def launch_command(
     if log_dir is not None:
         # The job record keeps this path, and `herd logs` reads it from any directory.
         log_dir = log_dir.expanduser().absolute()
-        if not dry_run:
-            check_log_dir(log_dir)
+        check_log_dir(log_dir, create=not dry_run)
     job = JobSpec(
         entry=tuple(entry),
         module=is_module,
@@ -295,10 +298,15 @@ def check_name(name: str | None) -> str | None:
     return name
 
 
-def check_log_dir(path: Path) -> None:
+def check_log_dir(path: Path, *, create: bool = True) -> None:
     """Create --log-dir (0700) and write a file in it now, so a directory that cannot take the
-    logs is an error before any node starts, not a traceback after."""
+    logs is an error before any node starts, not a traceback after. A dry run (``create``
+    False) makes nothing, but refuses what the launch would: a file in the way, or a folder
+    that this user cannot write in."""
     try:
+        if not create:
+            _would_take_logs(path)
+            return
         private_dir(path)
         with tempfile.TemporaryFile(dir=path):
             pass
@@ -308,3 +316,28 @@ def check_log_dir(path: Path) -> None:
             "give a directory you can write to, or leave --log-dir out "
             "(logs then go to ~/.herd/jobs/<job-id>/)",
         ) from None
+
+
+def _would_take_logs(path: Path) -> None:
+    """Raise the OSError making ``path`` as a log directory would meet (nothing is made)."""
+    existing = path
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise NotADirectoryError(errno.ENOTDIR, "Not a directory", str(existing))
+    # A file made and removed at once: os.access says yes to root on a read-only filesystem
+    # or in /proc, where making the folder would fail.
+    with tempfile.TemporaryFile(dir=existing):
+        pass
+
+
+def check_single_node(cluster: ClusterSpec) -> None:
+    """torchrun's --standalone or --nnodes 1, typed out of habit: exactly what herd does with
+    no cluster (this machine alone), refused where a cluster names other nodes."""
+    asked, state.single_node = state.single_node, None
+    if asked is None or (cluster.transport == "local" and len(cluster.nodes) == 1):
+        return
+    what, fix = TORCHRUN_OTHERWISE[asked.split()[0]]
+    raise UsageError(
+        f"{asked} is torchrun's option, and the nodes come from {cluster.source}: {what}", fix
+    )

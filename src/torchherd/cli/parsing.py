@@ -90,6 +90,8 @@ for _name, _why in list(TORCHRUN_OTHERWISE.items()):
     TORCHRUN_OTHERWISE["--" + _name[2:].replace("-", "_")] = _why
 
 DEBUG = "--debug"
+# torchrun's options that say "this machine alone", taken when there is no cluster.
+SINGLE_NODE = ("--standalone", "--nnodes")
 
 
 def flags_without_values(params: list[Any]) -> list[Any]:
@@ -134,6 +136,7 @@ class HerdCommand(FlagsAsFlags, TyperCommand):
         """``args`` with torchrun's spellings made herd's, ``--debug`` taken out, and ``--``
         inserted where an option like ``-m MODULE`` hands the rest to what runs."""
         takes_value = self._options_with_values()
+        state.single_node = None
         # Commands that run something end herd's options at it; others take options anywhere.
         interspersed = self.context_settings.get(
             "allow_interspersed_args", self.allow_interspersed_args
@@ -155,6 +158,17 @@ class HerdCommand(FlagsAsFlags, TyperCommand):
                 state.debug = True
                 i += 1
                 continue
+            if self.torchrun_style and name in SINGLE_NODE:
+                # this machine alone: what herd does with no cluster; judged once it is known
+                given = (
+                    value
+                    if eq
+                    else (args[i + 1] if name != "--standalone" and i + 1 < len(args) else "")
+                )
+                if name == "--standalone" or given in ("1", "1:1"):
+                    state.single_node = f"{name} {given}".strip()
+                    i += 1 if name == "--standalone" or eq else 2
+                    continue
             if self.torchrun_style:
                 name = self._herd_spelling(name)
                 word = name + eq + value

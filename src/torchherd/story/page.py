@@ -96,8 +96,8 @@ def render(story: Story, page: Path) -> str:
         _failure(story, links),
         _files(story, links),
         f'<p class="note">Made by herd report (torchherd {esc(__version__)}) on '
-        f"{esc(clock(story.made))} from {esc(Path(record.log_dir) / '..')}: the job record, "
-        "its logs and stacks, and its metrics.</p>",
+        f"{esc(clock(story.made))} from the job's record and logs in {esc(record.log_dir)}."
+        "</p>",
         "</body></html>",
     ]
     return "\n".join(parts) + "\n"
@@ -141,8 +141,20 @@ def headline(failure: dict[str, Any]) -> str:
         how = f"exit code {failure['exitcode']}"
     else:
         how = ""
+    return ": ".join(bit for bit in (where, how, error_line(failure)) if bit)
+
+
+def error_line(failure: dict[str, Any]) -> str:
+    """What the failing rank said: the record's message, else the last line of its stderr
+    (a Python traceback ends with the exception, ``ValueError: bad value 42``)."""
     message = str(failure.get("message") or "").strip().splitlines()
-    return ": ".join(bit for bit in (where, how, message[0] if message else "") if bit)
+    if message:
+        return message[0]
+    tail = failure.get("stderr_tail")
+    lines = (
+        [str(line).strip() for line in tail if str(line).strip()] if isinstance(tail, list) else []
+    )
+    return lines[-1] if lines else ""
 
 
 def _facts(story: Story) -> str:
@@ -284,14 +296,14 @@ def _first(mapping: dict[str, Any], *keys: str) -> Any:
 def _metrics(story: Story) -> str:
     metrics = story.metrics
     charts = []
-    for key, label, colour in (
-        ("loss", "loss", "#d1495b"),
-        ("samples_per_s", "throughput (samples/s)", "#3b7dd8"),
-        ("tokens_per_s", "throughput (tokens/s)", "#2a9d5c"),
+    for key, label, colour, log in (
+        ("loss", "loss", "#d1495b", True),
+        ("samples_per_s", "throughput (samples/s)", "#3b7dd8", False),
+        ("tokens_per_s", "throughput (tokens/s)", "#2a9d5c", False),
     ):
         points = metrics.series(key)
         if len(points) >= 2:
-            charts.append(line_chart(points, label, colour))
+            charts.append(line_chart(points, label, colour, log=log))
     if not charts:
         why = metrics.found_by if metrics.path is None else f"{metrics.path} has no loss or rate"
         return f"<h2>Loss and throughput</h2><p class=note>No curves: {esc(why)}.</p>"
@@ -314,14 +326,22 @@ def _failure(story: Story, links: Links) -> str:
             if failure.get("signal")
             else f"exit code {failure.get('exitcode', '-')}",
         ],
-        ["message", str(failure.get("message") or "-")],
+        ["message", str(failure.get("message") or error_line(failure) or "-")],
         ["cause", str(failure.get("cause") or "not a known signature")],
         ["fix", str(failure.get("remedy") or "-")],
     ]
     rank = failure.get("rank")
+    tail = failure.get("stderr_tail")
+    said = (
+        "<p>The last lines of its stderr:</p><pre>"
+        + esc("\n".join(str(line) for line in tail))
+        + "</pre>"
+        if isinstance(tail, list) and tail
+        else ""
+    )
     log = Path(story.record.log_dir) / f"rank-{rank}.log"
     see = f"<p>Its output: {links.a(log)}</p>" if rank is not None and log.exists() else ""
-    return '<h2 id="first-failure">First failure</h2>' + pairs(rows) + see
+    return '<h2 id="first-failure">First failure</h2>' + pairs(rows) + said + see
 
 
 def _files(story: Story, links: Links) -> str:

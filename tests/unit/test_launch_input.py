@@ -1,0 +1,61 @@
+"""What `herd launch` makes of a command line typed in a hurry: an empty -H (an unset shell
+variable) is refused rather than run on this machine; torchrun's --standalone and --nnodes 1
+mean what herd does with no cluster and are taken there; a dry run refuses the --log-dir the
+launch would."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from torchherd.cli import main
+
+
+@pytest.fixture
+def here(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HERD_HOME", str(tmp_path / "home"))
+    (tmp_path / "train.py").write_text("print('hello')\n")
+    return tmp_path
+
+
+@pytest.mark.parametrize("hosts", ["", " ", ","])
+def test_an_empty_host_list_is_refused_not_run_here(
+    here: Path, hosts: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = main(["launch", "-H", hosts, "train.py"])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "-H is empty" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("typed", [["--standalone"], ["--nnodes", "1"], ["--nnodes=1"]])
+def test_torchruns_single_node_options_are_taken_with_no_cluster(
+    here: Path, typed: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["launch", *typed, "--dry-run", "train.py", "--epochs", "1"]) == 0
+    out = capsys.readouterr().out
+    assert out.rstrip().endswith("train.py --epochs 1")
+
+
+@pytest.mark.parametrize("typed", [["--standalone"], ["--nnodes", "1"]])
+def test_torchruns_single_node_options_are_refused_with_other_nodes(
+    here: Path, typed: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = main(["launch", *typed, "-H", "gpu1,gpu2", "--dry-run", "train.py"])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "is torchrun's option" in err and "-H" in err
+
+
+def test_a_dry_run_refuses_the_log_dir_the_launch_refuses(
+    here: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = main(["launch", "--dry-run", "--log-dir", "/proc/nope/logs", "train.py"])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "cannot write logs to --log-dir /proc/nope/logs" in err
+    assert not (here / "logs").exists()
+    assert main(["launch", "--dry-run", "--log-dir", str(here / "new" / "logs"), "train.py"]) == 0
+    assert not (here / "new").exists()  # a dry run makes nothing
