@@ -6,14 +6,16 @@ Two kinds:
 - always noise: lines torch prints on every rank or node whatever happens, each of which herd
   says in its own words when it matters: c10d's "The hostname of the client socket cannot be
   retrieved" (a reverse lookup that fails on most clusters, harmless), the elastic agent's
-  "To enable traceback see: ..." (herd's summary shows the failure and its traceback), and the
+  "To enable traceback see: ..." (herd's summary shows the failure and its traceback), the
   agent's own shutdown lines ("Received 15 death signal, shutting down workers", "Sending
-  process N closing signal SIGTERM"): herd stops the job and says so.
+  process N closing signal SIGTERM"): herd stops the job and says so; and the C++ frames
+  torch prints under an error ("Exception raised from recvBytes at ...", "frame #3: ... (0x7f..
+  in libtorch_cpu.so)"), dozens of lines of addresses whose message line above them stays.
 - noise once herd has given its verdict (a failure, a hang, a lost node, Ctrl-C): the dying
-  words of ranks and agents that herd is stopping, above all the C++ frames torch prints when
-  the TCPStore herd closed goes away ("Exception raised from recvBytes at ...", "frame #3:
-  ..."), and torch's glog-style warnings and errors (``[W1124 10:00:00.123 42 file.cpp:12]``).
-  Before the verdict these reach the console: they may be the first sign of the failure.
+  words of ranks and agents that herd is stopping: torch's glog-style warnings and errors
+  (``[W1124 10:00:00.123 42 file.cpp:12] [c10d] ...``) about the store herd closed, a peer
+  gone, ``terminate called``. Before the verdict these reach the console: they may be the
+  first sign of the failure.
 
 ``Chatter`` holds the one piece of state (has the verdict been given?) and judges line by line.
 """
@@ -27,13 +29,13 @@ ALWAYS = re.compile(
     r"|To enable traceback see: https?://\S*elastic/errors"
     r"|Received \d+ death signal, shutting down workers"
     r"|Sending process \d+ closing signal SIG[A-Z]+"
+    r"|^\s*frame #\d+: .*\(0x[0-9a-f]+"
+    r"|^\s*Exception raised from \S+ at \S+ \(most recent call first\):"
 )
 """Lines never shown on the console (kept in the logs)."""
 
 AFTER_VERDICT = re.compile(
-    r"^\s*frame #\d+: "
-    r"|^\s*Exception raised from \S+ at \S+ \(most recent call first\):"
-    r"|^\s*\[?[WEIF]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ \S+:\d+\]"
+    r"^\s*\[?[WEIF]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ \S+:\d+\]"
     r"|^\s*terminate called after throwing an instance of"
     r"|^\s*what\(\):"
     r"|^\s*torch\.distributed\.elastic\.\S*(Error|Exception)\b"

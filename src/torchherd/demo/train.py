@@ -65,7 +65,7 @@ def main(steps: int = 300, batch: int = 64, run_dir: str | None = None) -> None:
         last_loss = loss.item()
         if step == 1:
             first_loss = last_loss
-        progress.beat(step)
+        progress.beat(step, now=step == steps)  # the last step is the one a report shows
         if metrics is not None and (step % METRICS_EVERY == 0 or step == 1):
             now = time.monotonic()
             seen = (METRICS_EVERY if step > 1 else 1) * batch * world
