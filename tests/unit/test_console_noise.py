@@ -1,7 +1,7 @@
 """torch's chatter left out of the console and kept in the log files: lines torch prints on
 every node whatever happens (c10d's reverse lookup, the agent's shutdown, C++ frames), and,
-once herd has given its verdict, the warnings and errors of the ranks it is stopping. The lines are torch
-2.13's, as its agents and ranks print them when herd stops a job."""
+once herd has given its verdict, the warnings and errors of the ranks it is stopping. The
+lines are torch 2.13's, as its agents and ranks print them when herd stops a job."""
 
 from __future__ import annotations
 

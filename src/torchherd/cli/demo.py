@@ -11,11 +11,6 @@ from pathlib import Path
 
 import typer
 
-from ..jobs import herd_home
-from ..launch import LaunchOptions, launch
-from ..logs import RunResult
-from ..plan import JobSpec, new_job_id
-from ..spec import local_cluster
 from .app import app
 from .parsing import HerdCommand
 
@@ -29,6 +24,12 @@ def demo(
     The same path a cluster launch takes (agent, torchrun, c10d, Gloo, merged logs), on one
     machine, in well under a minute.
     """
+    from ..jobs import herd_home
+    from ..launch import LaunchOptions, launch
+    from ..logs import RunResult
+    from ..plan import JobSpec, new_job_id
+    from ..spec import local_cluster
+
     # The script's path, found without importing it: it imports torch, which the launcher
     # never does (seconds of start, and torch's own teardown at exit).
     demo_spec = importlib.util.find_spec("torchherd.demo.train")

@@ -12,9 +12,6 @@ from rich.table import Table
 
 from ..errors import EXIT_NODE_NOT_READY, EXIT_OK
 from ..jobs import JobRecord, list_records
-from ..ops.jobctl import RUNNING_STATES, find_record, refresh, stop_job
-from ..ops.joblogs import show_logs, show_stacks
-from ..scheduler.submit import list_submitted, scheduler_states
 from .app import app
 from .common import result_table
 from .ops import console
@@ -75,6 +72,9 @@ def ps_command(
     Running detached jobs are checked on their nodes (one ssh per node), so a job that ended
     while nobody watched shows how it ended.
     """
+    from ..ops.jobctl import refresh
+    from ..scheduler.submit import list_submitted, scheduler_states
+
     records = list_records()
     if not all_jobs:
         records = [r for r in records if r.kind == "job"][-20:]
@@ -180,6 +180,9 @@ def logs_command(
 
     Attached jobs are read from the launcher's job directory; detached jobs from their nodes.
     """
+    from ..ops.jobctl import find_record
+    from ..ops.joblogs import show_logs, show_stacks
+
     record = find_record(job)
     if job is None:
         print(f"herd: job {record.id} (the latest)", file=sys.stderr, flush=True)
@@ -207,6 +210,8 @@ def stop_command(
     jobs on the same nodes are untouched. Works for attached jobs too (their launcher then
     reports the job as stopped). Without JOB: the job that is running, if there is just one.
     """
+    from ..ops.jobctl import RUNNING_STATES, find_record, stop_job
+
     record = find_record(job, running=job is None)
     hosts = [str(n["host"]) for n in record.nodes]
     print(f"herd: stopping job {record.id} on {len(hosts)} node(s)", flush=True)

@@ -8,15 +8,15 @@ import re
 import sys
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
+if TYPE_CHECKING:
+    from ..spec import ClusterSpec
+
 from ..errors import EXIT_SAVED, UsageError
 from ..files import private_dir
-from ..launch import LaunchOptions, launch
-from ..plan import JobSpec, LaunchPlan
-from ..scheduler.requeue import pbs_deadline, requeue_after_save
-from ..spec import ClusterSpec
 from .app import CLUSTER_HELP, HOSTS_HELP, NODES_HELP, app
 from .common import cluster_for
 from .parsing import RUNS_SOMETHING, TORCHRUN_OTHERWISE, LaunchCommand
@@ -161,6 +161,11 @@ def launch_command(
     Exit: 0 success, 1 job failed, 2 usage/config, 3 node not ready, 4 crash loop,
     5 saved for a time limit, 130 interrupted.
     """
+    # Here, not at the top: every herd command would pay for the launcher's imports.
+    from ..launch import LaunchOptions, launch
+    from ..plan import JobSpec, LaunchPlan
+    from ..scheduler.requeue import pbs_deadline, requeue_after_save
+
     args = list(ctx.args)
     worker_env = parse_env(env or [])
     shown_ranks = parse_ranks(ranks)

@@ -9,7 +9,6 @@ from pathlib import Path
 import typer
 
 from ..errors import EXIT_OK
-from ..ops.jobctl import find_record
 from .app import app
 from .jobs import JOB_HELP
 from .parsing import HerdCommand
@@ -49,6 +48,7 @@ def report_command(
     and links to every rank's log and the stacks. Self-contained (no network, no plotting
     library); open it in any browser.
     """
+    from ..ops.jobctl import find_record
     from ..story import write_report
 
     record = find_record(job)
