@@ -51,3 +51,26 @@ def test_help_lists_every_command(capsys: pytest.CaptureFixture[str]) -> None:
         "demo",
     ):
         assert command in out
+
+
+def test_help_imports_neither_the_launcher_nor_the_doctor_nor_pydantic(tmp_path) -> None:
+    """Every command pays for what dispatch imports: `herd --help` needs none of these."""
+    import os
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys; from torchherd.cli import main; main(['--help']); "
+        "print([m for m in ('torchherd.launch', 'torchherd.job', 'torchherd.preflight', "
+        "'torchherd.spec', 'pydantic', 'torch') if m in sys.modules])"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", probe],
+        cwd=tmp_path,
+        env=dict(os.environ, HERD_HOME=str(tmp_path / "home")),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip().splitlines()[-1] == "[]", run.stdout[-500:]
