@@ -13,7 +13,7 @@ from torchherd.cli import main
     [
         (["launch", "--nproc", "0", "train.py"], "--nproc"),
         (["launch", "--max-restarts", "many", "train.py"], "--max-restarts"),
-        (["bogus"], "No such command 'bogus'"),
+        (["bogus"], "herd has no command 'bogus'"),
         (["launch", "--detach", "--max-restarts", "1", "train.py"], "needs an attached launcher"),
         (["launch", "train.py", "--epochs", "3"], "training script train.py not found"),
     ],
@@ -74,3 +74,23 @@ def test_help_imports_neither_the_launcher_nor_the_doctor_nor_pydantic(tmp_path)
     )
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip().splitlines()[-1] == "[]", run.stdout[-500:]
+
+
+@pytest.mark.parametrize(
+    ("argv", "fix"),
+    [
+        (["run", "train.py"], "did you mean `herd launch`?"),
+        (["status"], "did you mean `herd ps`?"),
+        (["lanch", "train.py"], "did you mean `herd launch`?"),
+        (["bench", "nett"], "did you mean `herd bench net`?"),
+        (["--verison"], "did you mean --version? (herd -h lists every option)"),
+    ],
+)
+def test_a_mistyped_or_borrowed_name_gets_a_suggestion(
+    argv: list[str], fix: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"fix: {fix}" in err, err
+    assert "options for" not in err  # herd itself runs no script: no word about one
+    assert "Traceback" not in err

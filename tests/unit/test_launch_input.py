@@ -59,3 +59,15 @@ def test_a_dry_run_refuses_the_log_dir_the_launch_refuses(
     assert not (here / "logs").exists()
     assert main(["launch", "--dry-run", "--log-dir", str(here / "new" / "logs"), "train.py"]) == 0
     assert not (here / "new").exists()  # a dry run makes nothing
+
+
+def test_this_machine_named_in_h_is_told_to_leave_h_out(
+    here: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`-H localhost:2` (torchrun's habit) with no sshd here: the fix is to leave -H out, not to
+    start sshd or to edit a cluster file that was never used."""
+    code = main(["launch", "-H", "localhost:2", "train.py"])
+    err = capsys.readouterr().err
+    assert code == 3, err
+    assert "to run on this machine alone, leave -H out" in err, err
+    assert "cluster file" not in err, err
