@@ -257,6 +257,7 @@ def test_a_failed_jobs_page_shows_the_error_its_rank_raised(
     assert "First failure: node2 rank 1: exit code 1: ValueError: bad value 42" in text, text
     assert "message | ValueError: bad value 42" in text, text  # not "message | -"
     assert "The last lines of its stderr:" in text and "in check" in text, text
+    assert "hostname of the client socket" not in text and "[rank1]" not in text, text
     assert "loss (log scale)" in text and "step" in text
     assert "jobs/" in text and "/.." not in text  # the footer names the job's own folder
     png = screenshot(page, tmp_path, "report-failed.png")

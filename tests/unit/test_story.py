@@ -167,9 +167,11 @@ def test_the_first_failure_keeps_its_stderr_tail_on_the_page(tmp_path: Path) -> 
     from torchherd.logs import Failure, RunResult
 
     tail = (
-        "Traceback (most recent call last):",
-        '  File "train.py", line 9',
-        "ValueError: bad value 42",
+        "[W1124 16:45:07.299359013 socket.cpp:207] [c10d] The hostname of the client socket "
+        "cannot be retrieved. err=-3",
+        "[rank3]: Traceback (most recent call last):",
+        '[rank3]:   File "train.py", line 9',
+        "[rank3]: ValueError: bad value 42",
     )
     failure = Failure(host="gpu2", rank=3, exitcode=1, signal=None, message="", last_stderr=tail)
     kept = failure_record(RunResult(job_id="j", exit_code=1, first_failure=failure), [])
@@ -179,6 +181,8 @@ def test_the_first_failure_keeps_its_stderr_tail_on_the_page(tmp_path: Path) -> 
     assert "First failure: gpu2 rank 3: exit code 1: ValueError: bad value 42" in page
     assert "<td>ValueError: bad value 42</td>" in page  # the message row, not "-"
     assert "File &quot;train.py&quot;, line 9" in page  # the tail itself
+    assert "hostname of the client socket" not in page  # torch's chatter is not the error
+    assert "[rank3]" not in page  # the rank is named once, not on every line
 
 
 def test_loss_is_drawn_on_a_log_axis_with_round_ticks_and_a_labelled_step_axis() -> None:

@@ -10,13 +10,18 @@ from __future__ import annotations
 
 import html
 import os
+import re
 import time
 from pathlib import Path
 from typing import Any
 
 from .. import __version__
+from ..noise import is_noise
 from .gather import Story
 from .svg import OUTCOME_COLOURS, duration, line_chart, timeline
+
+# torch's prefix of every line a rank prints to stderr under torchrun (its --tee/--redirects).
+RANK_PREFIX = re.compile(r"^\[rank\d+\]:\s?", re.MULTILINE)
 
 # Attempt keys the table shows in columns of their own; any other key is listed as it is.
 KNOWN_KEYS = {
@@ -147,14 +152,26 @@ def headline(failure: dict[str, Any]) -> str:
 def error_line(failure: dict[str, Any]) -> str:
     """What the failing rank said: the record's message, else the last line of its stderr
     (a Python traceback ends with the exception, ``ValueError: bad value 42``)."""
-    message = str(failure.get("message") or "").strip().splitlines()
+    message = unprefixed(str(failure.get("message") or "")).strip().splitlines()
     if message:
         return message[0]
     tail = failure.get("stderr_tail")
     lines = (
         [str(line).strip() for line in tail if str(line).strip()] if isinstance(tail, list) else []
     )
-    return lines[-1] if lines else ""
+    return unprefixed(lines[-1]) if lines else ""
+
+
+def unprefixed(text: str) -> str:
+    """``text`` without torch's ``[rank1]:`` at the start of its lines: the page names the
+    rank already."""
+    return RANK_PREFIX.sub("", text)
+
+
+def stderr_shown(tail: list[Any]) -> list[str]:
+    """The stderr tail as the page shows it: torch's known chatter (c10d's reverse lookup, C++
+    frames) left out, as on the console, and the rank prefix dropped."""
+    return [unprefixed(str(line)) for line in tail if not is_noise(str(line), after_verdict=False)]
 
 
 def _facts(story: Story) -> str:
@@ -326,16 +343,14 @@ def _failure(story: Story, links: Links) -> str:
             if failure.get("signal")
             else f"exit code {failure.get('exitcode', '-')}",
         ],
-        ["message", str(failure.get("message") or error_line(failure) or "-")],
+        ["message", unprefixed(str(failure.get("message") or "")) or error_line(failure) or "-"],
         ["cause", str(failure.get("cause") or "not a known signature")],
         ["fix", str(failure.get("remedy") or "-")],
     ]
     rank = failure.get("rank")
     tail = failure.get("stderr_tail")
     said = (
-        "<p>The last lines of its stderr:</p><pre>"
-        + esc("\n".join(str(line) for line in tail))
-        + "</pre>"
+        "<p>The last lines of its stderr:</p><pre>" + esc("\n".join(stderr_shown(tail))) + "</pre>"
         if isinstance(tail, list) and tail
         else ""
     )
