@@ -65,6 +65,10 @@ class NodeNotReady(HerdError):
         self.hosts = hosts
 
 
+class NodesUnreachable(NodeNotReady):
+    """Nodes that ssh could not reach at all (a dry run goes on without them, offline)."""
+
+
 class JobFailed(HerdError):
     """The job ran and failed (exit 1)."""
 

@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from .agent.protocol import missing_module
-from .errors import NodeNotReady
+from .errors import NodeNotReady, NodesUnreachable
 from .facts import NodeFacts
 from .links import AgentLink
 from .plan import JobSpec, LaunchPlan, make_plan
@@ -33,7 +33,7 @@ async def connect_all(cluster: ClusterSpec, transport: Transport) -> None:
     failures = [r for r in results if r is not None]
     if failures:
         lines = "\n".join(f"  {f.describe()}\n    fix: {f.remedy}" for f in failures)
-        raise NodeNotReady(
+        raise NodesUnreachable(
             f"{len(failures)} of {len(cluster.nodes)} node(s) unreachable:\n{lines}",
             unreachable_remedy(cluster, [f.host for f in failures]),
             hosts=tuple(f.host for f in failures),

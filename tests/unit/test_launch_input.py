@@ -71,3 +71,40 @@ def test_this_machine_named_in_h_is_told_to_leave_h_out(
     assert code == 3, err
     assert "to run on this machine alone, leave -H out" in err, err
     assert "cluster file" not in err, err
+
+
+HOSTS_NOT_SET_UP = "gpu1.invalid:2,gpu2.invalid"  # RFC 6761: a name that never resolves
+
+
+def test_a_dry_run_works_offline_with_placeholders_a_note_and_the_restart_budget(
+    here: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["launch", "-H", HOSTS_NOT_SET_UP, "--max-restarts", "2", "--dry-run", "train.py"]
+    assert main([*argv, "--lr", "3"]) == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    assert "note: made offline, without the nodes" in out
+    assert "a launch probes every node first" in out
+    assert "note: 192.0.2.1 stands for gpu1.invalid's address" in out
+    assert "--rdzv-endpoint=192.0.2.1:29500" in out and "train.py --lr 3" in out
+    assert "herd restarts the whole job up to 2 time(s)" in out
+    assert "world size 3" in out
+
+
+def test_a_dry_run_gives_its_plan_as_json(here: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    argv = ["launch", "-H", HOSTS_NOT_SET_UP, "--max-restarts", "1", "--dry-run", "--json"]
+    assert main([*argv, "train.py"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["world_size"] == 3 and plan["restarts"]["max_restarts"] == 1
+    assert [n["host"] for n in plan["nodes"]] == ["gpu1.invalid", "gpu2.invalid"]
+    assert plan["nodes"][0]["rendezvous_host"] and plan["nodes"][0]["workers"] == 2
+    assert plan["nodes"][1]["command"][-1] == "train.py"
+    assert any("made offline" in note for note in plan["notes"])
+    assert main(["launch", "--json", "train.py"]) == 2  # a plan only with --dry-run
+    assert "--json goes with --dry-run" in capsys.readouterr().err
+
+
+def test_launch_help_says_a_dry_run_probes(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["launch", "--help"]) == 0
+    assert "probes every node" in " ".join(capsys.readouterr().out.split())

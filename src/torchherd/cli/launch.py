@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import json
 import os
 import re
 import sys
@@ -13,6 +14,7 @@ from typing import TYPE_CHECKING
 import typer
 
 if TYPE_CHECKING:
+    from ..plan import JobSpec, LaunchPlan
     from ..spec import ClusterSpec
 
 from ..errors import EXIT_SAVED, UsageError
@@ -117,7 +119,12 @@ def launch_command(
     dry_run: bool = typer.Option(
         False,
         "--dry-run",
-        help="Print what would run on each node (secrets masked); start nothing.",
+        help="Print what would run on each node (secrets masked) and herd's restart budget; "
+        "start nothing. Like a launch it probes every node over ssh (address, GPUs, a free "
+        "port); nodes it cannot reach get placeholder addresses, and a note says so.",
+    ),
+    as_json: bool = typer.Option(
+        False, "--json", help="With --dry-run: the plan as JSON (for scripts)."
     ),
     no_preflight: bool = typer.Option(
         False, "--no-preflight", help="Start even when a fast check fails."
@@ -175,6 +182,11 @@ def launch_command(
             "and a detached job has no launcher watching it",
             "drop --detach (run herd in tmux or screen to survive a closed terminal), "
             "or drop --max-restarts",
+        )
+    if as_json and not dry_run:
+        raise UsageError(
+            "--json goes with --dry-run (the plan)",
+            "add --dry-run; a running job's state is in `herd ps --json`",
         )
     if module and no_python:
         raise UsageError("-m and --no-python do not go together", "drop one of them")
@@ -235,7 +247,13 @@ def launch_command(
         if deadline is not None:
             deadline.cancel()
     if isinstance(result, LaunchPlan):
-        sys.stdout.write(result.render() + "\n")
+        budget = restart_budget(job, cluster.min_nodes)
+        if as_json:
+            print(json.dumps(plan_json(result, budget), indent=2))
+        else:
+            # the budget with the job's facts, above the nodes' blocks
+            head, _, nodes_text = result.render().partition("\n\n")
+            sys.stdout.write(f"{head}\n{budget['said']}\n\n{nodes_text}\n")
         return 0
     if result.exit_code == EXIT_SAVED:
         print(requeue_after_save(cluster, max_requeues), file=sys.stderr, flush=True)
@@ -346,3 +364,58 @@ def check_single_node(cluster: ClusterSpec) -> None:
     raise UsageError(
         f"{asked} is torchrun's option, and the nodes come from {cluster.source}: {what}", fix
     )
+
+
+def restart_budget(job: JobSpec, cluster_min_nodes: int | None) -> dict[str, object]:
+    """herd's own restart budget, which a dry run shows beside torchrun's --max-restarts=0
+    (herd restarts the whole job; torchrun restarts nothing by itself)."""
+    min_nodes = job.min_nodes if job.min_nodes is not None else cluster_min_nodes
+    if job.max_restarts:
+        said = (
+            f"restarts: herd restarts the whole job up to {job.max_restarts} time(s) after a "
+            "failure, a lost node or a hang (--max-restarts), and gives up after "
+            f"{job.crash_loop} in a row without step progress (--crash-loop); "
+            + (
+                f"a restart goes on with at least {min_nodes} node(s) (--min-nodes)"
+                if min_nodes
+                else "a restart needs every node (--min-nodes M to go on without lost ones)"
+            )
+        )
+    else:
+        said = "restarts: none; the job fails at its first failure (--max-restarts N)"
+    said += ". torchrun's --max-restarts=0 is on purpose: herd restarts, not torchrun."
+    return {
+        "max_restarts": job.max_restarts,
+        "crash_loop": job.crash_loop,
+        "min_nodes": min_nodes,
+        "said": said,
+    }
+
+
+def plan_json(plan: LaunchPlan, budget: dict[str, object]) -> dict[str, object]:
+    """The plan as `herd launch --dry-run --json` prints it (secrets masked)."""
+    from ..redact import redact_argv, redact_env
+
+    secrets = plan.secret_env.values()
+    return {
+        "job_id": plan.job_id,
+        "world_size": plan.world_size,
+        "rendezvous": plan.rdzv_endpoint,
+        "workdir": plan.workdir,
+        "restarts": {k: v for k, v in budget.items() if k != "said"},
+        "warnings": list(plan.warnings),
+        "notes": list(plan.notes),
+        "secrets": sorted(plan.secret_env),
+        "nodes": [
+            {
+                "host": node.host,
+                "rendezvous_host": node.is_host,
+                "workers": node.nproc,
+                "address": node.local_addr,
+                "interface": node.iface,
+                "env": dict(redact_env(node.env, secrets)),
+                "command": list(redact_argv(node.argv, secrets)),
+            }
+            for node in plan.nodes
+        ],
+    }
