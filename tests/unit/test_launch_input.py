@@ -108,3 +108,15 @@ def test_a_dry_run_gives_its_plan_as_json(here: Path, capsys: pytest.CaptureFixt
 def test_launch_help_says_a_dry_run_probes(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["launch", "--help"]) == 0
     assert "probes every node" in " ".join(capsys.readouterr().out.split())
+
+
+def test_a_herd_option_after_the_script_is_passed_on_with_a_warning(
+    here: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["launch", "--dry-run", "train.py", "--nproc", "2", "--lr", "3"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.rstrip().endswith("train.py --nproc 2 --lr 3")  # the script's still
+    assert "world size 1" in captured.out
+    assert "warning: --nproc comes after train.py, so it goes to the script" in captured.err
+    assert main(["launch", "--dry-run", "train.py", "--lr", "3"]) == 0
+    assert "warning" not in capsys.readouterr().err

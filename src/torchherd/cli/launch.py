@@ -213,6 +213,7 @@ def launch_command(
                 "(herd sync copies it to the nodes)",
             )
         entry, is_module = (script, *args), False
+    warn_misplaced_options(entry)
     if log_dir is not None:
         # The job record keeps this path, and `herd logs` reads it from any directory.
         log_dir = log_dir.expanduser().absolute()
@@ -419,3 +420,28 @@ def plan_json(plan: LaunchPlan, budget: dict[str, object]) -> dict[str, object]:
             for node in plan.nodes
         ],
     }
+
+
+# herd's options that a script seldom has of its own: after the script they are the script's,
+# which is seldom what was meant (`herd launch train.py --nproc 2` runs at world size 1).
+HERD_ONLY = (
+    "--nproc", "--nproc-per-node", "--nproc_per_node", "--max-restarts", "--max_restarts",
+    "--hosts", "--nnodes", "--min-nodes", "--spares", "--hang-timeout", "--dry-run", "--detach",
+    "--crash-loop",
+)  # fmt: skip
+
+
+def warn_misplaced_options(entry: tuple[str, ...] | list[str]) -> None:
+    """Say on stderr when the script's arguments hold one of herd's own options: they go to
+    the script as typed (herd never takes them back), but a user who meant herd's hears of it."""
+    script, *args = entry
+    for word in args:
+        if word == "--":
+            return
+        name = word.split("=", 1)[0]
+        if name in HERD_ONLY:
+            print(
+                f"herd: warning: {name} comes after {script}, so it goes to the script, not to "
+                f"herd; herd's options go before the script (herd launch {name} ... {script})",
+                file=sys.stderr,
+            )
