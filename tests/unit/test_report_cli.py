@@ -65,3 +65,25 @@ def test_open_hands_the_page_to_the_browser(
     page = Path(record.log_dir) / "report.html"
     assert asked.read_text().strip() == page.as_uri()
     assert os.path.exists(page)
+
+
+def test_logs_as_json_lines(herd_home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    record = saved_job(herd_home)
+    (Path(record.log_dir) / "output.log").write_text(
+        "herd: job 1122-000000-abcd: 1 node(s)\n"
+        "gpu1:0 | step 1 | loss 2.0\n"
+        "gpu1   | W1124 agent line\n"
+    )
+    (Path(record.log_dir) / "rank-0.log").write_text("step 1 | loss 2.0\n")
+    assert main(["logs", record.id, "--json"]) == 0
+    lines = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    assert lines == [
+        {"host": None, "rank": None, "text": "herd: job 1122-000000-abcd: 1 node(s)"},
+        {"host": "gpu1", "rank": 0, "text": "step 1 | loss 2.0"},
+        {"host": "gpu1", "rank": None, "text": "W1124 agent line"},
+    ]
+    assert main(["logs", record.id, "--rank", "0", "--json"]) == 0
+    one = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    assert one == [{"host": None, "rank": 0, "text": "step 1 | loss 2.0"}]

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 import time
-from typing import Any
+from typing import Any, TextIO
 
 import typer
 from rich.table import Table
@@ -174,6 +175,12 @@ def logs_command(
         help="Print the workers' stacks herd took before it stopped the job (a hang, a lost "
         "node, a failure), and which ranks it found behind.",
     ),
+    as_json: bool = typer.Option(
+        False,
+        "--json",
+        help='One JSON object a line: {"host", "rank", "text"} (host and rank null for '
+        "herd's own lines).",
+    ),
 ) -> int:
     """Print a job's output (the latest job's without JOB): every rank with host:rank
     prefixes, or one rank's lines.
@@ -189,8 +196,47 @@ def logs_command(
     if stacks:
         show_stacks(record, rank, sys.stdout)
         return EXIT_OK
+    if as_json:
+        lines = JsonLines(sys.stdout, rank)
+        show_logs(record, rank, follow, lines)  # type: ignore[arg-type]
+        lines.close()
+        return EXIT_OK
     show_logs(record, rank, follow, sys.stdout)
     return EXIT_OK
+
+
+class JsonLines:
+    """A stream for `herd logs --json`: each line it is given ("node2:1 | text", a rank's own
+    file's "text", herd's "herd: ...") written as one JSON object."""
+
+    LABEL = re.compile(r"^(?P<host>[^\s|:]+)(?::(?P<rank>\d+))?\s* \| (?P<text>.*)$")
+
+    def __init__(self, out: TextIO, rank: int | None) -> None:
+        self.out, self.rank, self.pending = out, rank, ""
+
+    def write(self, text: str) -> int:
+        self.pending += text
+        *lines, self.pending = self.pending.split("\n")
+        for line in lines:
+            self.out.write(json.dumps(self.parse(line)) + "\n")
+        return len(text)
+
+    def parse(self, line: str) -> dict[str, Any]:
+        if self.rank is not None:  # one rank's own file: its lines as printed
+            return {"host": None, "rank": self.rank, "text": line}
+        found = self.LABEL.match(line)
+        if found is None:
+            return {"host": None, "rank": None, "text": line}
+        rank = found["rank"]
+        return {"host": found["host"], "rank": int(rank) if rank else None, "text": found["text"]}
+
+    def flush(self) -> None:
+        self.out.flush()
+
+    def close(self) -> None:
+        if self.pending:
+            self.write("\n")
+        self.flush()
 
 
 @app.command("stop", cls=HerdCommand)
