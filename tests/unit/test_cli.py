@@ -94,3 +94,46 @@ def test_a_mistyped_or_borrowed_name_gets_a_suggestion(
     assert f"fix: {fix}" in err, err
     assert "options for" not in err  # herd itself runs no script: no word about one
     assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("argv", [["launch", "--help"], ["doctor", "--help"], ["report", "--help"]])
+def test_help_at_80_columns_is_wrapped_once(argv: list[str], tmp_path) -> None:
+    """A docstring's own line breaks are not kept: at 80 columns a line of a command's
+    description that its paragraph goes on after is nearly full, never an orphan word."""
+    import os
+    import subprocess
+    import sys
+
+    run = subprocess.run(
+        [sys.executable, "-m", "torchherd", *argv],
+        cwd=tmp_path,
+        env=dict(os.environ, COLUMNS="80", HERD_HOME=str(tmp_path)),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert run.returncode == 0, run.stderr
+    text = [
+        line.strip()
+        for line in run.stdout.splitlines()
+        if not line.lstrip().startswith(("│", "╭", "╰", "Usage:"))
+    ]
+    for line, following in zip(text, text[1:], strict=False):
+        if line and following and not following.startswith(("-", "*")):
+            assert len(line) >= 50, f"an orphan line {line!r} before {following!r}"
+
+
+def test_every_commands_help_is_unwrapped() -> None:
+    """What --help shows of each command (the root's list too) has no line break inside a
+    paragraph but before a list item."""
+    import typer.main
+
+    from torchherd.cli.dispatch import app
+
+    root = typer.main.get_command(app)
+    groups = [root, *(c for c in root.commands.values() if hasattr(c, "commands"))]
+    commands = [c for g in groups for c in g.commands.values()]
+    for command in commands:
+        for paragraph in (command.help or "").split("\n\n"):
+            for line in paragraph.splitlines()[1:]:
+                assert line.startswith(("- ", "* ", "  ")), (command.name, paragraph)

@@ -102,6 +102,23 @@ def flags_without_values(params: list[Any]) -> list[Any]:
     return params
 
 
+def unwrapped(text: str) -> str:
+    """A docstring's paragraphs as single lines: rich keeps a docstring's line breaks, so text
+    wrapped at 96 columns in the source was wrapped again at 80 (an orphan word on every other
+    line). A line starting a list item ("- ") or indented stays a line of its own."""
+    paragraphs = []
+    for paragraph in text.strip().split("\n\n"):
+        lines: list[str] = []
+        for line in paragraph.splitlines():
+            item = line.startswith(("- ", "* ", "  "))
+            if lines and not item:
+                lines[-1] += " " + line.strip()
+            else:
+                lines.append(line.rstrip())
+        paragraphs.append("\n".join(lines))
+    return "\n\n".join(paragraphs)
+
+
 class FlagsAsFlags:
     """Shows a command's or group's flags (its -h/--help too) without a value in --help."""
 
@@ -110,6 +127,8 @@ class FlagsAsFlags:
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         flags_without_values(self.params)
+        if getattr(self, "help", None):
+            self.help = unwrapped(self.help)  # type: ignore[has-type]
 
     def get_help_option(self, ctx: Any) -> Any:
         option = super().get_help_option(ctx)  # type: ignore[misc]
