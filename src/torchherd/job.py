@@ -164,6 +164,7 @@ class JobRun:
         self.output.note(banner(plan, self.prepared.cluster))
         for warning in plan.warnings:
             self.output.note(f"herd: warning: {warning}")
+        self.output.until_first_line(f"starting {plan.world_size} worker(s)")
         started = time.monotonic()
         best_step: int | None = None
         no_progress = 0

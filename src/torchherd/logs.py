@@ -119,6 +119,8 @@ class JobOutput:
         self.files = LogFiles(log_dir, self.console)
         self.chatter = Chatter()
         """torch's known chatter, left out of the console (see torchherd.noise)."""
+        self._first_line = threading.Event()
+        self._first_line.set()  # nothing awaited until until_first_line()
         self._flushed = time.monotonic()
 
     def prefix(self, host: str, rank: int | None) -> str:
@@ -131,6 +133,7 @@ class JobOutput:
     def lines(self, host: str, batch: Iterable[tuple[int | None, str]]) -> None:
         """Worker lines of one node (its agent sends them in batches): one hand-over to the
         console's thread and one to the files' for the whole batch."""
+        self._first_line.set()
         shown: list[str] = []
         kept: list[tuple[str | None, str, str | None]] = []
         for rank, said in batch:
@@ -149,6 +152,22 @@ class JobOutput:
         self.files.write_many(kept)
         if time.monotonic() - self._flushed > FLUSH_EVERY:
             self.flush()
+
+    def until_first_line(self, what: str) -> None:
+        """On a terminal, a status line ("herd: starting the workers (4 s)") from now until the
+        first worker line: the seconds between the banner and the first output otherwise look
+        like a hang. Not written to a pipe or a file, nor to the logs."""
+        if not self.stream.isatty():
+            return
+        self._first_line.clear()
+        started = time.monotonic()
+
+        def tick() -> None:
+            while not self._first_line.wait(1.0):
+                self.console.status(f"herd: {what} ({time.monotonic() - started:.0f} s)")
+            self.console.status("")
+
+        threading.Thread(target=tick, name="herd-status", daemon=True).start()
 
     def verdict_given(self) -> None:
         """herd has said how this attempt ends and is stopping it: from here the dying words
@@ -173,6 +192,7 @@ class JobOutput:
         self.files.flush()
 
     def close(self) -> None:
+        self._first_line.set()
         self.flush()
         self.files.close()
         self.console.close()

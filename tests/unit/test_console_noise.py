@@ -74,3 +74,42 @@ def test_torchs_chatter_is_kept_in_the_files_not_on_the_console(
     # a new attempt's lines matter again
     job.attempt_started()
     assert job.chatter.shown(STOPPING[0]) and not job.chatter.shown(ALWAYS[0])
+
+
+def test_a_status_line_covers_the_wait_for_the_first_worker_line_on_a_terminal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a real terminal (a pty): "herd: starting 4 worker(s) (N s)" is shown, replaced in
+    place, until the first worker line, which clears it; the log files never see it."""
+    import os
+    import select
+    import time
+
+    monkeypatch.setenv("HERD_HOME", str(tmp_path / "home"))
+    master, slave = os.openpty()
+    terminal = open(slave, "w", encoding="utf-8")  # noqa: SIM115 - closed below
+    job = JobOutput(tmp_path / "home" / "jobs" / "j", ["node1"], 1, stream=terminal, color=False)
+    job.until_first_line("starting 4 worker(s)")
+    seen = b""
+    deadline = time.monotonic() + 30
+    while b"starting 4 worker(s) (" not in seen and time.monotonic() < deadline:
+        if select.select([master], [], [], 0.5)[0]:
+            seen += os.read(master, 4096)
+    assert b"\r\x1b[Kherd: starting 4 worker(s) (" in seen, seen
+    job.lines("node1", [(0, "hello from rank 0")])
+    job.close()
+    while select.select([master], [], [], 0.5)[0]:
+        seen += os.read(master, 4096)
+    terminal.close()
+    os.close(master)
+    after = seen.split(b"hello from rank 0")[0]
+    assert after.endswith(b"\r\x1b[Knode1:0 | "), seen  # cleared before the worker line
+    assert "starting" not in (job.log_dir / "output.log").read_text()
+
+
+def test_no_status_line_off_a_terminal(output: tuple[JobOutput, io.StringIO]) -> None:
+    job, stream = output
+    job.until_first_line("starting 2 worker(s)")
+    job.lines("node1", [(0, "hello")])
+    job.close()
+    assert "\x1b" not in stream.getvalue() and "starting" not in stream.getvalue()
