@@ -197,3 +197,24 @@ def test_loss_is_drawn_on_a_log_axis_with_round_ticks_and_a_labelled_step_axis()
     assert {"100", "200", "300"} <= set(labels), labels  # round steps between first and last
     linear = line_chart([(1.0, -1.0), (2.0, 3.0)], "value", log=True)  # not all above zero
     assert "log scale" not in linear and "-1" in re.findall(r">([^<>]+)</text>", linear)
+
+
+def test_start_phases_and_each_nodes_step_times_are_shown_where_the_record_has_them(
+    tmp_path: Path,
+) -> None:
+    first = attempt_entry(0, [{"host": "gpu1", "nproc": 2}], 2, None)
+    first["phases"] = {"connect": 0.5, "probe": 1.0, "rendezvous": 2.5}
+    first["nodes"] = [
+        {"host": "gpu1", "nproc": 2, "step_times": [[1, 0.2], [2, 0.25], [3, 0.21]]},
+        {"host": "gpu2", "nproc": 2, "step_times": [[1, 0.4], [2, 0.45]]},
+    ]
+    record = job(tmp_path, attempts=[first])
+    page = render(gather(record), Path(record.log_dir) / "report.html")
+    assert "<h2>Start of each attempt</h2>" in page
+    assert "<td>rendezvous</td><td>2.50</td><td>62 %</td>" in page
+    assert "<td>total</td><td>4.00</td><td>100 %</td>" in page
+    assert "step time (s), gpu1" in page and "step time (s), gpu2" in page
+    assert "phases:" not in page  # not listed again among the keys a newer herd adds
+    plain = job(tmp_path / "plain", attempts=[attempt_entry(0, [{"host": "gpu1"}], 1, None)])
+    shown = render(gather(plain), Path(plain.log_dir) / "report.html")
+    assert "Start of each attempt" not in shown and "Step time per node" not in shown

@@ -26,7 +26,7 @@ RANK_PREFIX = re.compile(r"^\[rank\d+\]:\s?", re.MULTILINE)
 # Attempt keys the table shows in columns of their own; any other key is listed as it is.
 KNOWN_KEYS = {
     "n", "started", "ended", "nodes", "world_size", "rdzv_endpoint", "how", "why", "outcome",
-    "noticed", "failure", "behind", "stacks_dir", "max_step",
+    "noticed", "failure", "behind", "stacks_dir", "max_step", "phases",
 }  # fmt: skip
 
 STYLE = """
@@ -96,7 +96,9 @@ def render(story: Story, page: Path) -> str:
         _verdict(story),
         _facts(story),
         _attempts(story, links),
+        _phases(story),
         _rates(story),
+        _step_times(story),
         _metrics(story),
         _failure(story, links),
         _files(story, links),
@@ -301,6 +303,51 @@ def _rates(story: Story) -> str:
         "less the one before it, over the attempt's run time (a resume from an earlier snapshot "
         "makes it a little high). In data-parallel training every node steps together.</p>"
     )
+
+
+def _phases(story: Story) -> str:
+    """How each attempt's start was spent, where the record has it: an attempt's ``phases``,
+    {phase: seconds} in the order they ran (connect, probe, plan, rendezvous, ...)."""
+    rows = []
+    for a in story.attempts:
+        phases = a.get("phases")
+        if not isinstance(phases, dict):
+            continue
+        timed = {k: v for k, v in phases.items() if isinstance(v, int | float)}
+        total = sum(timed.values())
+        for name, seconds in timed.items():
+            share = f"{100 * seconds / total:.0f} %" if total > 0 else "-"
+            rows.append([str(a.get("n", "-")), str(name), f"{seconds:.2f}", share])
+        rows.append([str(a.get("n", "-")), "total", f"{total:.2f}", "100 %"])
+    if not rows:
+        return ""
+    return "<h2>Start of each attempt</h2>" + table(["attempt", "phase", "seconds", "share"], rows)
+
+
+def _step_times(story: Story) -> str:
+    """Each node's step time over the run, where the record has it: a node's ``step_times``,
+    [[step, seconds], ...], in each attempt (one curve per node, attempts joined)."""
+    series: dict[str, list[tuple[float, float]]] = {}
+    for a in story.attempts:
+        for node in a.get("nodes") or []:
+            if not isinstance(node, dict) or not isinstance(node.get("step_times"), list):
+                continue
+            points = series.setdefault(str(node.get("host", "?")), [])
+            for point in node["step_times"]:
+                if (
+                    isinstance(point, list | tuple)
+                    and len(point) == 2
+                    and all(isinstance(v, int | float) for v in point)
+                ):
+                    points.append((float(point[0]), float(point[1])))
+    charts = [
+        line_chart(sorted(points), f"step time (s), {host}", "#8e5cc2")
+        for host, points in series.items()
+        if len(points) >= 2
+    ]
+    if not charts:
+        return ""
+    return f'<h2>Step time per node</h2><div class="charts">{"".join(charts)}</div>'
 
 
 def _first(mapping: dict[str, Any], *keys: str) -> Any:
