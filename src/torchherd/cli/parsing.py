@@ -127,8 +127,9 @@ class FlagsAsFlags:
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         flags_without_values(self.params)
-        if getattr(self, "help", None):
-            self.help = unwrapped(self.help)  # type: ignore[has-type]
+        text = getattr(self, "help", None)
+        if text:
+            setattr(self, "help", unwrapped(text))  # noqa: B010 - a click attribute
 
     def get_help_option(self, ctx: Any) -> Any:
         option = super().get_help_option(ctx)  # type: ignore[misc]
