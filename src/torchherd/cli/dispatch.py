@@ -13,6 +13,7 @@ import typer
 
 from ..errors import EXIT_INTERRUPTED, EXIT_USAGE, HerdError
 from .app import app, state
+from .parsing import InterruptedCommand
 
 # Command modules: importing one registers its commands on `app` (in this order in --help).
 # isort: off
@@ -39,6 +40,9 @@ def dispatch(argv: list[str] | None = None) -> int:
         result = app(args=args, prog_name="herd", standalone_mode=False)
     except typer.Exit as exc:
         return int(exc.exit_code)
+    except InterruptedCommand:
+        print("herd: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
     except typer.Abort:
         print("herd: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED

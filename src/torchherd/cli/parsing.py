@@ -136,6 +136,11 @@ class FlagsAsFlags:
         return flags_without_values([option])[0] if option is not None else None
 
 
+class InterruptedCommand(Exception):
+    """Ctrl-C while a command ran (its imports are lazy: often during them). typer would turn
+    it into a silent exit 130; dispatch says "herd: interrupted" instead."""
+
+
 class HerdGroup(FlagsAsFlags, TyperGroup):
     """The root command and `herd bench`: flags shown without a value, as on commands."""
 
@@ -151,6 +156,12 @@ class HerdCommand(FlagsAsFlags, TyperCommand):
 
     def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
         return super().parse_args(ctx, self.herd_options_first(args))
+
+    def invoke(self, ctx: Any) -> Any:
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt:
+            raise InterruptedCommand() from None
 
     def herd_options_first(self, args: list[str]) -> list[str]:
         """``args`` with torchrun's spellings made herd's, ``--debug`` taken out, and ``--``
