@@ -132,7 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     last = get_last_checkpoint(args.run_dir) if Path(args.run_dir).is_dir() else None
     trainer.train(resume_from_checkpoint=last)
     if trainer.is_world_process_zero():
-        print(f"done: {trainer.state.global_step} steps, resumed from {last}")
+        start = f"resumed from {last}" if last else "from the start"
+        print(f"done: {trainer.state.global_step} steps, {start}")
     if torch.distributed.is_initialized():
         # The Trainer leaves its process group to interpreter exit, where destroying it while
         # a Gloo thread still finishes the last collective can hang or abort the process.

@@ -122,6 +122,7 @@ class Attempt:
         self.cluster = cluster
         self.transport = transport
         self.output = output
+        output.attempt_started()
         self.links = links
         """The job's links by host, shared: new ones are added, ended ones stay (ended)."""
         self.number = number
@@ -251,6 +252,7 @@ class Attempt:
             return
         self._ending = True
         self.stopping = True
+        self.output.verdict_given()
         self.output.note("herd: killing the job on every node")
         self.teardown.kill([h for h, node in self.nodes.items() if not node.done])
 
@@ -278,6 +280,7 @@ class Attempt:
         """Stop every node (with ``stacks``, each takes its workers' stacks first)."""
         self._ending = True
         self.stopping = True
+        self.output.verdict_given()
         for host, node in self.nodes.items():
             if host != except_host:
                 self._tell_stop(node, stacks=stacks)

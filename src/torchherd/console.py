@@ -18,6 +18,13 @@ from typing import TextIO
 # Lines that may wait for a slow console before worker lines are left out of it.
 QUEUE_LINES = 10_000
 _STOP = object()
+# Back to the line's start, and clear it: a status line is replaced, never scrolled.
+CLEAR_LINE = "\r\x1b[K"
+
+
+class _Status(str):
+    """A transient status line (a terminal's): written without a newline, cleared before the
+    next thing written."""
 
 
 class Console:
@@ -56,6 +63,12 @@ class Console:
         if not self.gone:
             self._queue.put(text)
 
+    def status(self, text: str) -> None:
+        """Show ``text`` as the status line (replacing the last; "" clears it). For terminals
+        only: the caller asks only when the stream is one."""
+        if not self.gone:
+            self._queue.put(_Status(text))
+
     def flush(self) -> None:
         """Ask the writer to flush once it has written what waits (does not wait for it)."""
         if not self.gone:
@@ -68,13 +81,24 @@ class Console:
         self._thread.join(timeout)
 
     def _write(self) -> None:
+        shown = False  # a status line is on the screen
         while True:
             item = self._queue.get()
             if item is _STOP:
+                if shown:
+                    self._safely(lambda: self.stream.write(CLEAR_LINE))
                 self._safely(self.stream.flush)
                 return
             if self.gone:
                 continue
+            if isinstance(item, _Status):
+                self._safely(lambda s=str(item): self.stream.write(CLEAR_LINE + s))
+                self._safely(self.stream.flush)
+                shown = bool(item)
+                continue
+            if shown and item is not None:
+                self._safely(lambda: self.stream.write(CLEAR_LINE))
+                shown = False
             with self._lock:
                 dropped, self._dropped = self._dropped, 0
             if dropped:

@@ -46,6 +46,15 @@ class UsageError(ConfigError):
     """The command line itself is wrong: a missing script, a conflicting option (exit 2)."""
 
 
+def cannot_write(path: object, exc: OSError, option: str = "-o") -> UsageError:
+    """An output file herd was told to write and cannot (a read-only folder, /proc, a full
+    disk): said as a user error, not a traceback."""
+    why = exc.strerror or str(exc)
+    return UsageError(
+        f"cannot write {path}: {why}", f"give {option} a path in a folder you can write"
+    )
+
+
 class NodeNotReady(HerdError):
     """One or more nodes cannot run the job: unreachable, no python, no torch (exit 3)."""
 
@@ -54,6 +63,10 @@ class NodeNotReady(HerdError):
     def __init__(self, message: str, remedy: str = "", hosts: tuple[str, ...] = ()) -> None:
         super().__init__(message, remedy)
         self.hosts = hosts
+
+
+class NodesUnreachable(NodeNotReady):
+    """Nodes that ssh could not reach at all (a dry run goes on without them, offline)."""
 
 
 class JobFailed(HerdError):

@@ -184,6 +184,7 @@ class JobRun:
         self.output.note(banner(plan, self.prepared.cluster))
         for warning in plan.warnings:
             self.output.note(f"herd: warning: {warning}")
+        self.output.until_first_line(f"starting {plan.world_size} worker(s)")
         started = time.monotonic()
         result: RunResult = RunResult(plan.job_id, EXIT_JOB_FAILED, log_dir=self.log_dir)
         try:
@@ -523,6 +524,11 @@ def outcome_of(result: RunResult) -> str:
     return "failed"
 
 
+# The failing rank's last stderr lines the record keeps (the console shows ten): what the
+# report page shows under the first failure once the console has scrolled away.
+STDERR_KEPT = 20
+
+
 def failure_record(result: RunResult, secrets: list[str]) -> dict[str, Any] | None:
     failure = result.first_failure
     if failure is None:
@@ -533,6 +539,7 @@ def failure_record(result: RunResult, secrets: list[str]) -> dict[str, Any] | No
         "exitcode": failure.exitcode,
         "signal": failure.signal,
         "message": redact_text(failure.message, secrets),
+        "stderr_tail": [redact_text(line, secrets) for line in failure.last_stderr[-STDERR_KEPT:]],
         "cause": failure.cause,
         "remedy": failure.remedy,
     }

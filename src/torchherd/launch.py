@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
-from .errors import EXIT_SAVED, ConfigError, Interrupted
+from .errors import EXIT_SAVED, ConfigError, Interrupted, NodesUnreachable
 from .job import JobRun, banner
 from .jobs import job_dir
 from .logs import RunResult
@@ -117,6 +117,12 @@ async def _launch(
         _on_save_signal(loop, time_limit_before_start)
         try:
             prepared = await preparing
+        except NodesUnreachable as exc:
+            if not options.dry_run:
+                raise
+            from .dry_run import offline_plan
+
+            return offline_plan(cluster, job, exc.message)
         except asyncio.CancelledError:
             if time_limit:
                 stream.write("herd: the time limit is near; the job was not started\n")

@@ -20,6 +20,7 @@ from .agent.protocol import readable_failure
 from .console import Console
 from .files import open_private, private_dir
 from .jobs import herd_home
+from .noise import Chatter
 from .redact import redact_text
 
 # Seconds output may sit in buffers: lines reach a pipe, `herd logs` and the files this late at
@@ -116,6 +117,10 @@ class JobOutput:
         self.width = max(len(h) for h in hosts) + 1 + len(str(max(world_size - 1, 0)))
         self._secrets = [s for s in secrets if s]
         self.files = LogFiles(log_dir, self.console)
+        self.chatter = Chatter()
+        """torch's known chatter, left out of the console (see torchherd.noise)."""
+        self._first_line = threading.Event()
+        self._first_line.set()  # nothing awaited until until_first_line()
         self._flushed = time.monotonic()
 
     def prefix(self, host: str, rank: int | None) -> str:
@@ -128,12 +133,14 @@ class JobOutput:
     def lines(self, host: str, batch: Iterable[tuple[int | None, str]]) -> None:
         """Worker lines of one node (its agent sends them in batches): one hand-over to the
         console's thread and one to the files' for the whole batch."""
+        self._first_line.set()
         shown: list[str] = []
         kept: list[tuple[str | None, str, str | None]] = []
         for rank, said in batch:
             text = redact_text(said, self._secrets) if self._secrets else said
             label = self.prefix(host, rank)
-            if self.ranks is None or rank is None or rank in self.ranks:
+            wanted = self.ranks is None or rank is None or rank in self.ranks
+            if wanted and self.chatter.shown(text):
                 if self.color:
                     code = self._colors.get(host, "0") if rank is not None else _DIM
                     shown.append(f"\x1b[{code}m{label}\x1b[0m | {text}")
@@ -145,6 +152,31 @@ class JobOutput:
         self.files.write_many(kept)
         if time.monotonic() - self._flushed > FLUSH_EVERY:
             self.flush()
+
+    def until_first_line(self, what: str) -> None:
+        """On a terminal, a status line ("herd: starting the workers (4 s)") from now until the
+        first worker line: the seconds between the banner and the first output otherwise look
+        like a hang. Not written to a pipe or a file, nor to the logs."""
+        if not self.stream.isatty():
+            return
+        self._first_line.clear()
+        started = time.monotonic()
+
+        def tick() -> None:
+            while not self._first_line.wait(1.0):
+                self.console.status(f"herd: {what} ({time.monotonic() - started:.0f} s)")
+            self.console.status("")
+
+        threading.Thread(target=tick, name="herd-status", daemon=True).start()
+
+    def verdict_given(self) -> None:
+        """herd has said how this attempt ends and is stopping it: from here the dying words
+        of its ranks and agents go to the files only."""
+        self.chatter.verdict()
+
+    def attempt_started(self) -> None:
+        """A new attempt: its lines matter again."""
+        self.chatter.next_attempt()
 
     def note(self, text: str) -> None:
         """herd's own words (banner, restarts, summary): console and merged log."""
@@ -160,6 +192,7 @@ class JobOutput:
         self.files.flush()
 
     def close(self) -> None:
+        self._first_line.set()
         self.flush()
         self.files.close()
         self.console.close()

@@ -135,6 +135,8 @@ class LaunchPlan:
     """What launched it (JobSpec.kind), for its record."""
     warnings: tuple[str, ...] = ()
     """What will work badly though it starts (more CPU workers than cores): said at launch."""
+    notes: tuple[str, ...] = ()
+    """What a dry run could not know (a plan made offline: placeholders and why)."""
 
     def render(self) -> str:
         """The plan as text for `herd launch --dry-run`; secrets are masked."""
@@ -146,6 +148,7 @@ class LaunchPlan:
         if self.secret_env:
             lines.append("secrets (env_file): " + ", ".join(f"{k}={MASK}" for k in self.secret_env))
         lines.extend(f"warning: {text}" for text in self.warnings)
+        lines.extend(f"note: {text}" for text in self.notes)
         for node in self.nodes:
             role = "rendezvous host" if node.is_host else "worker node"
             lines.append("")

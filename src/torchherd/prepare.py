@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from .agent.protocol import missing_module
-from .errors import NodeNotReady
+from .errors import NodeNotReady, NodesUnreachable
 from .facts import NodeFacts
 from .links import AgentLink
 from .plan import JobSpec, LaunchPlan, make_plan
@@ -33,11 +33,28 @@ async def connect_all(cluster: ClusterSpec, transport: Transport) -> None:
     failures = [r for r in results if r is not None]
     if failures:
         lines = "\n".join(f"  {f.describe()}\n    fix: {f.remedy}" for f in failures)
-        raise NodeNotReady(
+        raise NodesUnreachable(
             f"{len(failures)} of {len(cluster.nodes)} node(s) unreachable:\n{lines}",
-            "fix the nodes above, or leave them out of the cluster file",
+            unreachable_remedy(cluster, [f.host for f in failures]),
             hosts=tuple(f.host for f in failures),
         )
+
+
+# Names of this machine a user may type for "here" (-H localhost:2, torchrun's habit).
+THIS_MACHINE = {"localhost", "127.0.0.1", "::1", "localhost.localdomain"}
+
+
+def unreachable_remedy(cluster: ClusterSpec, hosts: list[str]) -> str:
+    """What to do about nodes that cannot be reached, in the words of where they came from:
+    -H or a cluster file; this machine, named, needs no ssh at all."""
+    where = "-H" if cluster.source == "-H" else "the cluster file"
+    fix = f"fix the nodes above, or leave them out of {where}"
+    if cluster.source == "-H" and {h.split("@")[-1] for h in hosts} & THIS_MACHINE:
+        fix = (
+            "to run on this machine alone, leave -H out (herd launch --nproc N train.py runs "
+            f"N workers here, without ssh); else {fix}"
+        )
+    return fix
 
 
 async def probe_all(

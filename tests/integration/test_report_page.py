@@ -1,4 +1,5 @@
-"""`herd report JOB` after a real job with a restart, looked at in a real browser.
+"""`herd report JOB` after real jobs (one with a restart, one that failed, `herd demo`), looked
+at in a real browser.
 
 Two testbed nodes; the worker on node2 kills itself (SIGKILL) in the first attempt once the
 snapshot at step 40 exists; herd takes node1's stacks, restarts the job, the Trainer resumes and
@@ -6,6 +7,8 @@ finishes. The page herd writes is loaded in headless Chromium (Debian's package)
 and a screenshot taken: a reader must see how the job ended, the two attempts on the timeline
 (the failed one red, the restart green), how herd noticed the fault, the first failure, the step
 rate per node, the loss curve, and links to every rank's log and the stacks that lead to files.
+A failed job's page shows the error its rank raised and that rank's last stderr lines; the
+demo's page shows its curves. With HERD_REPORT_SHOTS=DIR the screenshots are copied there.
 """
 
 from __future__ import annotations
@@ -190,14 +193,94 @@ def test_the_report_page_tells_a_restarted_jobs_story(testbed: Testbed, tmp_path
     assert {"rank-0.log", "rank-1.log", "output.log", "node1-rank-0.txt"} <= names, names
     assert all(t.exists() for t in targets), [t for t in targets if not t.exists()]
 
-    shot = tmp_path / "report.png"
-    taken = browse(
-        page, tmp_path / "profile-shot", "--window-size=1200,1600", f"--screenshot={shot}"
-    )
-    assert taken.returncode == 0 and shot.exists(), taken.stderr[-2000:]
-    png = shot.read_bytes()
+    png = screenshot(page, tmp_path, "report-restarted.png")
     width, height, rows = pixels(png)
     assert (width, height) == (1200, 1600)
     assert len({row for row in rows}) > 200  # not a blank page: many different lines
     assert colour_share(png, (0xD1, 0x49, 0x5B)) > 0.001  # the failed attempt's red bar
     assert colour_share(png, (0x2A, 0x9D, 0x5C)) > 0.001  # the successful restart's green
+
+
+def read_page(page: Path, profile: Path) -> tuple[str, Page]:
+    dom = browse(page, profile, "--dump-dom")
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    reader = Page()
+    reader.feed(dom.stdout)
+    return " | ".join(reader.text), reader
+
+
+def screenshot(page: Path, tmp_path: Path, name: str) -> bytes:
+    shot = tmp_path / name
+    taken = browse(
+        page, tmp_path / f"profile-{name}", "--window-size=1200,1600", f"--screenshot={shot}"
+    )
+    assert taken.returncode == 0 and shot.exists(), taken.stderr[-2000:]
+    keep = os.environ.get("HERD_REPORT_SHOTS")
+    if keep:
+        shutil.copy(shot, Path(keep) / name)
+    return shot.read_bytes()
+
+
+def report_of(job: str, home: Path, cwd: Path) -> tuple[Path, str]:
+    made = subprocess.run(
+        [sys.executable, "-m", "torchherd", "report", job],
+        cwd=cwd, env=dict(os.environ, HERD_HOME=str(home)), capture_output=True, text=True,
+        timeout=120,
+    )  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    return Path(made.stdout.split("report: ", 1)[1].strip()), made.stderr
+
+
+def test_a_failed_jobs_page_shows_the_error_its_rank_raised(
+    testbed: Testbed, tmp_path: Path
+) -> None:
+    chromium()
+    home, run_dir = tmp_path / "home", tmp_path / "run"
+    cluster = testbed.write_cluster_file(
+        tmp_path / "herd.toml",
+        nodes=[{"host": "node1", "nproc": 1}, {"host": "node2", "nproc": 1}],
+        workdir=str(SCRIPTS),
+        env={"HERD_HOME": str(home)},
+    )
+    launch = [
+        sys.executable, "-m", "torchherd", "launch", "-c", str(cluster), "--name", "bad-value",
+        "bad_value.py", "--max-steps", "80", "--snapshot-every", "20", "--batch-size", "16",
+        "--run-dir", str(run_dir),
+    ]  # fmt: skip
+    env = dict(os.environ, HERD_HOME=str(home))
+    run = subprocess.run(launch, cwd=SCRIPTS, env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 1, run.stdout[-3000:] + run.stderr[-3000:]
+    page, said = report_of("bad-value", home, tmp_path)
+    assert f"--run-dir {run_dir}" in said
+    text, _ = read_page(page, tmp_path / "profile-failed")
+    assert re.search(r"Job \S+ failed \(exit code 1\)", text), text
+    assert "First failure: node2 rank 1: exit code 1: ValueError: bad value 42" in text, text
+    assert "message | ValueError: bad value 42" in text, text  # not "message | -"
+    assert "The last lines of its stderr:" in text and "in check" in text, text
+    assert "hostname of the client socket" not in text and "[rank1]" not in text, text
+    assert "loss (log scale)" in text and "step" in text
+    assert "jobs/" in text and "/.." not in text  # the footer names the job's own folder
+    png = screenshot(page, tmp_path, "report-failed.png")
+    assert colour_share(png, (0xD1, 0x49, 0x5B)) > 0.001  # the failed attempt's red bar
+
+
+def test_the_demos_page_shows_its_curves(tmp_path: Path) -> None:
+    chromium()
+    home = tmp_path / "home"
+    demo = subprocess.run(
+        [sys.executable, "-m", "torchherd", "demo"],
+        cwd=tmp_path, env=dict(os.environ, HERD_HOME=str(home)), capture_output=True, text=True,
+        timeout=300, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert demo.returncode == 0, demo.stdout[-3000:] + demo.stderr[-3000:]
+    job = re.search(r"herd report (\S+)`", demo.stdout)
+    assert job, demo.stdout
+    page, said = report_of(job.group(1), home, tmp_path)
+    assert "--run-dir" in said
+    text, _ = read_page(page, tmp_path / "profile-demo")
+    assert re.search(r"Job \S+ succeeded", text), text
+    assert "loss (log scale)" in text and "throughput (samples/s)" in text, text
+    assert "No curves" not in text
+    # its ranks beat their steps: the step rate per node has a number
+    assert re.search(r"localhost \| 2 \| 300 \| (?:≈ )?[\d.]+ \|", text), text
+    screenshot(page, tmp_path, "report-demo.png")

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import base64
 import json
+import os
+import subprocess
 import sys
 from html.parser import HTMLParser
 from pathlib import Path
@@ -27,8 +29,7 @@ from torchherd.cli import main
 from torchherd.cli.bench import parse_size
 from torchherd.errors import UsageError
 from torchherd.logs import RunResult
-from torchherd.preflight.allreduce import sizes_between
-from torchherd.preflight.report import BusBandwidth, Link, bus_bandwidth
+from torchherd.preflight.report import BusBandwidth, Link, bus_bandwidth, sizes_between
 
 HOSTS = ("a", "b", "c")
 
@@ -192,3 +193,32 @@ def test_report_page_embeds_every_plot_and_json_round_trips(
     assert data["id"] == "r2" and data["net"]["slow_node"] == "b"
     assert data["scaling"]["points"][1]["efficiency"] == 0.9
     assert (page.parent / "net.png").read_bytes() == report.plots["net"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["bench", "net"], "needs a cluster of at least 2 nodes"),
+        (["bench", "allreduce", "--min-size", "1M", "--max-size", "1K"], "--min-size"),
+        (["bench", "allreduce", "--png", "out.png"], "torchherd[bench]"),
+    ],
+)
+def test_bench_refuses_before_it_imports_torch(argv: list[str], said: str, tmp_path: Path) -> None:
+    """A refusal of `herd bench` comes before torch is imported (seconds of start-up); here
+    without matplotlib (an import of it fails, as where the extra is not installed)."""
+    as_herd = (
+        "import sys; sys.modules['matplotlib'] = None; from torchherd.cli import main; "
+        f"code = main({argv!r}); print('torch imported:', 'torch' in sys.modules); "
+        "sys.exit(code)"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", as_herd],
+        cwd=tmp_path,
+        env=dict(os.environ, HERD_HOME=str(tmp_path / "home")),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert said in run.stderr, run.stderr
+    assert "torch imported: False" in run.stdout, run.stdout

@@ -13,7 +13,7 @@ from torchherd.cli import main
     [
         (["launch", "--nproc", "0", "train.py"], "--nproc"),
         (["launch", "--max-restarts", "many", "train.py"], "--max-restarts"),
-        (["bogus"], "No such command 'bogus'"),
+        (["bogus"], "herd has no command 'bogus'"),
         (["launch", "--detach", "--max-restarts", "1", "train.py"], "needs an attached launcher"),
         (["launch", "train.py", "--epochs", "3"], "training script train.py not found"),
     ],
@@ -51,3 +51,89 @@ def test_help_lists_every_command(capsys: pytest.CaptureFixture[str]) -> None:
         "demo",
     ):
         assert command in out
+
+
+def test_help_imports_neither_the_launcher_nor_the_doctor_nor_pydantic(tmp_path) -> None:
+    """Every command pays for what dispatch imports: `herd --help` needs none of these."""
+    import os
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys; from torchherd.cli import main; main(['--help']); "
+        "print([m for m in ('torchherd.launch', 'torchherd.job', 'torchherd.preflight', "
+        "'torchherd.spec', 'pydantic', 'torch') if m in sys.modules])"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", probe],
+        cwd=tmp_path,
+        env=dict(os.environ, HERD_HOME=str(tmp_path / "home")),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip().splitlines()[-1] == "[]", run.stdout[-500:]
+
+
+@pytest.mark.parametrize(
+    ("argv", "fix"),
+    [
+        (["run", "train.py"], "did you mean `herd launch`?"),
+        (["status"], "did you mean `herd ps`?"),
+        (["lanch", "train.py"], "did you mean `herd launch`?"),
+        (["bench", "nett"], "did you mean `herd bench net`?"),
+        (["--verison"], "did you mean --version? (herd -h lists every option)"),
+    ],
+)
+def test_a_mistyped_or_borrowed_name_gets_a_suggestion(
+    argv: list[str], fix: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"fix: {fix}" in err, err
+    assert "options for" not in err  # herd itself runs no script: no word about one
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("argv", [["launch", "--help"], ["doctor", "--help"], ["report", "--help"]])
+def test_help_at_80_columns_is_wrapped_once(argv: list[str], tmp_path) -> None:
+    """A docstring's own line breaks are not kept: at 80 columns a line of a command's
+    description that its paragraph goes on after is nearly full, never an orphan word."""
+    import os
+    import subprocess
+    import sys
+
+    run = subprocess.run(
+        [sys.executable, "-m", "torchherd", *argv],
+        cwd=tmp_path,
+        env=dict(os.environ, COLUMNS="80", HERD_HOME=str(tmp_path)),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert run.returncode == 0, run.stderr
+    text = [
+        line.strip()
+        for line in run.stdout.splitlines()
+        if not line.lstrip().startswith(("│", "╭", "╰", "Usage:"))
+    ]
+    for line, following in zip(text, text[1:], strict=False):
+        if line and following and not following.startswith(("-", "*")):
+            assert len(line) >= 50, f"an orphan line {line!r} before {following!r}"
+
+
+def test_every_commands_help_is_unwrapped() -> None:
+    """What --help shows of each command (the root's list too) has no line break inside a
+    paragraph but before a list item."""
+    import typer.main
+
+    from torchherd.cli.dispatch import app
+
+    root = typer.main.get_command(app)
+    groups = [root, *(c for c in root.commands.values() if hasattr(c, "commands"))]
+    commands = [c for g in groups for c in g.commands.values()]
+    for command in commands:
+        for paragraph in (command.help or "").split("\n\n"):
+            for line in paragraph.splitlines()[1:]:
+                assert line.startswith(("- ", "* ", "  ")), (command.name, paragraph)

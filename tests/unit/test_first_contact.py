@@ -27,7 +27,7 @@ def here(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         (["--nprocs", "2"], "herd launch has no option --nprocs", "did you mean --nproc?"),
         (["--dryrun"], "herd launch has no option --dryrun", "did you mean --dry-run?"),
         (["--max-restart", "1"], "no option --max-restart", "did you mean --max-restarts?"),
-        (["--standalone"], "--standalone is torchrun's option", "drop --standalone"),
+        (["--standalone", "-H", "gpu1"], "--standalone is torchrun's option", "drop --standalone"),
         (["--nnodes", "2"], "--nnodes is torchrun's option", "--min-nodes"),
         (["--nnodes=1:4"], "--nnodes is torchrun's option", "--min-nodes"),
         (["--node_rank", "1"], "--node_rank is torchrun's option", "run herd once"),

@@ -339,3 +339,13 @@ def test_a_sweep_of_one_attempt_spares_the_restarted_attempt(tmp_path: Path) -> 
         for process in (left, restarted, agent):
             process.kill()
             process.wait(timeout=10)
+
+
+def test_an_unknown_job_lists_the_users_jobs_not_herds_own() -> None:
+    record("1122-000000-user").save()
+    record("1122-000001-bnch", kind="bench").save()
+    record("1122-000002-doct", kind="doctor").save()
+    with pytest.raises(ConfigError) as refused:
+        find_record("nosuch")
+    assert "1122-000000-user" in refused.value.remedy
+    assert "bnch" not in refused.value.remedy and "doct" not in refused.value.remedy

@@ -500,3 +500,17 @@ def test_fast_checks_refuse_a_script_or_module_missing_on_a_node() -> None:
         "node2", 2, workdir="/srv/job", workdir_exists=False, entry=facts["node2"].entry
     )
     assert by(fast_checks(spec, facts), "entry")["node2"].status is Status.SKIP
+
+
+def test_the_tables_headers_are_whole_at_80_columns() -> None:
+    """On an 80-column terminal every check's header is shown in full; a long node name is
+    what gives way."""
+    from torchherd.preflight import CHECKS
+
+    buffer = io.StringIO()
+    long_names = tuple(NodeSpec(host=f"alice@gpu-node-000{k}.cluster.example.org") for k in (1, 2))
+    report = make_report(findings(cluster=cluster(nodes=long_names)), seconds=1.5)
+    render(report, Console(file=buffer, width=80, color_system=None))
+    header = buffer.getvalue().splitlines()[0].split()
+    assert header == ["node", *(c.header for c in CHECKS if not c.optional)], header
+    assert all(len(line) <= 80 for line in buffer.getvalue().splitlines())

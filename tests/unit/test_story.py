@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from pathlib import Path
 
@@ -95,3 +96,125 @@ def test_the_page_is_written_beside_the_logs_for_its_owner_only(
     elsewhere, _ = write_report(record, tmp_path / "out")
     assert elsewhere == tmp_path / "out" / "report.html"
     assert (Path(record.log_dir) / "rank-0.log").as_uri() in elsewhere.read_text()
+
+
+def write_records(path: Path, records: list[dict[str, object]]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+def test_a_job_started_soon_after_in_the_same_folder_does_not_lend_its_curves(
+    tmp_path: Path,
+) -> None:
+    record = job(tmp_path, what="train.py")
+    assert record.ended is not None
+    later = write_records(
+        tmp_path / "project" / "runs" / "next" / "metrics.jsonl", [{"step": 1, "loss": 9.0}]
+    )
+    os.utime(later, (record.ended + 60, record.ended + 60))  # written by the next job
+    found = find_metrics(record)
+    assert found.path is None and "written while the job ran" in found.found_by
+    # stamped records say it even more plainly: the later job's times are outside the window
+    write_records(later, [{"step": 1, "loss": 9.0, "time": record.ended + 60}])
+    os.utime(later, (record.ended + 60, record.ended + 60))
+    assert find_metrics(record).path is None
+
+
+def test_two_files_written_while_the_job_ran_are_named_not_guessed_between(
+    tmp_path: Path,
+) -> None:
+    record = job(tmp_path, what="train.py")
+    now = time.time() - 50
+    for name in ("a", "b"):
+        write_records(
+            tmp_path / "project" / "runs" / name / "metrics.jsonl",
+            [{"step": 1, "loss": 1.0, "time": now}],
+        )
+    found = find_metrics(record)
+    assert found.path is None
+    assert "2 metrics.jsonl files" in found.found_by and "--metrics PATH" in found.found_by
+
+
+def test_only_the_jobs_own_records_of_a_shared_run_directory_are_drawn(tmp_path: Path) -> None:
+    record = job(tmp_path, what="train.py --run-dir runs/exp")
+    assert record.ended is not None
+    earlier = [{"step": s, "loss": 5.0, "time": record.started - 900} for s in range(1, 4)]
+    own = [{"step": s, "loss": 1.0 / s, "time": record.started + s} for s in range(4, 8)]
+    later = [{"step": s, "loss": 7.0, "time": record.ended + 300} for s in range(8, 10)]
+    write_records(tmp_path / "project" / "runs" / "exp" / "metrics.jsonl", earlier + own + later)
+    found = find_metrics(record)
+    assert [step for step, _ in found.series("loss")] == [4.0, 5.0, 6.0, 7.0]
+    assert "5 record(s) written by other runs" in found.found_by
+    # a run directory whose every record is another job's gives no curves at all
+    other = job(tmp_path / "o", what="train.py --run-dir runs/exp")
+    write_records(tmp_path / "o" / "project" / "runs" / "exp" / "metrics.jsonl", later)
+    assert find_metrics(other).path is None
+
+
+def test_the_page_names_the_metrics_file_once(tmp_path: Path) -> None:
+    record = job(tmp_path, what="train.py")
+    path = write_records(
+        tmp_path / "project" / "runs" / "m" / "metrics.jsonl",
+        [{"step": s, "loss": 1.0 / s} for s in range(1, 5)],
+    )
+    page = render(gather(record), Path(record.log_dir) / "report.html")
+    assert page.count(str(path)) == 1
+
+
+def test_the_first_failure_keeps_its_stderr_tail_on_the_page(tmp_path: Path) -> None:
+    from torchherd.job import failure_record
+    from torchherd.logs import Failure, RunResult
+
+    tail = (
+        "[W1124 16:45:07.299359013 socket.cpp:207] [c10d] The hostname of the client socket "
+        "cannot be retrieved. err=-3",
+        "[rank3]: Traceback (most recent call last):",
+        '[rank3]:   File "train.py", line 9',
+        "[rank3]: ValueError: bad value 42",
+    )
+    failure = Failure(host="gpu2", rank=3, exitcode=1, signal=None, message="", last_stderr=tail)
+    kept = failure_record(RunResult(job_id="j", exit_code=1, first_failure=failure), [])
+    assert kept is not None and kept["stderr_tail"] == list(tail)
+    record = job(tmp_path, first_failure=kept)
+    page = render(gather(record), Path(record.log_dir) / "report.html")
+    assert "First failure: gpu2 rank 3: exit code 1: ValueError: bad value 42" in page
+    assert "<td>ValueError: bad value 42</td>" in page  # the message row, not "-"
+    assert "File &quot;train.py&quot;, line 9" in page  # the tail itself
+    assert "hostname of the client socket" not in page  # torch's chatter is not the error
+    assert "[rank3]" not in page  # the rank is named once, not on every line
+
+
+def test_loss_is_drawn_on_a_log_axis_with_round_ticks_and_a_labelled_step_axis() -> None:
+    from torchherd.story.svg import line_chart
+
+    points = [(float(s), 10.0 / s**1.5) for s in range(1, 301)]
+    chart = line_chart(points, "loss", log=True)
+    assert "loss (log scale)" in chart
+    labels = re.findall(r">([^<>]+)</text>", chart)
+    assert {"0.01", "0.1", "1", "10"} <= set(labels), labels
+    assert "step" in labels
+    assert {"100", "200", "300"} <= set(labels), labels  # round steps between first and last
+    linear = line_chart([(1.0, -1.0), (2.0, 3.0)], "value", log=True)  # not all above zero
+    assert "log scale" not in linear and "-1" in re.findall(r">([^<>]+)</text>", linear)
+
+
+def test_start_phases_and_each_nodes_step_times_are_shown_where_the_record_has_them(
+    tmp_path: Path,
+) -> None:
+    first = attempt_entry(0, [{"host": "gpu1", "nproc": 2}], 2, None)
+    first["phases"] = {"connect": 0.5, "probe": 1.0, "rendezvous": 2.5}
+    first["nodes"] = [
+        {"host": "gpu1", "nproc": 2, "step_times": [[1, 0.2], [2, 0.25], [3, 0.21]]},
+        {"host": "gpu2", "nproc": 2, "step_times": [[1, 0.4], [2, 0.45]]},
+    ]
+    record = job(tmp_path, attempts=[first])
+    page = render(gather(record), Path(record.log_dir) / "report.html")
+    assert "<h2>Start of each attempt</h2>" in page
+    assert "<td>rendezvous</td><td>2.50</td><td>62 %</td>" in page
+    assert "<td>total</td><td>4.00</td><td>100 %</td>" in page
+    assert "step time (s), gpu1" in page and "step time (s), gpu2" in page
+    assert "phases:" not in page  # not listed again among the keys a newer herd adds
+    plain = job(tmp_path / "plain", attempts=[attempt_entry(0, [{"host": "gpu1"}], 1, None)])
+    shown = render(gather(plain), Path(plain.log_dir) / "report.html")
+    assert "Start of each attempt" not in shown and "Step time per node" not in shown

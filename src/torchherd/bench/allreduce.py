@@ -11,9 +11,8 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from ..errors import ConfigError, JobFailed
-from ..preflight.allreduce import sizes_between
 from ..preflight.collective import MARKER, MODULE
-from ..preflight.report import BusBandwidth
+from ..preflight.report import BusBandwidth, sizes_between
 from ..spec import ClusterSpec
 from .job import run_measuring_job
 

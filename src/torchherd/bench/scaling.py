@@ -19,7 +19,7 @@ from typing import Any
 from ..errors import ConfigError, JobFailed
 from ..spec import ClusterSpec
 from .job import run_measuring_job
-from .scaling_job import MARKER
+from .markers import SCALING as MARKER
 
 MODULE = "torchherd.bench.scaling_job"
 Say = Callable[[str], None]

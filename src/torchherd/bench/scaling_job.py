@@ -20,9 +20,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from torchherd.bench.markers import SCALING as MARKER
 from torchherd.train.dist import teardown_and_exit
-
-MARKER = "HERD_SCALING "
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Collection, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import RenderableType
 from rich.markup import escape
 from rich.table import Table
 
 from ..errors import ConfigError, UsageError
-from ..scheduler.detect import cluster_for_allocation, detect_allocation
-from ..spec import ClusterSpec, find_cluster, local_cluster, parse_host_list
+
+if TYPE_CHECKING:
+    from ..spec import ClusterSpec
 
 
 def cluster_for(
@@ -30,6 +31,16 @@ def cluster_for(
 
 
 def _whole_cluster(config: str | None, hosts: str | None, nproc: int | None) -> ClusterSpec:
+    # Here, not at the top: pydantic's models cost every command a tenth of a second.
+    from ..scheduler.detect import cluster_for_allocation, detect_allocation
+    from ..spec import find_cluster, local_cluster, parse_host_list
+
+    if hosts is not None and not hosts.strip(" ,"):
+        # `-H "$HOSTS"` with HOSTS unset: running on this machine alone is never what was meant
+        raise UsageError(
+            "-H is empty (an unset shell variable?)",
+            "give hosts like -H gpu1:4,gpu2:4, or leave -H out to use herd.toml or this machine",
+        )
     if config and hosts:
         raise ConfigError("give either -c FILE or -H HOSTS, not both", "drop one of them")
     allocation = detect_allocation()

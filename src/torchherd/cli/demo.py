@@ -11,10 +11,6 @@ from pathlib import Path
 
 import typer
 
-from ..launch import LaunchOptions, launch
-from ..logs import RunResult
-from ..plan import JobSpec
-from ..spec import local_cluster
 from .app import app
 from .parsing import HerdCommand
 
@@ -28,6 +24,12 @@ def demo(
     The same path a cluster launch takes (agent, torchrun, c10d, Gloo, merged logs), on one
     machine, in well under a minute.
     """
+    from ..jobs import herd_home
+    from ..launch import LaunchOptions, launch
+    from ..logs import RunResult
+    from ..plan import JobSpec, new_job_id
+    from ..spec import local_cluster
+
     # The script's path, found without importing it: it imports torch, which the launcher
     # never does (seconds of start, and torch's own teardown at exit).
     demo_spec = importlib.util.find_spec("torchherd.demo.train")
@@ -38,7 +40,12 @@ def demo(
         cluster = local_cluster(nproc).model_copy(
             update={"env": {"HERD_DEMO_SUMMARY": str(summary_file)}, "source": "herd demo"}
         )
-        job = JobSpec(entry=(os.path.abspath(demo_spec.origin),), nproc=nproc)
+        # Its metrics outlive the scratch folder: `herd report` draws them from the --run-dir
+        # among the job's arguments.
+        job_id = new_job_id()
+        run_dir = herd_home() / "demo" / job_id
+        script = os.path.abspath(demo_spec.origin)
+        job = JobSpec(entry=(script, "--run-dir", str(run_dir)), nproc=nproc, job_id=job_id)
         print(f"herd demo: training a small model with {nproc} CPU workers on this machine")
         result = launch(cluster, job, LaunchOptions())
         assert isinstance(result, RunResult)
@@ -53,8 +60,9 @@ def demo(
                 f"{summary['seconds']:.1f} s."
             )
             print(
-                "Next: describe your machines with `herd init gpu1 gpu2`, check them with "
-                "`herd doctor`, then `herd launch train.py`."
+                f"Its story as a page: `herd report {job.job_id}`. Next: describe your machines "
+                "with `herd init gpu1 gpu2`, check them with `herd doctor`, then "
+                "`herd launch train.py`."
             )
         sys.stdout.flush()
         return result.exit_code

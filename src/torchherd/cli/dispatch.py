@@ -3,6 +3,8 @@ message and an exit code (a traceback only with ``--debug``)."""
 
 from __future__ import annotations
 
+import difflib
+import re
 import resource
 import sys
 from typing import Any
@@ -11,6 +13,7 @@ import typer
 
 from ..errors import EXIT_INTERRUPTED, EXIT_USAGE, HerdError
 from .app import app, state
+from .parsing import InterruptedCommand
 
 # Command modules: importing one registers its commands on `app` (in this order in --help).
 # isort: off
@@ -38,6 +41,9 @@ def dispatch(argv: list[str] | None = None) -> int:
         result = app(args=args, prog_name="herd", standalone_mode=False)
     except typer.Exit as exc:
         return int(exc.exit_code)
+    except InterruptedCommand:
+        print("herd: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
     except typer.Abort:
         print("herd: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
@@ -68,15 +74,49 @@ def print_usage_mistake(exc: Any) -> None:
             fix = f"did you mean {possibilities[0]}? ({command} -h lists every option)"
         else:
             fix = f"{command} -h lists every option"
-        if ctx is not None and ctx.allow_extra_args:
-            fix += "; options for what runs go after it (or after --)"
+        if ctx is not None and ctx.allow_extra_args and ctx.parent is not None:
+            # a command that runs something (not herd itself, whose extra word is a command)
+            fix += "; options for the script go after it (or after --)"
         print(f"  fix: {fix}", file=sys.stderr)
+        return
+    unknown = re.match(r"No such command '(.+?)'", str(getattr(exc, "message", "")))
+    if unknown and ctx is not None:
+        print(f"error: {command} has no command {unknown[1]!r}", file=sys.stderr)
+        print(f"  fix: {command_hint(unknown[1], ctx)}", file=sys.stderr)
         return
     show = getattr(exc, "show", None)
     if callable(show):
         show()
     else:
         print(f"error: {exc}", file=sys.stderr)
+
+
+# Words other tools use for herd's commands (torchrun, Slurm, docker, kubectl habits).
+OTHER_NAMES = {
+    "run": "launch",
+    "start": "launch",
+    "train": "launch",
+    "status": "ps",
+    "list": "ps",
+    "ls": "ps",
+    "jobs": "ps",
+    "kill": "stop",
+    "cancel": "stop",
+    "log": "logs",
+    "check": "doctor",
+    "setup": "ssh-setup",
+}
+
+
+def command_hint(word: str, ctx: Any) -> str:
+    """The command a mistyped or borrowed word most likely means."""
+    names = sorted(ctx.command.list_commands(ctx)) if hasattr(ctx.command, "list_commands") else []
+    meant = OTHER_NAMES.get(word.lower()) if not ctx.parent else None
+    if meant not in names:
+        close = difflib.get_close_matches(word, names, n=1, cutoff=0.7)
+        meant = close[0] if close else None
+    listing = f"{ctx.command_path} -h lists every command"
+    return f"did you mean `{ctx.command_path} {meant}`? ({listing})" if meant else listing
 
 
 def raise_open_file_limit() -> None:

@@ -6,14 +6,14 @@ import json
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 import typer
 from rich.console import Console
 
-from ..preflight import Limits
-from ..preflight.doctor import DoctorOptions, Say, doctor
-from ..preflight.network import NetOptions
-from ..preflight.render import render
+if TYPE_CHECKING:
+    from ..preflight.doctor import Say
+
 from .app import CLUSTER_HELP, HOSTS_HELP, NODES_HELP, app
 from .common import cluster_for
 from .parsing import HerdCommand
@@ -64,6 +64,11 @@ def doctor_command(
     Prints a table of nodes x checks, then what to do about each problem. Exit 0 when nothing
     failed (warnings allowed), 3 when a check failed, 2 for a bad cluster file.
     """
+    from ..preflight import Limits  # here: every other command would pay for the doctor's
+    from ..preflight.doctor import DoctorOptions, doctor
+    from ..preflight.network import NetOptions
+    from ..preflight.render import render
+
     cluster = cluster_for(config, hosts, nodes=nodes, nproc=nproc)
     options = DoctorOptions(
         nproc=nproc,

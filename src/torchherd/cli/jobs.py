@@ -3,18 +3,16 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 import time
-from typing import Any
+from typing import Any, TextIO
 
 import typer
 from rich.table import Table
 
 from ..errors import EXIT_NODE_NOT_READY, EXIT_OK
 from ..jobs import JobRecord, list_records
-from ..ops.jobctl import RUNNING_STATES, find_record, refresh, stop_job
-from ..ops.joblogs import show_logs, show_stacks
-from ..scheduler.submit import list_submitted, scheduler_states
 from .app import app
 from .common import result_table
 from .ops import console
@@ -75,6 +73,9 @@ def ps_command(
     Running detached jobs are checked on their nodes (one ssh per node), so a job that ended
     while nobody watched shows how it ended.
     """
+    from ..ops.jobctl import refresh
+    from ..scheduler.submit import list_submitted, scheduler_states
+
     records = list_records()
     if not all_jobs:
         records = [r for r in records if r.kind == "job"][-20:]
@@ -174,20 +175,68 @@ def logs_command(
         help="Print the workers' stacks herd took before it stopped the job (a hang, a lost "
         "node, a failure), and which ranks it found behind.",
     ),
+    as_json: bool = typer.Option(
+        False,
+        "--json",
+        help='One JSON object a line: {"host", "rank", "text"} (host and rank null for '
+        "herd's own lines).",
+    ),
 ) -> int:
     """Print a job's output (the latest job's without JOB): every rank with host:rank
     prefixes, or one rank's lines.
 
     Attached jobs are read from the launcher's job directory; detached jobs from their nodes.
     """
+    from ..ops.jobctl import find_record
+    from ..ops.joblogs import show_logs, show_stacks
+
     record = find_record(job)
     if job is None:
         print(f"herd: job {record.id} (the latest)", file=sys.stderr, flush=True)
     if stacks:
         show_stacks(record, rank, sys.stdout)
         return EXIT_OK
+    if as_json:
+        lines = JsonLines(sys.stdout, rank)
+        show_logs(record, rank, follow, lines)  # type: ignore[arg-type]
+        lines.close()
+        return EXIT_OK
     show_logs(record, rank, follow, sys.stdout)
     return EXIT_OK
+
+
+class JsonLines:
+    """A stream for `herd logs --json`: each line it is given ("node2:1 | text", a rank's own
+    file's "text", herd's "herd: ...") written as one JSON object."""
+
+    LABEL = re.compile(r"^(?P<host>[^\s|:]+)(?::(?P<rank>\d+))?\s* \| (?P<text>.*)$")
+
+    def __init__(self, out: TextIO, rank: int | None) -> None:
+        self.out, self.rank, self.pending = out, rank, ""
+
+    def write(self, text: str) -> int:
+        self.pending += text
+        *lines, self.pending = self.pending.split("\n")
+        for line in lines:
+            self.out.write(json.dumps(self.parse(line)) + "\n")
+        return len(text)
+
+    def parse(self, line: str) -> dict[str, Any]:
+        if self.rank is not None:  # one rank's own file: its lines as printed
+            return {"host": None, "rank": self.rank, "text": line}
+        found = self.LABEL.match(line)
+        if found is None:
+            return {"host": None, "rank": None, "text": line}
+        rank = found["rank"]
+        return {"host": found["host"], "rank": int(rank) if rank else None, "text": found["text"]}
+
+    def flush(self) -> None:
+        self.out.flush()
+
+    def close(self) -> None:
+        if self.pending:
+            self.write("\n")
+        self.flush()
 
 
 @app.command("stop", cls=HerdCommand)
@@ -207,6 +256,8 @@ def stop_command(
     jobs on the same nodes are untouched. Works for attached jobs too (their launcher then
     reports the job as stopped). Without JOB: the job that is running, if there is just one.
     """
+    from ..ops.jobctl import RUNNING_STATES, find_record, stop_job
+
     record = find_record(job, running=job is None)
     hosts = [str(n["host"]) for n in record.nodes]
     print(f"herd: stopping job {record.id} on {len(hosts)} node(s)", flush=True)

@@ -2,22 +2,27 @@
 
 from __future__ import annotations
 
+import errno
+import json
 import os
 import re
 import sys
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
+if TYPE_CHECKING:
+    from ..plan import JobSpec, LaunchPlan
+    from ..spec import ClusterSpec
+
 from ..errors import EXIT_SAVED, UsageError
 from ..files import private_dir
-from ..launch import LaunchOptions, launch
-from ..plan import JobSpec, LaunchPlan
-from ..scheduler.requeue import pbs_deadline, requeue_after_save
 from .app import CLUSTER_HELP, HOSTS_HELP, NODES_HELP, app
 from .common import cluster_for
-from .parsing import RUNS_SOMETHING, LaunchCommand
+from .parsing import RUNS_SOMETHING, TORCHRUN_OTHERWISE, LaunchCommand
+from .state import state
 
 # An environment variable's name, as POSIX shells accept it.
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -114,7 +119,12 @@ def launch_command(
     dry_run: bool = typer.Option(
         False,
         "--dry-run",
-        help="Print what would run on each node (secrets masked); start nothing.",
+        help="Print what would run on each node (secrets masked) and herd's restart budget; "
+        "start nothing. Like a launch it probes every node over ssh (address, GPUs, a free "
+        "port); nodes it cannot reach get placeholder addresses, and a note says so.",
+    ),
+    as_json: bool = typer.Option(
+        False, "--json", help="With --dry-run: the plan as JSON (for scripts)."
     ),
     no_preflight: bool = typer.Option(
         False, "--no-preflight", help="Start even when a fast check fails."
@@ -158,6 +168,11 @@ def launch_command(
     Exit: 0 success, 1 job failed, 2 usage/config, 3 node not ready, 4 crash loop,
     5 saved for a time limit, 130 interrupted.
     """
+    # Here, not at the top: every herd command would pay for the launcher's imports.
+    from ..launch import LaunchOptions, launch
+    from ..plan import JobSpec, LaunchPlan
+    from ..scheduler.requeue import pbs_deadline, requeue_after_save
+
     args = list(ctx.args)
     worker_env = parse_env(env or [])
     shown_ranks = parse_ranks(ranks)
@@ -168,9 +183,15 @@ def launch_command(
             "drop --detach (run herd in tmux or screen to survive a closed terminal), "
             "or drop --max-restarts",
         )
+    if as_json and not dry_run:
+        raise UsageError(
+            "--json goes with --dry-run (the plan)",
+            "add --dry-run; a running job's state is in `herd ps --json`",
+        )
     if module and no_python:
         raise UsageError("-m and --no-python do not go together", "drop one of them")
     cluster = cluster_for(config, hosts, nodes=nodes, nproc=nproc)
+    check_single_node(cluster)
     if module:
         if script is not None:
             args.insert(0, script)
@@ -192,11 +213,11 @@ def launch_command(
                 "(herd sync copies it to the nodes)",
             )
         entry, is_module = (script, *args), False
+    warn_misplaced_options(entry)
     if log_dir is not None:
         # The job record keeps this path, and `herd logs` reads it from any directory.
         log_dir = log_dir.expanduser().absolute()
-        if not dry_run:
-            check_log_dir(log_dir)
+        check_log_dir(log_dir, create=not dry_run)
     job = JobSpec(
         entry=tuple(entry),
         module=is_module,
@@ -227,7 +248,13 @@ def launch_command(
         if deadline is not None:
             deadline.cancel()
     if isinstance(result, LaunchPlan):
-        sys.stdout.write(result.render() + "\n")
+        budget = restart_budget(job, cluster.min_nodes)
+        if as_json:
+            print(json.dumps(plan_json(result, budget), indent=2))
+        else:
+            # the budget with the job's facts, above the nodes' blocks
+            head, _, nodes_text = result.render().partition("\n\n")
+            sys.stdout.write(f"{head}\n{budget['said']}\n\n{nodes_text}\n")
         return 0
     if result.exit_code == EXIT_SAVED:
         print(requeue_after_save(cluster, max_requeues), file=sys.stderr, flush=True)
@@ -295,10 +322,15 @@ def check_name(name: str | None) -> str | None:
     return name
 
 
-def check_log_dir(path: Path) -> None:
+def check_log_dir(path: Path, *, create: bool = True) -> None:
     """Create --log-dir (0700) and write a file in it now, so a directory that cannot take the
-    logs is an error before any node starts, not a traceback after."""
+    logs is an error before any node starts, not a traceback after. A dry run (``create``
+    False) makes nothing, but refuses what the launch would: a file in the way, or a folder
+    that this user cannot write in."""
     try:
+        if not create:
+            _would_take_logs(path)
+            return
         private_dir(path)
         with tempfile.TemporaryFile(dir=path):
             pass
@@ -308,3 +340,108 @@ def check_log_dir(path: Path) -> None:
             "give a directory you can write to, or leave --log-dir out "
             "(logs then go to ~/.herd/jobs/<job-id>/)",
         ) from None
+
+
+def _would_take_logs(path: Path) -> None:
+    """Raise the OSError making ``path`` as a log directory would meet (nothing is made)."""
+    existing = path
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise NotADirectoryError(errno.ENOTDIR, "Not a directory", str(existing))
+    # A file made and removed at once: os.access says yes to root on a read-only filesystem
+    # or in /proc, where making the folder would fail.
+    with tempfile.TemporaryFile(dir=existing):
+        pass
+
+
+def check_single_node(cluster: ClusterSpec) -> None:
+    """torchrun's --standalone or --nnodes 1, typed out of habit: exactly what herd does with
+    no cluster (this machine alone), refused where a cluster names other nodes."""
+    asked, state.single_node = state.single_node, None
+    if asked is None or (cluster.transport == "local" and len(cluster.nodes) == 1):
+        return
+    what, fix = TORCHRUN_OTHERWISE[asked.split()[0]]
+    raise UsageError(
+        f"{asked} is torchrun's option, and the nodes come from {cluster.source}: {what}", fix
+    )
+
+
+def restart_budget(job: JobSpec, cluster_min_nodes: int | None) -> dict[str, object]:
+    """herd's own restart budget, which a dry run shows beside torchrun's --max-restarts=0
+    (herd restarts the whole job; torchrun restarts nothing by itself)."""
+    min_nodes = job.min_nodes if job.min_nodes is not None else cluster_min_nodes
+    if job.max_restarts:
+        said = (
+            f"restarts: herd restarts the whole job up to {job.max_restarts} time(s) after a "
+            "failure, a lost node or a hang (--max-restarts), and gives up after "
+            f"{job.crash_loop} in a row without step progress (--crash-loop); "
+            + (
+                f"a restart goes on with at least {min_nodes} node(s) (--min-nodes)"
+                if min_nodes
+                else "a restart needs every node (--min-nodes M to go on without lost ones)"
+            )
+        )
+    else:
+        said = "restarts: none; the job fails at its first failure (--max-restarts N)"
+    said += ". torchrun's --max-restarts=0 is on purpose: herd restarts, not torchrun."
+    return {
+        "max_restarts": job.max_restarts,
+        "crash_loop": job.crash_loop,
+        "min_nodes": min_nodes,
+        "said": said,
+    }
+
+
+def plan_json(plan: LaunchPlan, budget: dict[str, object]) -> dict[str, object]:
+    """The plan as `herd launch --dry-run --json` prints it (secrets masked)."""
+    from ..redact import redact_argv, redact_env
+
+    secrets = plan.secret_env.values()
+    return {
+        "job_id": plan.job_id,
+        "world_size": plan.world_size,
+        "rendezvous": plan.rdzv_endpoint,
+        "workdir": plan.workdir,
+        "restarts": {k: v for k, v in budget.items() if k != "said"},
+        "warnings": list(plan.warnings),
+        "notes": list(plan.notes),
+        "secrets": sorted(plan.secret_env),
+        "nodes": [
+            {
+                "host": node.host,
+                "rendezvous_host": node.is_host,
+                "workers": node.nproc,
+                "address": node.local_addr,
+                "interface": node.iface,
+                "env": dict(redact_env(node.env, secrets)),
+                "command": list(redact_argv(node.argv, secrets)),
+            }
+            for node in plan.nodes
+        ],
+    }
+
+
+# herd's options that a script seldom has of its own: after the script they are the script's,
+# which is seldom what was meant (`herd launch train.py --nproc 2` runs at world size 1).
+HERD_ONLY = (
+    "--nproc", "--nproc-per-node", "--nproc_per_node", "--max-restarts", "--max_restarts",
+    "--hosts", "--nnodes", "--min-nodes", "--spares", "--hang-timeout", "--dry-run", "--detach",
+    "--crash-loop",
+)  # fmt: skip
+
+
+def warn_misplaced_options(entry: tuple[str, ...] | list[str]) -> None:
+    """Say on stderr when the script's arguments hold one of herd's own options: they go to
+    the script as typed (herd never takes them back), but a user who meant herd's hears of it."""
+    script, *args = entry
+    for word in args:
+        if word == "--":
+            return
+        name = word.split("=", 1)[0]
+        if name in HERD_ONLY:
+            print(
+                f"herd: warning: {name} comes after {script}, so it goes to the script, not to "
+                f"herd; herd's options go before the script (herd launch {name} ... {script})",
+                file=sys.stderr,
+            )

@@ -90,6 +90,8 @@ for _name, _why in list(TORCHRUN_OTHERWISE.items()):
     TORCHRUN_OTHERWISE["--" + _name[2:].replace("-", "_")] = _why
 
 DEBUG = "--debug"
+# torchrun's options that say "this machine alone", taken when there is no cluster.
+SINGLE_NODE = ("--standalone", "--nnodes")
 
 
 def flags_without_values(params: list[Any]) -> list[Any]:
@@ -100,6 +102,23 @@ def flags_without_values(params: list[Any]) -> list[Any]:
     return params
 
 
+def unwrapped(text: str) -> str:
+    """A docstring's paragraphs as single lines: rich keeps a docstring's line breaks, so text
+    wrapped at 96 columns in the source was wrapped again at 80 (an orphan word on every other
+    line). A line starting a list item ("- ") or indented stays a line of its own."""
+    paragraphs = []
+    for paragraph in text.strip().split("\n\n"):
+        lines: list[str] = []
+        for line in paragraph.splitlines():
+            item = line.startswith(("- ", "* ", "  "))
+            if lines and not item:
+                lines[-1] += " " + line.strip()
+            else:
+                lines.append(line.rstrip())
+        paragraphs.append("\n".join(lines))
+    return "\n\n".join(paragraphs)
+
+
 class FlagsAsFlags:
     """Shows a command's or group's flags (its -h/--help too) without a value in --help."""
 
@@ -108,10 +127,18 @@ class FlagsAsFlags:
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         flags_without_values(self.params)
+        text = getattr(self, "help", None)
+        if text:
+            setattr(self, "help", unwrapped(text))  # noqa: B010 - a click attribute
 
     def get_help_option(self, ctx: Any) -> Any:
         option = super().get_help_option(ctx)  # type: ignore[misc]
         return flags_without_values([option])[0] if option is not None else None
+
+
+class InterruptedCommand(Exception):
+    """Ctrl-C while a command ran (its imports are lazy: often during them). typer would turn
+    it into a silent exit 130; dispatch says "herd: interrupted" instead."""
 
 
 class HerdGroup(FlagsAsFlags, TyperGroup):
@@ -130,10 +157,17 @@ class HerdCommand(FlagsAsFlags, TyperCommand):
     def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
         return super().parse_args(ctx, self.herd_options_first(args))
 
+    def invoke(self, ctx: Any) -> Any:
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt:
+            raise InterruptedCommand() from None
+
     def herd_options_first(self, args: list[str]) -> list[str]:
         """``args`` with torchrun's spellings made herd's, ``--debug`` taken out, and ``--``
         inserted where an option like ``-m MODULE`` hands the rest to what runs."""
         takes_value = self._options_with_values()
+        state.single_node = None
         # Commands that run something end herd's options at it; others take options anywhere.
         interspersed = self.context_settings.get(
             "allow_interspersed_args", self.allow_interspersed_args
@@ -155,6 +189,17 @@ class HerdCommand(FlagsAsFlags, TyperCommand):
                 state.debug = True
                 i += 1
                 continue
+            if self.torchrun_style and name in SINGLE_NODE:
+                # this machine alone: what herd does with no cluster; judged once it is known
+                given = (
+                    value
+                    if eq
+                    else (args[i + 1] if name != "--standalone" and i + 1 < len(args) else "")
+                )
+                if name == "--standalone" or given in ("1", "1:1"):
+                    state.single_node = f"{name} {given}".strip()
+                    i += 1 if name == "--standalone" or eq else 2
+                    continue
             if self.torchrun_style:
                 name = self._herd_spelling(name)
                 word = name + eq + value

@@ -9,7 +9,6 @@ from pathlib import Path
 import typer
 
 from ..errors import EXIT_OK
-from ..ops.jobctl import find_record
 from .app import app
 from .jobs import JOB_HELP
 from .parsing import HerdCommand
@@ -34,6 +33,12 @@ def report_command(
         "working directory while it ran.",
     ),
     as_json: bool = typer.Option(False, "--json", help="Print where the page and metrics are."),
+    open_page: bool = typer.Option(
+        False,
+        "--open",
+        help="Open the page in a browser once written (the one $BROWSER names, else the "
+        "system's default).",
+    ),
 ) -> int:
     """Write one HTML page that tells a job's story, to look at rather than read.
 
@@ -43,11 +48,14 @@ def report_command(
     and links to every rank's log and the stacks. Self-contained (no network, no plotting
     library); open it in any browser.
     """
+    from ..ops.jobctl import find_record
     from ..story import write_report
 
     record = find_record(job)
     page, story = write_report(record, output, metrics)
     found = story.metrics
+    if open_page:
+        _open_in_browser(page)
     if as_json:
         data = {
             "job": record.id,
@@ -62,3 +70,12 @@ def report_command(
     print(f"report: {page}")
     print(f"metrics: {found.found_by}", file=sys.stderr)
     return EXIT_OK
+
+
+def _open_in_browser(page: Path) -> None:
+    import webbrowser  # only here: it reads the environment and probes for browsers
+
+    if not webbrowser.open(page.as_uri()):
+        print(
+            f"herd: no browser could be started here; open {page.as_uri()} in one", file=sys.stderr
+        )

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import json
 import sys
+from typing import TYPE_CHECKING
 
 import typer
 from rich.console import Console, Group
@@ -13,8 +14,10 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+if TYPE_CHECKING:
+    from ..ops.top import NodeLoad
+
 from ..errors import EXIT_NODE_NOT_READY, EXIT_OK
-from ..ops.top import NodeLoad, follow, sample_once, slow_ranks
 from .app import CLUSTER_HELP, HOSTS_HELP, NODES_HELP, app
 from .common import cluster_for, result_table
 from .parsing import HerdCommand
@@ -51,6 +54,8 @@ def _job_text(load: NodeLoad, compact: bool = False) -> tuple[str, str]:
 
 def render_view(loads: list[NodeLoad], width: int | None = None) -> Group:
     """The table, and under it the slow ranks herd named in running jobs."""
+    from ..ops.top import slow_ranks
+
     notes = [Text(line, style="yellow") for line in slow_ranks()]
     return Group(render(loads, width), *notes)
 
@@ -123,6 +128,8 @@ def top_command(
     GPUs come from NVML or nvidia-smi on each node; nodes without GPUs show CPU and memory.
     Progress is the last `step N` that local rank 0 printed, and its rate. Ctrl-C ends it.
     """
+    from ..ops.top import NodeLoad, follow, sample_once  # here: it reaches for the spec models
+
     cluster = cluster_for(config, hosts, nodes=nodes)
     if once or as_json:
         loads = sample_once(cluster, window=min(interval, 1.0))

@@ -3,23 +3,34 @@
 It reads only the variables torchrun sets, so it runs the same under `herd launch`, plain
 torchrun, or as a single process. Every rank says hello; rank 0 reports progress and writes a
 summary to $HERD_DEMO_SUMMARY when set.
+
+It is instrumented as a real script would be, so the demo's `herd report` page shows what a
+user's will: every rank beats its step (torchherd.progress, a no-op outside herd) and rank 0
+appends one JSON line per step (step, loss, samples/s, wall time) to ``metrics.jsonl`` in the
+``--run-dir`` it is given, the file torchherd.train writes and `herd report` draws.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import socket
 import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+from torchherd import progress
 from torchherd.train.dist import teardown_and_exit
 
+METRICS_EVERY = 5
+"""Steps per metrics.jsonl line: 60 points draw the curve; 300 lines would only be bigger."""
 
-def main(steps: int = 300, batch: int = 64) -> None:
+
+def main(steps: int = 300, batch: int = 64, run_dir: str | None = None) -> None:
     distributed = "RANK" in os.environ
     if distributed:
         dist.init_process_group("gloo")
@@ -37,7 +48,12 @@ def main(steps: int = 300, batch: int = 64) -> None:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     generator = torch.Generator().manual_seed(1000 + rank)  # each rank sees different data
 
-    started = time.monotonic()
+    metrics = None
+    if rank == 0 and run_dir:
+        Path(run_dir).mkdir(parents=True, exist_ok=True)
+        metrics = open(Path(run_dir) / "metrics.jsonl", "a", encoding="utf-8")  # noqa: SIM115
+
+    started = window = time.monotonic()
     first_loss = last_loss = 0.0
     for step in range(1, steps + 1):
         inputs = torch.randn(batch, 16, generator=generator)
@@ -49,9 +65,21 @@ def main(steps: int = 300, batch: int = 64) -> None:
         last_loss = loss.item()
         if step == 1:
             first_loss = last_loss
+        progress.beat(step, now=step == steps)  # the last step is the one a report shows
+        if metrics is not None and (step % METRICS_EVERY == 0 or step == 1):
+            now = time.monotonic()
+            seen = (METRICS_EVERY if step > 1 else 1) * batch * world
+            record = {"step": step, "loss": round(last_loss, 6), "time": round(time.time(), 3)}
+            if now > window:
+                record["samples_per_s"] = round(seen / (now - window), 1)
+            metrics.write(json.dumps(record) + "\n")
+            metrics.flush()
+            window = now
         if rank == 0 and (step % 100 == 0 or step == 1):
             print(f"step {step:4d}/{steps}  loss {last_loss:.4f}")
     elapsed = time.monotonic() - started
+    if metrics is not None:
+        metrics.close()
 
     summary_path = os.environ.get("HERD_DEMO_SUMMARY")
     if rank == 0 and summary_path:
@@ -72,4 +100,6 @@ def main(steps: int = 300, batch: int = 64) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    parser = argparse.ArgumentParser(description="herd's demo training job")
+    parser.add_argument("--run-dir", help="where rank 0 writes metrics.jsonl")
+    main(run_dir=parser.parse_args().run_dir)

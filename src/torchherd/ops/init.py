@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import ConfigError
+from ..errors import ConfigError, cannot_write
 from ..spec import ClusterSpec, NodeSpec, load_hostfile, parse_cluster_toml, parse_host_list
 from ..transport import for_cluster
 
@@ -171,9 +171,12 @@ def write_cluster_file(path: Path, text: str, *, force: bool = False) -> None:
             f"{path} already exists",
             "pass --force to replace it, or -o OTHER.toml to write elsewhere",
         )
-    path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    temporary.write_text(text, encoding="utf-8")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temporary.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise cannot_write(path, exc) from None
     if force:
         os.replace(temporary, path)
         return

@@ -104,7 +104,8 @@ def find_record(job_id: str | None, *, running: bool = False) -> JobRecord:
     matches = [r for r in records if r.id.startswith(job_id) or _tail(r.id).startswith(job_id)]
     if len(matches) == 1:
         return matches[0]
-    recent = ", ".join(r.id for r in records[-5:]) or "none yet"
+    # The user's jobs only, as `herd ps` lists them: herd's own measuring jobs would mislead.
+    recent = ", ".join(r.id for r in [r for r in records if r.kind == "job"][-5:]) or "none yet"
     if matches:
         raise ConfigError(
             f"job id {job_id!r} is ambiguous: {', '.join(r.id for r in matches)}",

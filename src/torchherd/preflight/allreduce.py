@@ -29,18 +29,6 @@ WRONG_RANK_VAR = "HERD_ALLREDUCE_WRONG_RANK"
 every rank gets back is really wrong and the check must say so (exit 1)."""
 
 
-def sizes_between(smallest: int, largest: int, factor: int) -> list[int]:
-    """smallest, x factor, ... up to largest (always included): nccl-tests -b/-e/-f."""
-    if smallest < 4 or largest < smallest or factor < 2:
-        raise ValueError(f"bad size range {smallest}..{largest} x{factor}")
-    sizes = []
-    size = smallest
-    while size < largest:
-        sizes.append(size)
-        size *= factor
-    return [*sizes, largest]
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument(

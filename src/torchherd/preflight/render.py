@@ -37,7 +37,7 @@ def _size(value: int) -> str:
 
 
 def render(report: PreflightReport, console: Console, *, verbose: bool = False) -> None:
-    console.print(_table(report))
+    console.print(_table(report, console.width))
     console.print("[dim]✓ pass  ! warning  ✗ failed  · not run or not applicable[/]")
     if report.versions:
         console.print()
@@ -64,13 +64,16 @@ def render(report: PreflightReport, console: Console, *, verbose: bool = False) 
         )
 
 
-def _table(report: PreflightReport) -> Table:
+def _table(report: PreflightReport, width: int = 200) -> Table:
+    """Nodes x checks. At ``width`` columns the checks' headers are never cut: the node column
+    gives way (a long name ends in "…"; the findings below name nodes in full)."""
     table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=0)
-    table.add_column("node", no_wrap=True)
     ran = {r.check for r in report.results}
     columns = [c for c in CHECKS if not c.optional or c.id in ran]
+    room = width - sum(len(c.header) for c in columns) - len(columns)
+    table.add_column("node", no_wrap=True, overflow="ellipsis", max_width=max(6, room))
     for check in columns:
-        table.add_column(check.header, justify="center", no_wrap=True)
+        table.add_column(check.header, justify="center", no_wrap=True, min_width=len(check.header))
     for host in report.hosts:
         # A check may have several results on a node (storage: one per --path): the worst shows.
         cells = [_symbol(_worst(report, check.id, host)) for check in columns]

@@ -194,3 +194,16 @@ class PreflightReport:
             "facts": {host: dict(values) for host, values in self.facts.items()},
             "seconds": self.seconds,
         }
+
+
+def sizes_between(smallest: int, largest: int, factor: int) -> list[int]:
+    """smallest, x factor, ... up to largest (always included): nccl-tests -b/-e/-f. Here, not
+    in the all-reduce worker: `herd bench` checks its sizes before anything imports torch."""
+    if smallest < 4 or largest < smallest or factor < 2:
+        raise ValueError(f"bad size range {smallest}..{largest} x{factor}")
+    sizes = []
+    size = smallest
+    while size < largest:
+        sizes.append(size)
+        size *= factor
+    return [*sizes, largest]

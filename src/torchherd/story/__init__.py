@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..errors import cannot_write
 from ..files import write_private
 from ..jobs import JobRecord
 from .gather import Story, find_metrics, gather
@@ -28,6 +29,10 @@ def write_report(
     page = (output or Path(record.log_dir) / PAGE).expanduser().absolute()
     if page.is_dir() or page.suffix.lower() not in (".html", ".htm"):
         page = page / PAGE  # a directory, existing or to be made
-    page.parent.mkdir(parents=True, exist_ok=True)
-    write_private(page, render(story, page))
+    text = render(story, page)
+    try:
+        page.parent.mkdir(parents=True, exist_ok=True)
+        write_private(page, text)
+    except OSError as exc:
+        raise cannot_write(page, exc) from None
     return page, story

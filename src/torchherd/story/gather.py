@@ -11,7 +11,15 @@ in this order:
 2. the ``--run-dir`` (or ``--run_dir``) among the job's own arguments, taken from the job's
    working directory as the script took it;
 3. a ``metrics.jsonl`` under the job's working directory (at most four levels down) that was
-   written while the job ran: the newest such file.
+   written while the job ran, when exactly one such file is found; with two or more the page
+   names them and asks for ``--metrics`` rather than guess.
+
+Whatever the file, only the job's own records are kept: torchherd.train stamps each record
+with the wall ``time`` it was written, and records written before the job started or after it
+ended (an earlier run resumed in the same run directory, a later job writing there) are left
+out. A file of records without times (an older trainer, a plain script) is judged by when it
+was last written: during the job, not after (a later job in the same folder would otherwise
+lend it its curves).
 """
 
 from __future__ import annotations
@@ -30,8 +38,10 @@ METRICS_FILE = "metrics.jsonl"
 SEARCH_DEPTH = 4
 # Directories a search for metrics.jsonl never enters: big, and never a run directory.
 SKIPPED_DIRS = {".git", "__pycache__", "node_modules", ".venv", "venv", "snapshots", "tensorboard"}
-# A metrics file written this long after the job's end still counts (a final upload, a flush).
-LATE_WRITE_S = 120.0
+# Slack at either end of the job's window for a record's time or a file's mtime: the workers'
+# clocks against the launcher's, a flush racing the last exit. Not minutes: a job started soon
+# after would fall inside it.
+SLACK_S = 5.0
 
 
 @dataclass
@@ -128,7 +138,7 @@ def find_metrics(record: JobRecord, given: str | None = None) -> Metrics:
         path = path / METRICS_FILE if path.is_dir() else path
         if not path.is_file():
             return Metrics(None, f"--metrics {given}: no {METRICS_FILE} there")
-        return Metrics(path, f"given with --metrics ({path})", read_metrics(path))
+        return _own(record, path, "given with --metrics", strict=False)
     workdir = workdir_of(record)
     run_dir = run_dir_argument(record.what)
     if run_dir is not None:
@@ -141,31 +151,69 @@ def find_metrics(record: JobRecord, given: str | None = None) -> Metrics:
         base = Path(os.path.expanduser(run_dir.removeprefix("file://")))
         path = (base if base.is_absolute() or workdir is None else workdir / base) / METRICS_FILE
         if path.is_file():
-            return Metrics(path, f"--run-dir {run_dir} in the job's arguments", read_metrics(path))
-    written = _written_during(record, workdir) if workdir is not None else None
-    if written is not None:
+            return _own(record, path, f"--run-dir {run_dir} in the job's arguments", strict=True)
+    found = _written_during(record, workdir) if workdir is not None else []
+    if len(found) == 1:
+        return _own(record, found[0], "written under the job's working directory while it ran")
+    if len(found) > 1:
+        names = ", ".join(str(path) for path in found[:4])
         return Metrics(
-            written,
-            f"written under the job's working directory while it ran ({written})",
-            read_metrics(written),
+            None,
+            f"{len(found)} {METRICS_FILE} files were written while the job ran ({names}); "
+            "herd does not guess which is this job's: pass --metrics PATH",
         )
     where = f"in {workdir}" if workdir else "for this job"
     return Metrics(
         None,
-        f"no {METRICS_FILE} found {where} (torchherd.train writes one in its run directory; "
-        "pass --metrics PATH if it is elsewhere)",
+        f"no {METRICS_FILE} written while the job ran found {where} (torchherd.train writes "
+        "one in its run directory; pass --metrics PATH if it is elsewhere)",
     )
 
 
-def _written_during(record: JobRecord, workdir: Path) -> Path | None:
-    """The newest metrics.jsonl under ``workdir`` modified while the job ran."""
-    start = record.started - 5
-    end = (record.ended or time.time()) + LATE_WRITE_S
-    best: tuple[float, Path] | None = None
+def job_window(record: JobRecord) -> tuple[float, float]:
+    """The wall times a record or file of this job can carry, slack included."""
+    return record.started - SLACK_S, (record.ended or time.time()) + SLACK_S
+
+
+def _own(record: JobRecord, path: Path, found_by: str, *, strict: bool = True) -> Metrics:
+    """The file's records written while the job ran (all of them where none carries a time).
+    ``strict``: a file with times but none in the job's window gives no curves (another job's);
+    a file the user named is taken whole in that case, with a note."""
+    records = read_metrics(path)
+    start, end = job_window(record)
+    timed = [r for r in records if isinstance(r.get("time"), int | float)]
+    if not timed:
+        return Metrics(path, found_by, records)
+    own = [
+        r
+        for r in records
+        if not isinstance(r.get("time"), int | float) or start <= r["time"] <= end
+    ]
+    left_out = len(timed) - sum(1 for r in own if isinstance(r.get("time"), int | float))
+    if not any(isinstance(r.get("time"), int | float) for r in own):
+        if strict:
+            return Metrics(
+                None,
+                f"{path} ({found_by}) has no record written while this job ran: another job's "
+                "run (pass --metrics PATH to draw it anyway)",
+            )
+        return Metrics(
+            path, found_by + "; none of its records was written while this job ran", records
+        )
+    if left_out:
+        found_by += f"; {left_out} record(s) written by other runs of the same directory left out"
+    return Metrics(path, found_by, own)
+
+
+def _written_during(record: JobRecord, workdir: Path) -> list[Path]:
+    """Every metrics.jsonl under ``workdir`` written while the job ran: records stamped in the
+    job's window, or (records without times) last modified in it."""
+    start, end = job_window(record)
+    found = []
     root_depth = len(workdir.parts)
     for folder, dirs, files in os.walk(workdir):
         depth = len(Path(folder).parts) - root_depth
-        dirs[:] = [] if depth >= SEARCH_DEPTH else [d for d in dirs if d not in SKIPPED_DIRS]
+        dirs[:] = [] if depth >= SEARCH_DEPTH else sorted(d for d in dirs if d not in SKIPPED_DIRS)
         if METRICS_FILE not in files:
             continue
         path = Path(folder) / METRICS_FILE
@@ -173,9 +221,12 @@ def _written_during(record: JobRecord, workdir: Path) -> Path | None:
             mtime = path.stat().st_mtime
         except OSError:
             continue
-        if start <= mtime <= end and (best is None or mtime > best[0]):
-            best = (mtime, path)
-    return best[1] if best else None
+        if mtime < start:
+            continue  # nothing written since the job started
+        times = [r["time"] for r in read_metrics(path) if isinstance(r.get("time"), int | float)]
+        if any(start <= t <= end for t in times) if times else mtime <= end:
+            found.append(path)
+    return found
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:

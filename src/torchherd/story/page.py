@@ -10,18 +10,23 @@ from __future__ import annotations
 
 import html
 import os
+import re
 import time
 from pathlib import Path
 from typing import Any
 
 from .. import __version__
+from ..noise import is_noise
 from .gather import Story
 from .svg import OUTCOME_COLOURS, duration, line_chart, timeline
+
+# torch's prefix of every line a rank prints to stderr under torchrun (its --tee/--redirects).
+RANK_PREFIX = re.compile(r"^\[rank\d+\]:\s?", re.MULTILINE)
 
 # Attempt keys the table shows in columns of their own; any other key is listed as it is.
 KNOWN_KEYS = {
     "n", "started", "ended", "nodes", "world_size", "rdzv_endpoint", "how", "why", "outcome",
-    "noticed", "failure", "behind", "stacks_dir", "max_step",
+    "noticed", "failure", "behind", "stacks_dir", "max_step", "phases",
 }  # fmt: skip
 
 STYLE = """
@@ -91,13 +96,15 @@ def render(story: Story, page: Path) -> str:
         _verdict(story),
         _facts(story),
         _attempts(story, links),
+        _phases(story),
         _rates(story),
+        _step_times(story),
         _metrics(story),
         _failure(story, links),
         _files(story, links),
         f'<p class="note">Made by herd report (torchherd {esc(__version__)}) on '
-        f"{esc(clock(story.made))} from {esc(Path(record.log_dir) / '..')}: the job record, "
-        "its logs and stacks, and its metrics.</p>",
+        f"{esc(clock(story.made))} from the job's record and logs in {esc(record.log_dir)}."
+        "</p>",
         "</body></html>",
     ]
     return "\n".join(parts) + "\n"
@@ -141,8 +148,32 @@ def headline(failure: dict[str, Any]) -> str:
         how = f"exit code {failure['exitcode']}"
     else:
         how = ""
-    message = str(failure.get("message") or "").strip().splitlines()
-    return ": ".join(bit for bit in (where, how, message[0] if message else "") if bit)
+    return ": ".join(bit for bit in (where, how, error_line(failure)) if bit)
+
+
+def error_line(failure: dict[str, Any]) -> str:
+    """What the failing rank said: the record's message, else the last line of its stderr
+    (a Python traceback ends with the exception, ``ValueError: bad value 42``)."""
+    message = unprefixed(str(failure.get("message") or "")).strip().splitlines()
+    if message:
+        return message[0]
+    tail = failure.get("stderr_tail")
+    lines = (
+        [str(line).strip() for line in tail if str(line).strip()] if isinstance(tail, list) else []
+    )
+    return unprefixed(lines[-1]) if lines else ""
+
+
+def unprefixed(text: str) -> str:
+    """``text`` without torch's ``[rank1]:`` at the start of its lines: the page names the
+    rank already."""
+    return RANK_PREFIX.sub("", text)
+
+
+def stderr_shown(tail: list[Any]) -> list[str]:
+    """The stderr tail as the page shows it: torch's known chatter (c10d's reverse lookup, C++
+    frames) left out, as on the console, and the rank prefix dropped."""
+    return [unprefixed(str(line)) for line in tail if not is_noise(str(line), after_verdict=False)]
 
 
 def _facts(story: Story) -> str:
@@ -274,6 +305,51 @@ def _rates(story: Story) -> str:
     )
 
 
+def _phases(story: Story) -> str:
+    """How each attempt's start was spent, where the record has it: an attempt's ``phases``,
+    {phase: seconds} in the order they ran (connect, probe, plan, rendezvous, ...)."""
+    rows = []
+    for a in story.attempts:
+        phases = a.get("phases")
+        if not isinstance(phases, dict):
+            continue
+        timed = {k: v for k, v in phases.items() if isinstance(v, int | float)}
+        total = sum(timed.values())
+        for name, seconds in timed.items():
+            share = f"{100 * seconds / total:.0f} %" if total > 0 else "-"
+            rows.append([str(a.get("n", "-")), str(name), f"{seconds:.2f}", share])
+        rows.append([str(a.get("n", "-")), "total", f"{total:.2f}", "100 %"])
+    if not rows:
+        return ""
+    return "<h2>Start of each attempt</h2>" + table(["attempt", "phase", "seconds", "share"], rows)
+
+
+def _step_times(story: Story) -> str:
+    """Each node's step time over the run, where the record has it: a node's ``step_times``,
+    [[step, seconds], ...], in each attempt (one curve per node, attempts joined)."""
+    series: dict[str, list[tuple[float, float]]] = {}
+    for a in story.attempts:
+        for node in a.get("nodes") or []:
+            if not isinstance(node, dict) or not isinstance(node.get("step_times"), list):
+                continue
+            points = series.setdefault(str(node.get("host", "?")), [])
+            for point in node["step_times"]:
+                if (
+                    isinstance(point, list | tuple)
+                    and len(point) == 2
+                    and all(isinstance(v, int | float) for v in point)
+                ):
+                    points.append((float(point[0]), float(point[1])))
+    charts = [
+        line_chart(sorted(points), f"step time (s), {host}", "#8e5cc2")
+        for host, points in series.items()
+        if len(points) >= 2
+    ]
+    if not charts:
+        return ""
+    return f'<h2>Step time per node</h2><div class="charts">{"".join(charts)}</div>'
+
+
 def _first(mapping: dict[str, Any], *keys: str) -> Any:
     for key in keys:
         if isinstance(mapping.get(key), int | float):
@@ -284,14 +360,14 @@ def _first(mapping: dict[str, Any], *keys: str) -> Any:
 def _metrics(story: Story) -> str:
     metrics = story.metrics
     charts = []
-    for key, label, colour in (
-        ("loss", "loss", "#d1495b"),
-        ("samples_per_s", "throughput (samples/s)", "#3b7dd8"),
-        ("tokens_per_s", "throughput (tokens/s)", "#2a9d5c"),
+    for key, label, colour, log in (
+        ("loss", "loss", "#d1495b", True),
+        ("samples_per_s", "throughput (samples/s)", "#3b7dd8", False),
+        ("tokens_per_s", "throughput (tokens/s)", "#2a9d5c", False),
     ):
         points = metrics.series(key)
         if len(points) >= 2:
-            charts.append(line_chart(points, label, colour))
+            charts.append(line_chart(points, label, colour, log=log))
     if not charts:
         why = metrics.found_by if metrics.path is None else f"{metrics.path} has no loss or rate"
         return f"<h2>Loss and throughput</h2><p class=note>No curves: {esc(why)}.</p>"
@@ -314,14 +390,20 @@ def _failure(story: Story, links: Links) -> str:
             if failure.get("signal")
             else f"exit code {failure.get('exitcode', '-')}",
         ],
-        ["message", str(failure.get("message") or "-")],
+        ["message", unprefixed(str(failure.get("message") or "")) or error_line(failure) or "-"],
         ["cause", str(failure.get("cause") or "not a known signature")],
         ["fix", str(failure.get("remedy") or "-")],
     ]
     rank = failure.get("rank")
+    tail = failure.get("stderr_tail")
+    said = (
+        "<p>The last lines of its stderr:</p><pre>" + esc("\n".join(stderr_shown(tail))) + "</pre>"
+        if isinstance(tail, list) and tail
+        else ""
+    )
     log = Path(story.record.log_dir) / f"rank-{rank}.log"
     see = f"<p>Its output: {links.a(log)}</p>" if rank is not None and log.exists() else ""
-    return '<h2 id="first-failure">First failure</h2>' + pairs(rows) + see
+    return '<h2 id="first-failure">First failure</h2>' + pairs(rows) + said + see
 
 
 def _files(story: Story, links: Links) -> str:

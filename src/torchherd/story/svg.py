@@ -100,10 +100,53 @@ def _tooltip(attempt: dict[str, Any]) -> str:
     return "; ".join(bits)
 
 
-def line_chart(points: Sequence[tuple[float, float]], label: str, colour: str = "#3b7dd8") -> str:
-    """``label`` against step, with its first and last step and its range on the axes."""
-    width, height, left, bottom, top, right = 440, 220, 58, 30, 24, 14
+def nice_ticks(lo: float, hi: float, most: int = 6) -> list[float]:
+    """Round values (1, 2 or 5 times a power of ten apart) from ``lo`` to ``hi``."""
+    span = hi - lo
+    if span <= 0:
+        return [lo]
+    raw = span / max(most - 1, 1)
+    power = 10 ** math.floor(math.log10(raw))
+    step = next(m * power for m in (1, 2, 5, 10) if m * power >= raw)
+    first = math.ceil(lo / step - 1e-9) * step
+    ticks = []
+    value = first
+    while value <= hi + step * 1e-9:
+        ticks.append(round(value, 12))
+        value += step
+    return ticks
+
+
+def log_ticks(lo: float, hi: float) -> list[float]:
+    """1, 2 and 5 times each power of ten between ``lo`` and ``hi`` (both > 0); only the
+    powers of ten where that makes too many."""
+    ticks = []
+    for power in range(math.floor(math.log10(lo)), math.ceil(math.log10(hi)) + 1):
+        for mantissa in (1, 2, 5):
+            value = mantissa * 10.0**power
+            if lo * (1 - 1e-9) <= value <= hi * (1 + 1e-9):
+                ticks.append(value)
+    if len(ticks) > 8:
+        ticks = [t for t in ticks if math.isclose(t, 10 ** round(math.log10(t)))]
+    if len(ticks) < 2:  # a range within one 1-2-5 step: the ends themselves
+        ticks = sorted({lo, hi})
+    return ticks
+
+
+def line_chart(
+    points: Sequence[tuple[float, float]],
+    label: str,
+    colour: str = "#3b7dd8",
+    *,
+    log: bool = False,
+    x_label: str = "step",
+) -> str:
+    """``label`` against ``x_label`` with ticks on both axes; ``log``: a logarithmic y axis
+    (a loss falls by decades; on a linear axis its end is a flat line). A log axis needs
+    every value above zero: with one at or below zero the axis stays linear and says so."""
+    width, height, left, bottom, top, right = 440, 240, 58, 44, 24, 14
     xs, ys = [p[0] for p in points], [p[1] for p in points]
+    log = log and min(ys) > 0
     x_lo, x_hi = min(xs), max(xs)
     y_lo, y_hi = min(ys), max(ys)
     if math.isclose(x_lo, x_hi):
@@ -112,34 +155,47 @@ def line_chart(points: Sequence[tuple[float, float]], label: str, colour: str = 
         y_hi = y_lo + (abs(y_lo) or 1) * 0.1
     plot_w, plot_h = width - left - right, height - top - bottom
 
+    def fy(y: float) -> float:
+        return math.log10(y) if log else y
+
     def px(x: float) -> float:
         return left + (x - x_lo) / (x_hi - x_lo) * plot_w
 
     def py(y: float) -> float:
-        return top + (1 - (y - y_lo) / (y_hi - y_lo)) * plot_h
+        return top + (1 - (fy(y) - fy(y_lo)) / (fy(y_hi) - fy(y_lo))) * plot_h
 
     path = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in points)
-    return "".join(
-        [
-            f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-            f'viewBox="0 0 {width} {height}" role="img" aria-label="{html.escape(label)}" '
-            'font-family="sans-serif" font-size="11">',
-            _text(left, 14, label, font_weight="bold", font_size="12"),
-            f'<rect x="{left}" y="{top}" width="{plot_w}" height="{plot_h}" fill="none" '
-            'stroke="#ccc"/>',
-            f'<polyline points="{path}" fill="none" stroke="{colour}" stroke-width="1.6"/>',
-            _text(left - 4, top + 8, _short(y_hi), text_anchor="end", fill="#555"),
-            _text(left - 4, top + plot_h, _short(y_lo), text_anchor="end", fill="#555"),
-            _text(left, height - 12, f"step {_short(x_lo)}", fill="#555"),
-            _text(
-                left + plot_w, height - 12, f"step {_short(x_hi)}", text_anchor="end", fill="#555"
-            ),
-            "</svg>",
-        ]
-    )
+    title = label + (" (log scale)" if log else "")
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}" role="img" aria-label="{html.escape(title)}" '
+        'font-family="sans-serif" font-size="11">',
+        _text(left, 14, title, font_weight="bold", font_size="12"),
+        f'<rect x="{left}" y="{top}" width="{plot_w}" height="{plot_h}" fill="none" '
+        'stroke="#ccc"/>',
+    ]
+    for value in log_ticks(y_lo, y_hi) if log else nice_ticks(y_lo, y_hi):
+        y = py(value)
+        parts.append(
+            f'<line x1="{left}" y1="{y:.1f}" x2="{left + plot_w}" y2="{y:.1f}" stroke="#eee"/>'
+        )
+        parts.append(_text(left - 4, y + 4, _short(value), text_anchor="end", fill="#555"))
+    for value in nice_ticks(x_lo, x_hi):
+        x = px(value)
+        parts.append(
+            f'<line x1="{x:.1f}" y1="{top + plot_h}" x2="{x:.1f}" y2="{top + plot_h + 4}" '
+            'stroke="#999"/>'
+        )
+        parts.append(_text(x, top + plot_h + 15, _short(value), text_anchor="middle", fill="#555"))
+    parts += [
+        _text(left + plot_w / 2, height - 6, x_label, text_anchor="middle", fill="#333"),
+        f'<polyline points="{path}" fill="none" stroke="{colour}" stroke-width="1.6"/>',
+        "</svg>",
+    ]
+    return "".join(parts)
 
 
 def _short(value: float) -> str:
     if value == int(value) and abs(value) < 1e7:
         return f"{int(value)}"
-    return f"{value:.4g}"
+    return f"{value:.3g}"

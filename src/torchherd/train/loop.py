@@ -255,6 +255,14 @@ class Trainer:
             self.resume()
         self.metrics.begin(resumed=self.resumed_from is not None)
         self.metrics.restart_window()
+        if self.resumed_from is not None and self._done():
+            # The same command run again: its run directory holds a finished run, and a user
+            # who meant to train again must not read "done" as having trained.
+            self.metrics.message(
+                f"nothing to train: {self.config.run_dir} holds a run that already finished "
+                f"(step {self.step}); give it a new run directory to train again (--run-dir in "
+                "the examples), or more steps to go on with this one"
+            )
         while not self._done():
             self.sampler.set_epoch(self.epoch)
             left = len(self.loader)

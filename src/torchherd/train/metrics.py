@@ -223,7 +223,9 @@ class MetricsLogger:
             if self.total_steps:
                 last["eta_s"] = round((self.total_steps - last["step"]) * elapsed / len(records), 1)
         out = self._jsonl()
+        written = round(time.time(), 3)  # wall time: `herd report` keeps a job's own records
         for record in records:
+            record.setdefault("time", written)
             out.write(json.dumps(record) + "\n")
             self._scalars(record)
         out.flush()
@@ -234,7 +236,7 @@ class MetricsLogger:
         """Append an evaluation record and print it."""
         if not self.enabled:
             return
-        record = {"step": step, **values}
+        record = {"step": step, **values, "time": round(time.time(), 3)}
         self._jsonl().write(json.dumps(record) + "\n")
         self._jsonl().flush()
         self._scalars(record)
@@ -257,7 +259,7 @@ class MetricsLogger:
         values = {
             key: value
             for key, value in record.items()
-            if key not in ("step", "epoch") and isinstance(value, int | float)
+            if key not in ("step", "epoch", "time") and isinstance(value, int | float)
         }
         if self._tb is not None:
             for key, value in values.items():

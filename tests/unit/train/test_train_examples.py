@@ -54,7 +54,8 @@ def test_gpt_under_plain_python_learns(tmp_path: Path) -> None:
 def test_hf_trainer_example_runs_and_resumes(tmp_path: Path) -> None:
     script = str(EXAMPLES / "hf_trainer.py")
     args = ["--snapshot-every", "3", "--run-dir", str(tmp_path)]
-    run_checked([sys.executable, script, "--max-steps", "3", *args])
+    first = run_checked([sys.executable, script, "--max-steps", "3", *args])
+    assert "done: 3 steps, from the start" in first.stdout  # not "resumed from None"
     resumed = run_checked(torchrun_argv(2, Path(script), ["--max-steps", "6", *args]))
     assert "resumed from" in resumed.stdout and "checkpoint-3" in resumed.stdout
     assert [r["step"] for r in read_metrics(tmp_path)] == list(range(1, 7))

@@ -234,3 +234,18 @@ def test_snapshots_written_in_background_or_not_resume_the_same(
     assert Snapshotter(tmp_path / "b" / "snapshots").steps()[0] == 6
     a, b = weights(straight), weights(resumed)
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_finished_run_run_again_says_there_is_nothing_to_train(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The same command twice (a README example): the second finds the run finished and says
+    how to train again, rather than a bare "done"."""
+    fit(tmp_path)
+    first = capsys.readouterr().out
+    assert "nothing to train" not in first
+    again = fit(tmp_path)
+    assert again.resumed_from == 10
+    out = capsys.readouterr().out
+    assert f"nothing to train: {tmp_path} holds a run that already finished (step 10)" in out
+    assert "new run directory" in out
