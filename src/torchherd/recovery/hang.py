@@ -68,6 +68,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..progress import PHASE_LIMIT  # seconds a phase without a limit of its own may last
+
 # Seconds of silence (no line, beat or phase change from any rank) before herd looks.
 LOOK_AFTER = 10.0
 # Seconds between looks while something looks wrong; up to LOOK_EVERY_MAX while all works.
@@ -86,8 +88,6 @@ FIRST_COLLECTIVE = 300.0
 # Seconds a rank may wait on the world outside the job (a socket, a lock, a sleep, a slow
 # mount) before the job is hung: downloads, backoffs and mount hiccups take minutes.
 OUTSIDE_LIMIT = 600.0
-# Seconds a rank may stay in a declared phase without a limit of its own.
-PHASE_LIMIT = 1800.0
 # Seconds a rank may go on running once other ranks finished, when it is not working.
 FINISH_GRACE = 60.0
 # Seconds every rank may stay at the same frames with no I/O, CPU or not, before a hang.
