@@ -132,7 +132,9 @@ class NodePool:
                     self.returned = [h for h in self.returned if h != host]
                     self.links.pop(host, None)
                     if link is not None:
-                        link.cut()  # a silent session: nothing to wait for
+                        # Closed, not killed: a session cut here leaves the node's sshd to
+                        # learn of it only from a late retransmission once the node is back.
+                        link.close()
                     self.say(f"herd: {kind}{host} stopped answering; it is no longer kept ready")
                 else:
                     link.command("ping")

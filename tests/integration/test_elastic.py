@@ -213,13 +213,14 @@ def test_a_node_that_fails_twice_in_a_row_is_set_aside(testbed: Testbed, tmp_pat
 def test_a_dead_spare_is_never_chosen(clean_faults: Testbed, tmp_path: Path) -> None:
     """The spare is cut off first: herd notices its silence (an idle agent answers pings) and
     drops it, so when node2 is lost the job goes on with node1 (--min-nodes 1) instead of
-    waiting for a spare that will never join."""
+    waiting for a spare that will never join. 600 steps (30 s): the first attempt outlasts the
+    spare's silence, so node2 is cut off while the job still runs."""
     testbed = clean_faults
     herd = steps_job(
         testbed,
         tmp_path,
         one_each("node1", "node2", spare="node3"),
-        ["--max-restarts", "1", "--min-nodes", "1", "steps.py", "--steps", "300", "--quiet"],
+        ["--max-restarts", "1", "--min-nodes", "1", "steps.py", "--steps", "600", "--quiet"],
     )
     herd.wait_for(r"STEPPING rank=1", 120)
     testbed.partition("node3")
