@@ -9,8 +9,16 @@ import zipfile
 from pathlib import Path
 
 
-def make_wheel(folder: Path, name: str, version: str, platform: str = "any",
-               python: str = "py3", abi: str = "none", payload: int = 0, modules: int = 0) -> Path:
+def make_wheel(
+    folder: Path,
+    name: str,
+    version: str,
+    platform: str = "any",
+    python: str = "py3",
+    abi: str = "none",
+    payload: int = 0,
+    modules: int = 0,
+) -> Path:
     """Write ``NAME-VERSION-PY-ABI-PLATFORM.whl`` into ``folder``; ``payload`` extra bytes of
     data make it as large as a test needs, ``modules`` extra small modules as slow to install."""
     folder.mkdir(parents=True, exist_ok=True)

@@ -46,13 +46,18 @@ def work(bed: Testbed, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def env(bed: Testbed, work: Path, *args: str) -> subprocess.CompletedProcess[str]:
     root = f"{bed.private}/herd"
-    return herd(["env", *args, "-c", str(work / "herd.toml"), "--root", root],
-                work / "home", work, timeout=240)
+    return herd(
+        ["env", *args, "-c", str(work / "herd.toml"), "--root", root],
+        work / "home",
+        work,
+        timeout=240,
+    )
 
 
 def sync(bed: Testbed, work: Path, lock: str, *extra: str) -> tuple[int, dict]:
-    done = env(bed, work, "sync", "--lock", lock, "--wheels", str(work / "wheels"), "--json",
-               *extra)
+    done = env(
+        bed, work, "sync", "--lock", lock, "--wheels", str(work / "wheels"), "--json", *extra
+    )
     assert done.stdout.strip(), done.stderr
     return done.returncode, json.loads(done.stdout)
 
@@ -72,8 +77,14 @@ def test_fresh_nodes_end_identical_and_run_the_synced_python(bed: Testbed, work:
     for test_node in bed.nodes:
         # Built on the node's own filesystem, and its python imports the synced code there.
         assert (bed.private_of(test_node) / "herd" / want / ".herd-complete").is_file()
-        said = bed.ns_run(test_node, [f"{bed.private}/herd/current/bin/python", "-c",
-                                      "import alpha, sys; print(alpha.VERSION, sys.prefix)"])
+        said = bed.ns_run(
+            test_node,
+            [
+                f"{bed.private}/herd/current/bin/python",
+                "-c",
+                "import alpha, sys; print(alpha.VERSION, sys.prefix)",
+            ],
+        )
         assert said.stdout.split()[0] == "1.0"
     assert not (bed.private / "herd").exists()  # nothing on the launcher's own filesystem
     status = env(bed, work, "status", "--lock", "v1.txt", "--json")
@@ -128,10 +139,29 @@ def test_ctrl_c_mid_sync_leaves_the_previous_environment(bed: Testbed, work: Pat
     # A large new package: the install takes long enough to be interrupted in.
     make_wheel(work / "wheels", "gamma", "1.0", payload=20_000_000, modules=20_000)
     (work / "v3.txt").write_text("alpha==1.0\nbeta==1.0\ngamma==1.0\n")
-    argv = [sys.executable, "-m", "torchherd", "env", "sync", "--lock", "v3.txt", "--wheels",
-            str(work / "wheels"), "-c", str(work / "herd.toml"), "--root", f"{bed.private}/herd"]
-    proc = subprocess.Popen(argv, cwd=work, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=dict(os.environ, HERD_HOME=str(work / "home")))
+    argv = [
+        sys.executable,
+        "-m",
+        "torchherd",
+        "env",
+        "sync",
+        "--lock",
+        "v3.txt",
+        "--wheels",
+        str(work / "wheels"),
+        "-c",
+        str(work / "herd.toml"),
+        "--root",
+        f"{bed.private}/herd",
+    ]
+    proc = subprocess.Popen(
+        argv,
+        cwd=work,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ, HERD_HOME=str(work / "home")),
+    )
     assert proc.stderr is not None
     seen = []
     for line in proc.stderr:
@@ -149,8 +179,10 @@ def test_ctrl_c_mid_sync_leaves_the_previous_environment(bed: Testbed, work: Pat
     assert not any(bed.node_processes(n) for n in bed.nodes)
     for node in bed.nodes:
         assert current(bed, node.name) == old
-        said = bed.ns_run(node, [f"{bed.private}/herd/current/bin/python", "-c",
-                                 "import alpha; print(alpha.VERSION)"])
+        said = bed.ns_run(
+            node,
+            [f"{bed.private}/herd/current/bin/python", "-c", "import alpha; print(alpha.VERSION)"],
+        )
         assert said.stdout.strip() == "1.0"
         assert not list((bed.private_of(node) / "herd" / "cache" / "wheels").glob("*.part-*"))
 
@@ -160,9 +192,23 @@ def test_a_full_disk_is_named_before_anything_is_written(bed: Testbed, work: Pat
     bed.ns_run("node3", ["mkdir", "-p", fresh])
     bed.ns_run("node3", ["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", fresh])
     try:
-        done = herd(["env", "sync", "--lock", "v1.txt", "--wheels", str(work / "wheels"),
-                     "-c", str(work / "herd.toml"), "--root", f"{fresh}/herd"],
-                    work / "home", work, timeout=240)
+        done = herd(
+            [
+                "env",
+                "sync",
+                "--lock",
+                "v1.txt",
+                "--wheels",
+                str(work / "wheels"),
+                "-c",
+                str(work / "herd.toml"),
+                "--root",
+                f"{fresh}/herd",
+            ],
+            work / "home",
+            work,
+            timeout=240,
+        )
         assert done.returncode == 3, done.stdout + done.stderr
         assert "node3: disk space: needs" in done.stdout and "nothing was written" in done.stdout
         assert "node1: not started: other nodes lack disk space" in done.stdout
@@ -174,10 +220,26 @@ def test_a_full_disk_is_named_before_anything_is_written(bed: Testbed, work: Pat
 
 
 def test_a_node_without_the_interpreter_is_named_with_the_fix(bed: Testbed, work: Path) -> None:
-    done = herd(["env", "sync", "--lock", "v1.txt", "--wheels", str(work / "wheels"),
-                 "-c", str(work / "herd.toml"), "--root", f"{bed.private}/herd",
-                 "--nodes", "node1", "--node-python", "/opt/none/python3"],
-                work / "home", work)
+    done = herd(
+        [
+            "env",
+            "sync",
+            "--lock",
+            "v1.txt",
+            "--wheels",
+            str(work / "wheels"),
+            "-c",
+            str(work / "herd.toml"),
+            "--root",
+            f"{bed.private}/herd",
+            "--nodes",
+            "node1",
+            "--node-python",
+            "/opt/none/python3",
+        ],
+        work / "home",
+        work,
+    )
     assert done.returncode == 3
     assert "node1: no /opt/none/python3 on this node: install Python 3" in done.stdout
 
@@ -185,8 +247,7 @@ def test_a_node_without_the_interpreter_is_named_with_the_fix(bed: Testbed, work
 def test_another_platform_gets_its_own_wheels(bed: Testbed, work: Path) -> None:
     wheels = work / "wheels"
     for machine in ("x86_64", "aarch64"):
-        make_wheel(wheels, "fast", "1.0", platform=f"linux_{machine}", python="cp311",
-                   abi="cp311")
+        make_wheel(wheels, "fast", "1.0", platform=f"linux_{machine}", python="cp311", abi="cp311")
     (work / "v4.txt").write_text("alpha==1.0\nfast==1.0\n")
     (bed.private_of("node3") / "herd").mkdir(exist_ok=True)
     (bed.private_of("node3") / "herd" / "platform").write_text("aarch64\n")

@@ -32,16 +32,19 @@ def test_hash_depends_on_versions_and_python_minor_only() -> None:
 
 def test_launcher_environment_hash_is_what_its_python_computes_on_itself() -> None:
     target = from_this_environment()
-    out = subprocess.run([sys.executable, envid.__file__], capture_output=True, text=True,
-                         check=True)
+    out = subprocess.run(
+        [sys.executable, envid.__file__], capture_output=True, text=True, check=True
+    )
     assert json.loads(out.stdout)["hash"] == target.hash
     assert "torchherd" in target.local_projects  # installed editable from this tree
 
 
 def test_requirements_pins_markers_and_mistakes(tmp_path: Path) -> None:
     req = tmp_path / "requirements.txt"
-    req.write_text("# pinned\nTyping_Extensions==4.12.2\nfoo==1.0 ; python_version < '3.9'\n"
-                   "--index-url https://example.invalid\nbar[x]==2.0  # c\n")
+    req.write_text(
+        "# pinned\nTyping_Extensions==4.12.2\nfoo==1.0 ; python_version < '3.9'\n"
+        "--index-url https://example.invalid\nbar[x]==2.0  # c\n"
+    )
     target = from_requirements(req, "3.11.7")
     assert target.packages == {"typing-extensions": "4.12.2", "bar": "2.0"}
     req.write_text("numpy>=1\n")
@@ -85,10 +88,17 @@ def test_resolve_takes_each_platforms_wheel_and_names_a_missing_one(tmp_path: Pa
 def _node(action: str, root: Path, stdin: bytes = b"", **args: object) -> list[dict]:
     """Run the node side exactly as a node does: python3 -c BOOTSTRAP, modules on stdin, which
     stays open until the node side is done (as the launcher holds it during a build)."""
-    sources = {"envid": Path(envid.__file__).read_text(),
-               "envnode": Path(envnode.__file__).read_text()}
-    argv = [sys.executable, "-c", envnode.BOOTSTRAP, action,
-            json.dumps({"root": str(root), **args})]
+    sources = {
+        "envid": Path(envid.__file__).read_text(),
+        "envnode": Path(envnode.__file__).read_text(),
+    }
+    argv = [
+        sys.executable,
+        "-c",
+        envnode.BOOTSTRAP,
+        action,
+        json.dumps({"root": str(root), **args}),
+    ]
     with subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE) as node:
         assert node.stdin is not None and node.stdout is not None
         node.stdin.write((json.dumps(sources) + "\n").encode() + stdin)
@@ -125,21 +135,27 @@ def test_node_side_builds_verifies_switches_and_goes_back(tmp_path: Path) -> Non
     got = _node("build", root, hash=first, wheels=[a1.name, b1.name], uv=uv_version())
     assert got[-1] == {"done": {"current": first}}, got
     env_python = root / "current" / "bin" / "python"
-    said = subprocess.run([env_python, "-c", "import alpha; print(alpha.VERSION)"],
-                          capture_output=True, text=True, check=True).stdout
+    said = subprocess.run(
+        [env_python, "-c", "import alpha; print(alpha.VERSION)"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     assert said.strip() == "1.0"
     # A second environment is built beside the first; the first stays whole.
     _node("receive", root, _tar({a2.name: a2}))
     second = envid.identity({"alpha": "2.0", "beta": "1.0"}, python)
-    assert _node("build", root, hash=second, wheels=[a2.name, b1.name],
-                 uv=uv_version())[-1] == {"done": {"current": second}}
+    assert _node("build", root, hash=second, wheels=[a2.name, b1.name], uv=uv_version())[-1] == {
+        "done": {"current": second}
+    }
     assert os.readlink(root / "current") == second
     # The cached beta wheel's files were hardlinked, not copied, into both environments.
     seen = _node("look", root)[-1]["done"]
     assert seen["envs"][first]["complete"] and seen["envs"][second]["complete"]
     assert seen["envs"][second]["hash"] == second
-    betas = [next((root / h).glob("lib/python*/site-packages/beta/__init__.py"))
-             for h in (first, second)]
+    betas = [
+        next((root / h).glob("lib/python*/site-packages/beta/__init__.py")) for h in (first, second)
+    ]
     assert betas[0].stat().st_ino == betas[1].stat().st_ino
     # Going back is a switch; the current one cannot be removed.
     assert _node("use", root, hash=first)[-1] == {"done": {"current": first}}
@@ -168,12 +184,10 @@ def test_doctor_names_the_node_whose_environment_differs_and_its_packages() -> N
     same = {"torch": "2.13.0+cpu", "numpy": "2.1.0"}
     odd = {"torch": "2.13.0+cpu", "numpy": "2.2.0", "rich": "13.0"}
     facts = {
-        host: NodeFacts(host, env_hash=envid.identity(pkgs, "3.11.7"),
-                        extra={"env_packages": pkgs})
+        host: NodeFacts(host, env_hash=envid.identity(pkgs, "3.11.7"), extra={"env_packages": pkgs})
         for host, pkgs in (("a", same), ("b", odd), ("c", same))
     }
-    findings = Findings(cluster=parse_host_list("a,b,c", source="-H"), facts=facts,
-                        full_probe=True)
+    findings = Findings(cluster=parse_host_list("a,b,c", source="-H"), facts=facts, full_probe=True)
     results = {r.host: r for r in environment(findings)}
     assert results["a"].status is Status.PASS and results["c"].status is Status.PASS
     assert results["b"].status is Status.FAIL

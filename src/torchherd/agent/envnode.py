@@ -95,13 +95,17 @@ def look(root: str) -> dict[str, Any]:
     glibc = os.confstr("CS_GNU_LIBC_VERSION") if hasattr(os, "confstr") else None
     wheels_dir = os.path.join(root, "cache", "wheels")
     try:
-        cache = {name: os.path.getsize(os.path.join(wheels_dir, name))
-                 for name in os.listdir(wheels_dir) if name.endswith(".whl")}
+        cache = {
+            name: os.path.getsize(os.path.join(wheels_dir, name))
+            for name in os.listdir(wheels_dir)
+            if name.endswith(".whl")
+        }
     except OSError:
         cache = {}
     try:
-        uvs = sorted(name[3:] for name in os.listdir(os.path.join(root, "bin"))
-                     if name.startswith("uv-"))
+        uvs = sorted(
+            name[3:] for name in os.listdir(os.path.join(root, "bin")) if name.startswith("uv-")
+        )
     except OSError:
         uvs = []
     envs: dict[str, Any] = {}
@@ -115,8 +119,11 @@ def look(root: str) -> dict[str, Any]:
             continue
         complete = os.path.exists(os.path.join(path, COMPLETE))
         packages = envid.installed(site_packages(path))
-        envs[name] = {"complete": complete, "hash": envid.identity(packages, _env_python(path)),
-                      "packages": packages}
+        envs[name] = {
+            "complete": complete,
+            "hash": envid.identity(packages, _env_python(path)),
+            "packages": packages,
+        }
     current = None
     try:
         current = os.path.basename(os.readlink(os.path.join(root, "current")))
@@ -217,17 +224,36 @@ def build(
             # An unfinished build, or a finished one changed by hand since: built again.
             say(step="removing unfinished or changed build")
             shutil.rmtree(target)
-        env = dict(os.environ, UV_CACHE_DIR=os.path.join(root, "cache", "uv"),
-                   UV_NO_CONFIG="1", UV_PYTHON_DOWNLOADS="never")
+        env = dict(
+            os.environ,
+            UV_CACHE_DIR=os.path.join(root, "cache", "uv"),
+            UV_NO_CONFIG="1",
+            UV_PYTHON_DOWNLOADS="never",
+        )
         say(step="venv")
         _run([uv, "venv", "--quiet", "--python", python, target], env)
         say(step="install", wheels=len(wheels))
         files = [os.path.join(root, "cache", "wheels", name) for name in wheels]
         told = os.path.exists(os.path.join(root, PLATFORM_FILE))
         platform_args = ["--python-platform", f"{machine(root)}-unknown-linux-gnu"] if told else []
-        _run([uv, "pip", "install", "--quiet", "--offline", "--no-index", "--no-deps",
-              "--link-mode", "hardlink", "--python", os.path.join(target, "bin", "python"),
-              *platform_args, *files], env)
+        _run(
+            [
+                uv,
+                "pip",
+                "install",
+                "--quiet",
+                "--offline",
+                "--no-index",
+                "--no-deps",
+                "--link-mode",
+                "hardlink",
+                "--python",
+                os.path.join(target, "bin", "python"),
+                *platform_args,
+                *files,
+            ],
+            env,
+        )
         say(step="verify")
         got = _verify(target)
         if got != want:
@@ -249,8 +275,13 @@ def _verify(env: str) -> str:
     if source is None:
         with open(envid.__file__) as own:
             source = own.read()
-    out = subprocess.run([os.path.join(env, "bin", "python"), "-I", "-c", source],
-                         capture_output=True, text=True, cwd="/", check=False)
+    out = subprocess.run(
+        [os.path.join(env, "bin", "python"), "-I", "-c", source],
+        capture_output=True,
+        text=True,
+        cwd="/",
+        check=False,
+    )
     if out.returncode != 0:
         raise BuildFailed(f"the new environment's python failed: {out.stderr.strip()[-300:]}")
     return str(json.loads(out.stdout)["hash"])
@@ -283,8 +314,14 @@ class BuildFailed(Exception):
 
 
 def _run(argv: list[str], env: dict[str, str]) -> None:
-    child = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             stdin=subprocess.DEVNULL, text=True)
+    child = subprocess.Popen(
+        argv,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        text=True,
+    )
     _children.append(child)
     _, err = child.communicate()
     _children.remove(child)
@@ -301,8 +338,14 @@ def main(argv: list[str], stdin: IO[bytes]) -> int:
         elif action == "receive":
             result = receive(root, stdin)
         elif action == "build":
-            result = build(root, args["hash"], args["wheels"], args["uv"],
-                           args.get("python") or sys.executable, stdin)
+            result = build(
+                root,
+                args["hash"],
+                args["wheels"],
+                args["uv"],
+                args.get("python") or sys.executable,
+                stdin,
+            )
         elif action == "use":
             switch(root, args["hash"])
             result = {"current": args["hash"]}

@@ -33,8 +33,14 @@ JSON_HELP = "Print the result as JSON on stdout (no table)."
 PYTHON_HELP = "Interpreter on the nodes that runs herd's node side (only python3 is needed)."
 
 
-def _runner(config: str | None, hosts: str | None, nodes: str | None, root: str,
-            node_python: str, quiet: bool):  # noqa: ANN202 - EnvSync, imported lazily
+def _runner(
+    config: str | None,
+    hosts: str | None,
+    nodes: str | None,
+    root: str,
+    node_python: str,
+    quiet: bool,
+):  # noqa: ANN202 - EnvSync, imported lazily
     from ..envs.ship import EnvSync
 
     cluster = cluster_for(config, hosts, nodes=nodes)
@@ -69,8 +75,12 @@ def _print_results(results: list, as_json: bool, extra: dict) -> None:  # type: 
 @env_app.command("sync", cls=HerdCommand)
 def sync_command(
     lock: Path = typer.Option(None, "--lock", help=LOCK_HELP),
-    wheels: list[Path] = typer.Option([], "--wheels", help="Folder of wheels to take first "
-                                      "(repeatable); what is missing is fetched once with pip."),
+    wheels: list[Path] = typer.Option(
+        [],
+        "--wheels",
+        help="Folder of wheels to take first "
+        "(repeatable); what is missing is fetched once with pip.",
+    ),
     root: str = typer.Option("~/.herd/envs", "--root", help=ROOT_HELP),
     node_python: str = typer.Option("python3", "--node-python", help=PYTHON_HELP),
     config: str = typer.Option(None, "-c", "--config", help=CLUSTER_HELP),
@@ -86,23 +96,31 @@ def sync_command(
     target = _target(lock)
     runner = _runner(config, hosts, nodes, root, node_python, as_json)
     if not as_json:
-        print(f"environment {target.hash} ({len(target.packages)} packages, {target.source})",
-              file=sys.stderr)
+        print(
+            f"environment {target.hash} ({len(target.packages)} packages, {target.source})",
+            file=sys.stderr,
+        )
     try:
         results = asyncio.run(runner.sync(target, list(wheels)))
     except KeyboardInterrupt:
-        print("herd env sync interrupted: a node switches only once its new environment is "
-              "complete and verified, so every node not yet switched keeps its previous one "
-              "(`herd env status` shows each node's)", file=sys.stderr)
+        print(
+            "herd env sync interrupted: a node switches only once its new environment is "
+            "complete and verified, so every node not yet switched keeps its previous one "
+            "(`herd env status` shows each node's)",
+            file=sys.stderr,
+        )
         return EXIT_INTERRUPTED
     _print_results(results, as_json, {"hash": target.hash})
     bad = [r for r in results if r.state in ("failed", "refused")]
     if not as_json:
         if bad:
-            print(f"{len(bad)} of {len(results)} node(s) not synced; run `herd env sync` again "
-                  "once fixed (only what is missing travels)", file=sys.stderr)
+            print(
+                f"{len(bad)} of {len(results)} node(s) not synced; run `herd env sync` again "
+                "once fixed (only what is missing travels)",
+                file=sys.stderr,
+            )
         else:
-            print(f"every node runs {target.hash}: python = \"{root}/current/bin/python\"")
+            print(f'every node runs {target.hash}: python = "{root}/current/bin/python"')
     return EXIT_NODE_NOT_READY if bad else EXIT_OK
 
 
@@ -129,8 +147,9 @@ def status_command(
         if differ:
             hosts_text = ",".join(r.host for r in differ)
             lock_text = f" --lock {lock}" if lock else ""
-            print(f"fix: herd env sync{lock_text} --root {root} --nodes {hosts_text}",
-                  file=sys.stderr)
+            print(
+                f"fix: herd env sync{lock_text} --root {root} --nodes {hosts_text}", file=sys.stderr
+            )
     return EXIT_NODE_NOT_READY if differ else EXIT_OK
 
 
@@ -142,19 +161,37 @@ def show_command(
     """The environment herd would sync, here: its hash, source and packages (no node asked)."""
     target = _target(lock)
     if as_json:
-        print(json.dumps({"hash": target.hash, "source": target.source,
-                          "python": target.python_version, "packages": target.packages},
-                         indent=2))
+        print(
+            json.dumps(
+                {
+                    "hash": target.hash,
+                    "source": target.source,
+                    "python": target.python_version,
+                    "packages": target.packages,
+                },
+                indent=2,
+            )
+        )
         return EXIT_OK
-    print(f"{target.hash}  python {target.python_version}, {len(target.packages)} packages, "
-          f"from {target.source}")
+    print(
+        f"{target.hash}  python {target.python_version}, {len(target.packages)} packages, "
+        f"from {target.source}"
+    )
     for name, version in sorted(target.packages.items()):
         print(f"  {name}=={version}")
     return EXIT_OK
 
 
-def _each(action: str, hash_: str, root: str, node_python: str, config: str | None,
-          hosts: str | None, nodes: str | None, as_json: bool) -> int:
+def _each(
+    action: str,
+    hash_: str,
+    root: str,
+    node_python: str,
+    config: str | None,
+    hosts: str | None,
+    nodes: str | None,
+    as_json: bool,
+) -> int:
     runner = _runner(config, hosts, nodes, root, node_python, True)
     results = asyncio.run(runner.each_action(action, hash=hash_))
     if as_json:

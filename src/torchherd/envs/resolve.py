@@ -57,9 +57,14 @@ def fits(wheel: Wheel, platform: Platform) -> bool:
     py, abi, plat = wheel.tags
     minor = platform.python_tag[3:] if platform.python_tag.startswith("cp3") else ""
     py_ok = any(
-        tag in (platform.python_tag, "py3", f"py3{minor}") or (tag.startswith("cp3") and
-        abi.split(".") == ["abi3"] and tag[3:].isdigit() and minor.isdigit()
-        and int(tag[3:]) <= int(minor))
+        tag in (platform.python_tag, "py3", f"py3{minor}")
+        or (
+            tag.startswith("cp3")
+            and abi.split(".") == ["abi3"]
+            and tag[3:].isdigit()
+            and minor.isdigit()
+            and int(tag[3:]) <= int(minor)
+        )
         for tag in py.split(".")
     )
     abi_ok = any(tag in ("none", "abi3", platform.python_tag) for tag in abi.split("."))
@@ -137,8 +142,19 @@ def _download(pins: list[str], platform: Platform, cache: Path) -> None:
     cache.mkdir(parents=True, exist_ok=True)
     minor = platform.python_tag[2:]
     argv = [
-        sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:",
-        "--python-version", minor, "--implementation", "cp", "-d", str(cache),
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--quiet",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--python-version",
+        minor,
+        "--implementation",
+        "cp",
+        "-d",
+        str(cache),
     ]
     for tag in (f"manylinux2014_{platform.machine}", f"linux_{platform.machine}"):
         argv += ["--platform", tag]
@@ -157,9 +173,21 @@ def _local_wheel(name: str, version: str, project: Path, cache: Path) -> Path:
     for old in out.glob("*.whl"):
         old.unlink()  # the tree may have changed since: always build (it is small and fast)
     done = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
-         "-w", str(out), str(project)],
-        capture_output=True, text=True, check=False,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--quiet",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            str(out),
+            str(project),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
     )
     wheels = list(out.glob("*.whl"))
     if done.returncode != 0 or not wheels:

@@ -89,22 +89,43 @@ class EnvSync:
         self._program = _program()
 
     def _argv(self, action: str, **args: Any) -> list[str]:
-        return [self.node_python, "-c", envnode.BOOTSTRAP, action,
-                json.dumps({"root": self.root, **args})]
+        return [
+            self.node_python,
+            "-c",
+            envnode.BOOTSTRAP,
+            action,
+            json.dumps({"root": self.root, **args}),
+        ]
 
     async def _action(
-        self, node: NodeSpec, action: str, body: bytes = b"", timeout: float | None = None,
+        self,
+        node: NodeSpec,
+        action: str,
+        body: bytes = b"",
+        timeout: float | None = None,
         **args: Any,
     ) -> dict[str, Any]:
         result = await self.transport.run(
             node, self._argv(action, **args), input=self._program + body, timeout=timeout
         )
-        return self._answer(node, result.returncode, result.stdout, result.stderr,
-                            result.unreachable.describe() if result.unreachable else None,
-                            result.timed_out)
+        return self._answer(
+            node,
+            result.returncode,
+            result.stdout,
+            result.stderr,
+            result.unreachable.describe() if result.unreachable else None,
+            result.timed_out,
+        )
 
-    def _answer(self, node: NodeSpec, code: int, stdout: str, stderr: str,
-                unreachable: str | None, timed_out: bool = False) -> dict[str, Any]:
+    def _answer(
+        self,
+        node: NodeSpec,
+        code: int,
+        stdout: str,
+        stderr: str,
+        unreachable: str | None,
+        timed_out: bool = False,
+    ) -> dict[str, Any]:
         if unreachable:
             raise NodeFailed(f"unreachable: {unreachable}")
         if timed_out:
@@ -203,8 +224,10 @@ class EnvSync:
         return send
 
     def _check_space(
-        self, work: dict[str, tuple[dict[str, Any], dict[str, Path]]],
-        results: dict[str, NodeResult], uv: Path,
+        self,
+        work: dict[str, tuple[dict[str, Any], dict[str, Path]]],
+        results: dict[str, NodeResult],
+        uv: Path,
     ) -> bool:
         refused = False
         for host, (facts, wheels) in work.items():
@@ -224,8 +247,13 @@ class EnvSync:
         return refused
 
     async def _sync_node(
-        self, node: NodeSpec, target: EnvTarget, facts: dict[str, Any],
-        wheels: dict[str, Path], uv: Path, result: NodeResult,
+        self,
+        node: NodeSpec,
+        target: EnvTarget,
+        facts: dict[str, Any],
+        wheels: dict[str, Path],
+        uv: Path,
+        result: NodeResult,
     ) -> None:
         loop = asyncio.get_running_loop()
         started = loop.time()
@@ -283,8 +311,9 @@ class EnvSync:
         out, err = await process.communicate()
         code = process.returncode if process.returncode is not None else -1
         unreachable = self.transport.classify_failure(node, code, err.decode()) if code else None
-        self._answer(node, code, out.decode(), err.decode(),
-                     unreachable.describe() if unreachable else None)
+        self._answer(
+            node, code, out.decode(), err.decode(), unreachable.describe() if unreachable else None
+        )
         return sent, len(files)
 
     async def _build(self, node: NodeSpec, want: str, wheels: list[str]) -> dict[str, Any]:
@@ -313,8 +342,13 @@ class EnvSync:
                 process.stdin.close()
         code = process.returncode if process.returncode is not None else -1
         unreachable = self.transport.classify_failure(node, code, err.decode()) if code else None
-        return self._answer(node, code, "".join(lines), err.decode(),
-                            unreachable.describe() if unreachable else None)
+        return self._answer(
+            node,
+            code,
+            "".join(lines),
+            err.decode(),
+            unreachable.describe() if unreachable else None,
+        )
 
     # ---- status, use, rm ---------------------------------------------------------------
 
@@ -346,8 +380,9 @@ class EnvSync:
         async def one(node: NodeSpec) -> NodeResult:
             result = NodeResult(node.host)
             try:
-                done = await self._action(node, action, timeout=self.cluster.connect_timeout + 120,
-                                          **args)
+                done = await self._action(
+                    node, action, timeout=self.cluster.connect_timeout + 120, **args
+                )
                 result.state, result.detail = "done", json.dumps(done)
             except NodeFailed as exc:
                 result.state, result.detail = "failed", exc.message

@@ -32,8 +32,14 @@ def environment(findings: Findings) -> list[CheckResult]:
             results.append(CheckResult("environment", host, Status.SKIP, "not probed"))
             continue
         if mine is None or expected is None:
-            results.append(CheckResult("environment", host, Status.SKIP,
-                                       "no environment hash reported (an older torchherd)"))
+            results.append(
+                CheckResult(
+                    "environment",
+                    host,
+                    Status.SKIP,
+                    "no environment hash reported (an older torchherd)",
+                )
+            )
             continue
         if mine == expected:
             results.append(CheckResult("environment", host, Status.PASS, f"environment {mine}"))
@@ -44,12 +50,19 @@ def environment(findings: Findings) -> list[CheckResult]:
         my_packages = findings.facts[host].extra.get("env_packages")
         if isinstance(ref_packages, dict) and isinstance(my_packages, dict):
             changes = differences(my_packages, ref_packages)
-            shown = "; ".join(changes[:6]) + (f"; {len(changes) - 6} more" if len(changes) > 6
-                                               else "")
+            shown = "; ".join(changes[:6]) + (
+                f"; {len(changes) - 6} more" if len(changes) > 6 else ""
+            )
             # `differences(want=mine, have=theirs)` reads "name theirs -> mine"
             message += f" (packages {same[0]} -> here: {shown})"
         results.append(
-            CheckResult("environment", host, Status.FAIL, message, REMEDY,
-                        {"hash": mine, "expected": expected})
+            CheckResult(
+                "environment",
+                host,
+                Status.FAIL,
+                message,
+                REMEDY,
+                {"hash": mine, "expected": expected},
+            )
         )
     return results
