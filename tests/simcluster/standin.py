@@ -32,6 +32,8 @@ can change it while the job runs; every key may name the nodes it applies to (``
 
 ``silent`` freezes the whole node (SIGSTOP to its agent and to this program) for the given
 time, as a machine that stops answering; after it the agent finds its link cut and ends the job.
+While the control names a frozen node, the other nodes' ranks stop stepping, as the peers of
+a frozen rank wait in their collective.
 
 For the benchmark, this program appends what it did to the events file (one line each,
 ``run|silent|exit NODE WALLTIME [CODE]``). Standard library only: it runs with ``python -S``.
@@ -349,7 +351,10 @@ class StandIn:
             if finished or (self.seconds and now - started >= self.seconds):
                 self.stop_workers()
                 break
-            if self.control.mine("hang") is None:
+            # A frozen peer holds a synchronous job's collectives: the other nodes' ranks stop
+            # stepping with it (herd reads their steps as proof that a quiet node takes part).
+            peer_frozen = self.control.value("silent") is not None
+            if self.control.mine("hang") is None and not peer_frozen:
                 self.tick(now - last)
             last = now
         self.event("exit", self.node, code)
