@@ -16,7 +16,7 @@ import pytest
 
 from tests.integration.herd_cli import herd
 from tests.integration.procs import ProcessWatch, assert_all_stopped, wait_for
-from tests.testbed import Testbed
+from tests.testbed import Testbed, TestNode
 
 SCRIPTS = Path(__file__).parent / "scripts"
 
@@ -42,6 +42,23 @@ def results(stdout: str) -> dict[int, dict[str, str]]:
     return found
 
 
+# What ran on each node before the test began (an earlier test's node cut off, say, can leave
+# an sshd session that outlives the partition): not this test's to judge.
+_EARLIER: dict[str, set[int]] = {}
+
+
+@pytest.fixture(autouse=True)
+def _earlier_node_processes(request: pytest.FixtureRequest) -> None:
+    _EARLIER.clear()
+    if "testbed" in request.fixturenames:
+        testbed = request.getfixturevalue("testbed")
+        _EARLIER.update({n.name: set(testbed.node_processes(n)) for n in testbed.nodes})
+
+
+def _new_on(testbed: Testbed, node: TestNode) -> list[int]:
+    return [pid for pid in testbed.node_processes(node) if pid not in _EARLIER.get(node.name, ())]
+
+
 def assert_nothing_left(
     testbed: Testbed, home: Path, settle: float = 3.0, job_grace: float = 0.0
 ) -> None:
@@ -56,10 +73,10 @@ def assert_nothing_left(
         time.sleep(0.2)
         tagged = [pid for job in job_ids for pid in testbed.processes_with_env("HERD_JOB_ID", job)]
     deadline = time.monotonic() + settle
-    left = {n.name: testbed.node_processes(n) for n in testbed.nodes}
+    left = {n.name: _new_on(testbed, n) for n in testbed.nodes}
     while any(left.values()) and time.monotonic() < deadline:
         time.sleep(0.1)
-        left = {n.name: testbed.node_processes(n) for n in testbed.nodes}
+        left = {n.name: _new_on(testbed, n) for n in testbed.nodes}
     assert not tagged, f"processes of the job still running when herd exited: {tagged}"
     assert not any(left.values()), f"processes left on the nodes: {left}"
 
