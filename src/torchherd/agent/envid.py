@@ -21,6 +21,7 @@ import json
 import os
 import re
 import sys
+from collections.abc import Iterator
 
 HASH_LENGTH = 12
 """Hex digits of the sha256 kept: short enough to read and type, long enough never to collide
@@ -32,10 +33,10 @@ def canonical(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def installed(paths: list[str]) -> dict[str, str]:
-    """Every distribution on ``paths`` (a sys.path), name -> version; the first of a name wins,
-    as it does for imports."""
-    found: dict[str, str] = {}
+def distributions(paths: list[str]) -> Iterator[tuple[str, str]]:
+    """(project, version) of every distribution on ``paths`` (a sys.path), in import order, read
+    from the names of their ``NAME-VERSION.dist-info`` (or egg-info) directories alone: opening
+    every package's metadata costs more than the rest of a probe. The version may be empty."""
     for entry in paths:
         try:
             names = sorted(os.listdir(entry or "."))
@@ -46,9 +47,17 @@ def installed(paths: list[str]) -> dict[str, str]:
             if kind not in ("dist-info", "egg-info"):
                 continue
             project, _, version = stem.partition("-")
-            version = version.split("-")[0]  # an egg-info's "-pyX.Y" is not the version
-            if project and version:
-                found.setdefault(canonical(project), version)
+            if project:
+                yield project, version.split("-")[0]  # an egg-info's "-pyX.Y" is not the version
+
+
+def installed(paths: list[str]) -> dict[str, str]:
+    """Every distribution on ``paths`` (a sys.path), name -> version; the first of a name wins,
+    as it does for imports."""
+    found: dict[str, str] = {}
+    for project, version in distributions(paths):
+        if version:
+            found.setdefault(canonical(project), version)
     return found
 
 

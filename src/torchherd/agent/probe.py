@@ -160,26 +160,11 @@ def _version(package: str) -> str | None:
     """The version importlib.metadata.version would give (the first distribution of that name
     on sys.path), from its ``NAME-VERSION.dist-info`` directory; importlib.metadata itself
     only where no such directory tells (an egg, a custom finder)."""
-    wanted = _project(package)
-    for entry in sys.path:
-        try:
-            names = os.listdir(entry or ".")
-        except OSError:
-            continue
-        for name in names:
-            stem, _, kind = name.rpartition(".")
-            if kind not in ("dist-info", "egg-info"):
-                continue
-            project, _, version = stem.partition("-")
-            if _project(project) == wanted:
-                version = version.split("-")[0]  # an egg-info's "-pyX.Y" is not the version
-                return version or _metadata_version(package)
+    wanted = envid.canonical(package)
+    for project, version in envid.distributions(sys.path):
+        if envid.canonical(project) == wanted:
+            return version or _metadata_version(package)
     return _metadata_version(package)
-
-
-def _project(name: str) -> str:
-    """A project name as metadata directories may spell it (PEP 503 normalised)."""
-    return name.lower().replace("-", "_").replace(".", "_")
 
 
 def _metadata_version(package: str) -> str | None:
