@@ -70,7 +70,9 @@ def test_a_throttled_node_is_named_and_a_balanced_job_is_not(
         time.sleep(BALANCED_FOR)
         assert "slow rank" not in herd.output, herd.output  # balanced: nobody named
         hold_to(group, victim, 0.3)
-        named = herd.wait_for(r"herd: slow rank: (node\S+ rank \d+ .*)", 120)[0]
+        # Named in about a minute alone (the slow window refilled, then six checks in a row);
+        # once, in a full CI run, not within 120 s: the bound keeps a loaded machine's margin.
+        named = herd.wait_for(r"herd: slow rank: (node\S+ rank \d+ .*)", 210)[0]
         line = named.group(1)
         assert line.startswith("node2 rank 1 is "), line
         ratio = float(re.search(r"is (\d+\.\d)x slower", line).group(1))  # type: ignore[union-attr]
