@@ -122,27 +122,15 @@ def test_a_job_its_agents_stopped_for_a_silent_launcher_restarts(
     herd.assert_clean(["node1", "node2"])
 
 
-def test_a_time_limit_during_a_restart_starts_nothing_more(
-    testbed: Testbed, tmp_path: Path
-) -> None:
-    """SIGUSR1 while a failed attempt is torn down (rank 0 takes 10 s to stop): no attempt
-    starts after it, and since no snapshot was committed after it herd does not claim one
-    (exit 1, not 5)."""
+def time_limit_during_a_restart(
+    testbed: Testbed, tmp_path: Path, *script_args: str
+) -> tuple[LiveHerd, int, str]:
+    """SIGUSR1 while a failed attempt is torn down (rank 1 fails, rank 0 takes 10 s to stop):
+    herd, its exit code and its output, after checking that no attempt started after it."""
     path, home = cluster(testbed, tmp_path, ["node1", "node2"])
     herd = LiveHerd(
-        [
-            "-c",
-            str(path),
-            "--max-restarts",
-            "3",
-            "--grace",
-            "20",
-            "phases.py",
-            "--fail-rank",
-            "1",
-            "--sigterm-delay",
-            "10",
-        ],
+        ["-c", str(path), "--max-restarts", "3", "--grace", "20", "phases.py", *script_args]
+        + ["--fail-rank", "1", "--sigterm-delay", "10"],
         home,
         testbed,
     )
@@ -150,9 +138,18 @@ def test_a_time_limit_during_a_restart_starts_nothing_more(
     herd.signal(signal.SIGUSR1)
     code = herd.finish(timeout=120)
     out = herd.output
-    assert code == 1, out
     assert "the time limit came while the job was restarting" in out, out
     assert "restarting the job (restart" not in out and "attempt 1" not in out, out
+    return herd, code, out
+
+
+def test_a_time_limit_during_a_restart_starts_nothing_more(
+    testbed: Testbed, tmp_path: Path
+) -> None:
+    """No attempt starts after the limit, and since no snapshot was committed herd does not
+    claim one (exit 1, not 5)."""
+    herd, code, out = time_limit_during_a_restart(testbed, tmp_path)
+    assert code == 1, out
     assert len(herd.record()["attempts"]) == 1
     herd.assert_clean(["node1", "node2"])
 
@@ -161,35 +158,10 @@ def test_a_time_limit_during_a_restart_exits_5_when_a_snapshot_stands(
     testbed: Testbed, tmp_path: Path
 ) -> None:
     """The same limit during the same teardown, from a job that reported a committed snapshot
-    before it failed: no attempt starts after it, and herd exits 5 (requeue me): the last
-    snapshot stands."""
-    path, home = cluster(testbed, tmp_path, ["node1", "node2"])
-    herd = LiveHerd(
-        [
-            "-c",
-            str(path),
-            "--max-restarts",
-            "3",
-            "--grace",
-            "20",
-            "phases.py",
-            "--report-saved",
-            "--fail-rank",
-            "1",
-            "--sigterm-delay",
-            "10",
-        ],
-        home,
-        testbed,
-    )
-    herd.wait_for(r"node2 failed; stopping the other nodes", 120)
-    herd.signal(signal.SIGUSR1)
-    code = herd.finish(timeout=120)
-    out = herd.output
+    before it failed: herd exits 5 (requeue me): the last snapshot stands."""
+    herd, code, out = time_limit_during_a_restart(testbed, tmp_path, "--report-saved")
     assert code == 5, out
-    assert "the time limit came while the job was restarting" in out, out
     assert "the last committed snapshot stands" in out, out
-    assert "restarting the job (restart" not in out and "attempt 1" not in out, out
     assert herd.record()["state"] == "saved"
     herd.assert_clean(["node1", "node2"])
 
