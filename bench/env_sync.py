@@ -43,8 +43,10 @@ def wheel_folder(given: str | None) -> Path:
     if given:
         return Path(given)
     folder = Path(tempfile.mkdtemp(prefix="herd-env-bench-"))
-    subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "torch", "numpy",
-                    "-d", str(folder)], check=True)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "download", "--quiet", "torch", "numpy", "-d", str(folder)],
+        check=True,
+    )
     return folder
 
 
@@ -55,8 +57,13 @@ def pins(folder: Path) -> list[str]:
 
 def herd(args: list[str], cwd: Path) -> tuple[float, subprocess.CompletedProcess[str]]:
     started = time.monotonic()
-    done = subprocess.run([sys.executable, "-m", "torchherd", *args], cwd=cwd,
-                          capture_output=True, text=True, env=dict(os.environ, HERD_HOME=str(cwd)))
+    done = subprocess.run(
+        [sys.executable, "-m", "torchherd", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, HERD_HOME=str(cwd)),
+    )
     return time.monotonic() - started, done
 
 
@@ -66,8 +73,19 @@ def one(count: int, folder: Path, req: list[str]) -> dict[str, float]:
         work.mkdir()
         cluster = bed.write_cluster_file(work / "herd.toml")
         (work / "req.txt").write_text("\n".join(req) + "\n")
-        args = ["env", "sync", "--lock", "req.txt", "--wheels", str(folder), "-c", str(cluster),
-                "--root", f"{bed.private}/herd", "--json"]
+        args = [
+            "env",
+            "sync",
+            "--lock",
+            "req.txt",
+            "--wheels",
+            str(folder),
+            "-c",
+            str(cluster),
+            "--root",
+            f"{bed.private}/herd",
+            "--json",
+        ]
         seconds, done = herd(args, work)
         out = json.loads(done.stdout)
         if done.returncode != 0:
@@ -77,19 +95,33 @@ def one(count: int, folder: Path, req: list[str]) -> dict[str, float]:
         resync, again = herd(args, work)
         assert {n["state"] for n in json.loads(again.stdout)["nodes"]} == {"same"}
         # Baseline: a fresh venv and pip install on every node, in parallel, same wheels.
-        line = (f"python3 -m venv {bed.private}/by-hand && {bed.private}/by-hand/bin/pip "
-                f"install --quiet --no-index --find-links {folder} " + " ".join(req))
+        line = (
+            f"python3 -m venv {bed.private}/by-hand && {bed.private}/by-hand/bin/pip "
+            f"install --quiet --no-index --find-links {folder} " + " ".join(req)
+        )
         started = time.monotonic()
-        procs = [subprocess.Popen(["ssh", "-F", str(bed.ssh_config), "-o", "BatchMode=yes",
-                                   node.name, line], stdout=subprocess.DEVNULL,
-                                  stderr=subprocess.PIPE, text=True) for node in bed.nodes]
+        procs = [
+            subprocess.Popen(
+                ["ssh", "-F", str(bed.ssh_config), "-o", "BatchMode=yes", node.name, line],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for node in bed.nodes
+        ]
         for proc in procs:
             _, err = proc.communicate()
             if proc.returncode != 0:
                 raise SystemExit(f"baseline failed: {err[-500:]}")
         baseline = time.monotonic() - started
-        return {"nodes": count, "herd_s": seconds, "identical": float(len(hashes) == 1),
-                "sent_mib": sent / (1 << 20), "resync_s": resync, "baseline_s": baseline}
+        return {
+            "nodes": count,
+            "herd_s": seconds,
+            "identical": float(len(hashes) == 1),
+            "sent_mib": sent / (1 << 20),
+            "resync_s": resync,
+            "baseline_s": baseline,
+        }
 
 
 def main() -> int:
@@ -102,22 +134,30 @@ def main() -> int:
     size = sum(p.stat().st_size for p in folder.glob("*.whl")) / (1 << 20)
     print(f"environment: {len(req)} wheels, {size:.0f} MiB ({', '.join(req[:3])}, ...)")
     rows = [one(int(n), folder, req) for n in args.nodes.split(",")]
-    print(f"{'nodes':>5} {'herd s':>8} {'identical':>9} {'sent MiB':>9} {'re-sync s':>9} "
-          f"{'baseline s':>10} {'ratio':>6}")
+    print(
+        f"{'nodes':>5} {'herd s':>8} {'identical':>9} {'sent MiB':>9} {'re-sync s':>9} "
+        f"{'baseline s':>10} {'ratio':>6}"
+    )
     ok = True
     for row in rows:
         ratio = row["herd_s"] / row["baseline_s"]
-        print(f"{row['nodes']:>5} {row['herd_s']:>8.1f} {'yes' if row['identical'] else 'NO':>9} "
-              f"{row['sent_mib']:>9.0f} {row['resync_s']:>9.2f} {row['baseline_s']:>10.1f} "
-              f"{ratio:>6.2f}")
+        print(
+            f"{row['nodes']:>5} {row['herd_s']:>8.1f} {'yes' if row['identical'] else 'NO':>9} "
+            f"{row['sent_mib']:>9.0f} {row['resync_s']:>9.2f} {row['baseline_s']:>10.1f} "
+            f"{ratio:>6.2f}"
+        )
         if row["nodes"] == 8:
             met = row["herd_s"] <= TARGET_S and ratio <= TARGET_RATIO
-            print(f"target (8 nodes <= {TARGET_S:.0f} s and <= {TARGET_RATIO}x baseline): "
-                  f"{'met' if met else 'not met'}")
+            print(
+                f"target (8 nodes <= {TARGET_S:.0f} s and <= {TARGET_RATIO}x baseline): "
+                f"{'met' if met else 'not met'}"
+            )
             ok &= met
         met = row["resync_s"] <= TARGET_RESYNC_S
-        print(f"target (re-sync of {row['nodes']} nodes <= {TARGET_RESYNC_S:.0f} s): "
-              f"{'met' if met else 'not met'}")
+        print(
+            f"target (re-sync of {row['nodes']} nodes <= {TARGET_RESYNC_S:.0f} s): "
+            f"{'met' if met else 'not met'}"
+        )
         ok &= met
     return 0 if ok else 1
 

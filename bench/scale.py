@@ -72,7 +72,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 sys.path.insert(1, str(REPO))
 from tests.simcluster import SimCluster  # noqa: E402
-from torchherd.attempt import LARGE_JOB_NODES  # noqa: E402
+from torchherd.launcher.attempt import LARGE_JOB_NODES  # noqa: E402
 
 TICKS = os.sysconf("SC_CLK_TCK")
 START_TARGET_MS = 5.0

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from torchherd.jobs import herd_home
+from torchherd.records import herd_home
 
 from .allreduce import run_allreduce
 from .gpt import GptSettings, run_gpt

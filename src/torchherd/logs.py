@@ -12,16 +12,16 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Collection, Iterable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TextIO
 
 from .agent.protocol import readable_failure
 from .console import Console
 from .files import open_private, private_dir
-from .jobs import herd_home
 from .noise import Chatter
+from .records import herd_home
 from .redact import redact_text
+from .results import RunResult
 
 # Seconds output may sit in buffers: lines reach a pipe, `herd logs` and the files this late at
 # most (a running attempt flushes them every FLUSH_EVERY s), without a syscall per line.
@@ -30,58 +30,6 @@ FLUSH_EVERY = 0.2
 # ANSI colours cycled per node on a terminal; plain text everywhere else.
 _PALETTE = ("36", "33", "35", "32", "34", "91", "96", "93", "95", "92")
 _DIM = "2"
-
-
-@dataclass(frozen=True)
-class Failure:
-    """The first failure of a job: where, what, and the last words of the failing rank."""
-
-    host: str
-    rank: int | None
-    exitcode: int | None
-    signal: str | None
-    message: str
-    last_stderr: tuple[str, ...] = ()
-    remedy: str = ""
-    cause: str = ""
-    """What the failure means, in words, when its signature is known (recovery.causes)."""
-
-    def headline(self) -> str:
-        where = f"{self.host} rank {self.rank}" if self.rank is not None else self.host
-        where = where or "the job"
-        if self.signal:
-            how = f"killed by {self.signal}"
-        elif self.exitcode is not None:
-            how = f"exit code {self.exitcode}"
-        else:
-            how = self.message
-        return f"{where}: {how}"
-
-
-@dataclass
-class RunResult:
-    job_id: str
-    exit_code: int
-    node_status: dict[str, str] = field(default_factory=dict)
-    """host -> succeeded, failed, stopped, lost, not started."""
-    first_failure: Failure | None = None
-    duration: float = 0.0
-    log_dir: Path | None = None
-    restarts: int = 0
-    """Times the whole job was restarted after a failure."""
-    behind: tuple[str, ...] = ()
-    """The ranks herd found holding the others up, one line each (from their stacks)."""
-    stacks_dir: Path | None = None
-    """Where the workers' stacks taken before the kill are kept."""
-    evidence_problems: tuple[str, ...] = ()
-    hang: str | None = None
-    """Why herd called the job hung, if it did."""
-    lost: tuple[str, ...] = ()
-    """Nodes that stopped answering."""
-    max_step: int | None = None
-    """The highest step any rank reported (torchherd.progress beats)."""
-    reason: str = ""
-    """One line on why herd gave up, when it did early (a crash loop, too few nodes)."""
 
 
 class JobOutput:

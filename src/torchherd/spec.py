@@ -220,6 +220,13 @@ class ClusterSpec(BaseModel):
         )
         return self.model_copy(update={"nodes": nodes})
 
+    def with_workdir(self) -> ClusterSpec:
+        """The job runs in [cluster] workdir, or else in the launcher's current directory (the
+        same path on every node: a shared filesystem or a `herd sync`ed copy)."""
+        if self.workdir:
+            return self
+        return self.model_copy(update={"workdir": os.getcwd()})
+
     def python_for(self, node: NodeSpec) -> str:
         return node.python or self.python
 
@@ -562,7 +569,7 @@ def _cluster(nodes: list[NodeSpec], source: str, cluster: Mapping[str, Any]) -> 
 
 def expand_nodelist(text: str) -> list[str]:
     """Expand a Slurm node list: ``gpu[01-03,07],cpu1`` -> gpu01 gpu02 gpu03 gpu07 cpu1."""
-    from .scheduler.hostlist import expand_hostlist
+    from .hostlist import expand_hostlist
 
     return expand_hostlist(text)
 

@@ -103,7 +103,7 @@ def test_a_cut_link_closes_the_commands_stdin_on_the_node(tmp_path: Path) -> Non
         assert await process.stdout.readline() == b"ready\n"  # it runs on the node
         await asyncio.sleep(0.5)
         assert not ended.exists()
-        process.kill()  # what the supervisor does to a node that went silent
+        process.kill()  # what the launcher does to a node that went silent
         assert await process.wait() == LINK_LOST
         deadline = time.monotonic() + 20
         while not ended.exists() and time.monotonic() < deadline:

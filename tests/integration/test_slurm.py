@@ -25,7 +25,7 @@ from tests.integration.training import losses
 from tests.slurm_testbed import SlurmCluster, slurm_available
 from tests.testbed import Testbed
 from torchherd.errors import ConfigError
-from torchherd.scheduler.hostlist import expand_hostlist
+from torchherd.hostlist import expand_hostlist
 
 SCRIPTS = Path(__file__).parent / "scripts"
 

@@ -3,7 +3,7 @@
     python -m tests.simcluster.launcher ROOT [--seconds S] [--hang-timeout S] [--max-restarts N]
                                              [--min-nodes M] [--grace S] [--ranks R]
 
-It runs herd's own launch (torchherd.launch.launch: connect, probe, preflight, plan,
+It runs herd's own launch (torchherd.launcher.launch.launch: connect, probe, preflight, plan,
 supervise, teardown, the console and the job's logs) on the cluster built under ROOT
 (cluster.py), through the SimulatedHosts transport; the exit code is herd launch's.
 A benchmark measures this process alone: the node agents are its children, not part of it.
@@ -17,8 +17,8 @@ from pathlib import Path
 
 from torchherd.cli.launch import every_rank_asked, parse_ranks
 from torchherd.errors import HerdError
-from torchherd.launch import LaunchOptions, launch
-from torchherd.logs import RunResult
+from torchherd.launcher.launch import LaunchOptions, launch
+from torchherd.results import RunResult
 
 from .cluster import SimCluster
 from .transport import SimulatedHosts

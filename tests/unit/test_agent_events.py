@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.unit.test_first_failure import supervisor_of
+from tests.unit.test_first_failure import attempt_of
 from torchherd import progress
 from torchherd.agent import runner
 from torchherd.agent.attempt import NodeAttempt
@@ -62,16 +62,16 @@ def test_every_ranks_new_beat_goes_in_one_event(node_attempt, monkeypatch) -> No
 
 
 def test_the_launcher_takes_each_rank_of_a_beats_event(tmp_path: Path) -> None:
-    supervisor, output = supervisor_of(tmp_path, ["n1", "n2"])
-    node = supervisor.nodes["n1"]
-    supervisor._handle(node, {"e": "beats", "b": [[0, 7, 100.0, 0.2], [1, 9, 100.0, None]]})
-    supervisor._handle(node, {"e": "beats", "b": [[0, 12, 102.0, 0.2], "junk", [None, 1, 2, 3]]})
+    attempt, output = attempt_of(tmp_path, ["n1", "n2"])
+    node = attempt.nodes["n1"]
+    attempt._handle(node, {"e": "beats", "b": [[0, 7, 100.0, 0.2], [1, 9, 100.0, None]]})
+    attempt._handle(node, {"e": "beats", "b": [[0, 12, 102.0, 0.2], "junk", [None, 1, 2, 3]]})
     output.close()
-    assert supervisor.hang.steps == {0: 12, 1: 9}
-    assert supervisor.step_rates()["n1"] == (12, pytest.approx(2.5))
-    assert supervisor.slow.watch.reports_compute  # rank 0's compute times reached the watch
-    assert list(supervisor.slow.watch.times[("n1", 0)]) == [0.2, 0.2]
-    assert ("n1", 1) not in supervisor.slow.watch.times  # no compute reported: none counted
+    assert attempt.hang.steps == {0: 12, 1: 9}
+    assert attempt.step_rates()["n1"] == (12, pytest.approx(2.5))
+    assert attempt.slow.watch.reports_compute  # rank 0's compute times reached the watch
+    assert list(attempt.slow.watch.times[("n1", 0)]) == [0.2, 0.2]
+    assert ("n1", 1) not in attempt.slow.watch.times  # no compute reported: none counted
 
 
 class Stdout:
@@ -101,7 +101,7 @@ def test_alive_only_when_the_node_said_nothing_lately(monkeypatch: pytest.Monkey
 
 
 def test_pings_often_enough_for_any_launcher_silence_and_rarely_on_defaults() -> None:
-    from torchherd.attempt import AGENT_SILENCE, ping_every
+    from torchherd.launcher.attempt import AGENT_SILENCE, ping_every
     from torchherd.spec import ClusterSpec
 
     limits = ClusterSpec.model_fields["launcher_silence"].metadata
@@ -114,14 +114,14 @@ def test_pings_often_enough_for_any_launcher_silence_and_rarely_on_defaults() ->
 
 
 def test_a_large_jobs_nodes_report_less_often_and_say_alive_no_more_often(tmp_path: Path) -> None:
-    from torchherd.attempt import LARGE_JOB_NODES, agent_request
+    from torchherd.launcher.attempt import LARGE_JOB_NODES, agent_request
     from torchherd.recovery.liveness import SILENCE
 
     def request_for(nodes: int) -> dict[str, Any]:
         (tmp_path / str(nodes)).mkdir()
-        supervisor, output = supervisor_of(tmp_path / str(nodes), [f"n{i}" for i in range(nodes)])
+        attempt, output = attempt_of(tmp_path / str(nodes), [f"n{i}" for i in range(nodes)])
         output.close()
-        return agent_request(supervisor.plan, supervisor.plan.nodes[0])
+        return agent_request(attempt.plan, attempt.plan.nodes[0])
 
     small, large = request_for(LARGE_JOB_NODES), request_for(LARGE_JOB_NODES + 1)
     assert small["report_every"] == 1.0
@@ -136,14 +136,14 @@ def test_agents_that_stopped_for_a_silent_launcher_explain_a_peers_failure(tmp_p
     """While the launcher was away the first agent to give up stopped its workers; the peer's
     worker failed on the reset before its own agent gave up. Whichever exit is read first, the
     attempt was stopped by its agents (restarted in place, not counted as a failure)."""
-    supervisor, output = supervisor_of(tmp_path, ["n1", "n2"])
+    attempt, output = attempt_of(tmp_path, ["n1", "n2"])
     failed = {"e": "exit", "code": 1, "failures": [{"rank": 0, "exitcode": 1}], "why": ""}
-    supervisor._handle(supervisor.nodes["n1"], failed)
-    assert supervisor._ending and not supervisor.stopped_for_silence
+    attempt._handle(attempt.nodes["n1"], failed)
+    assert attempt._ending and not attempt.stopped_for_silence
     silent = {"e": "exit", "code": 143, "stopped": True, "why": "launcher-silent"}
-    supervisor._handle(supervisor.nodes["n2"], silent)
+    attempt._handle(attempt.nodes["n2"], silent)
     output.close()
-    assert supervisor.stopped_for_silence
+    assert attempt.stopped_for_silence
     assert "n2's agent stopped the job" in (tmp_path / "out").read_text()
 
 

@@ -128,8 +128,8 @@ def test_the_logs_verb_reads_a_ranks_kept_lines(tmp_path: Path) -> None:
 def test_herd_logs_of_a_large_jobs_rank_asks_the_nodes_for_its_kept_lines(tmp_path: Path) -> None:
     """An attached large job keeps only stderr in the launcher's files: `herd logs --rank R`
     reads the rest from the node that ran R (the local transport runs a real agent)."""
-    from torchherd.jobs import JobRecord
     from torchherd.ops.joblogs import show_logs
+    from torchherd.records import JobRecord
 
     node_dir = tmp_path / "nodes" / "job" / "localhost"
     files = node_dir / "attempt-0" / "torchrun" / "run_x" / "attempt_0" / "0"

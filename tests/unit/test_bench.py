@@ -28,8 +28,8 @@ from torchherd.bench.scaling import (
 from torchherd.cli import main
 from torchherd.cli.bench import parse_size
 from torchherd.errors import UsageError
-from torchherd.logs import RunResult
 from torchherd.preflight.report import BusBandwidth, Link, bus_bandwidth, sizes_between
+from torchherd.results import RunResult
 
 HOSTS = ("a", "b", "c")
 

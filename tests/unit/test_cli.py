@@ -61,8 +61,8 @@ def test_help_imports_neither_the_launcher_nor_the_doctor_nor_pydantic(tmp_path)
 
     probe = (
         "import sys; from torchherd.cli import main; main(['--help']); "
-        "print([m for m in ('torchherd.launch', 'torchherd.job', 'torchherd.preflight', "
-        "'torchherd.spec', 'pydantic', 'torch') if m in sys.modules])"
+        "print([m for m in ('torchherd.launcher.launch', 'torchherd.launcher.job', "
+        "'torchherd.preflight', 'torchherd.spec', 'pydantic', 'torch') if m in sys.modules])"
     )
     run = subprocess.run(
         [sys.executable, "-c", probe],

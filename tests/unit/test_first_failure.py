@@ -89,9 +89,9 @@ def test_nothing_failed() -> None:
     assert choose_first_failure([node("node1", "succeeded")], trigger=None) is None
 
 
-def supervisor_of(tmp_path, hosts: list[str]):  # type: ignore[no-untyped-def]
+def attempt_of(tmp_path, hosts: list[str]):  # type: ignore[no-untyped-def]
     """An Attempt over a plan of ``hosts`` (nothing is started: only its judgement runs)."""
-    from torchherd.attempt import Attempt
+    from torchherd.launcher.attempt import Attempt
     from torchherd.logs import JobOutput
     from torchherd.plan import LaunchPlan
     from torchherd.spec import ClusterSpec, NodeSpec
@@ -108,26 +108,26 @@ def supervisor_of(tmp_path, hosts: list[str]):  # type: ignore[no-untyped-def]
 
 
 def test_a_rendezvous_timeout_names_the_nodes_that_never_joined(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    supervisor, output = supervisor_of(tmp_path, ["n1", "n2", "n3"])
-    supervisor.ranks_seen.add(("n1", 0))
+    attempt, output = attempt_of(tmp_path, ["n1", "n2", "n3"])
+    attempt.ranks_seen.add(("n1", 0))
     timeout = {"error": "RendezvousTimeoutError", "message": "", "last_stderr": []}
-    supervisor.nodes["n1"].error = dict(timeout, message="rendezvous timed out")
-    supervisor.nodes["n1"].state = "failed"
-    supervisor.nodes["n2"].error = timeout
-    supervisor.nodes["n2"].state = "failed"
-    supervisor.trigger = "n1"
-    failure = supervisor.first_failure()
+    attempt.nodes["n1"].error = dict(timeout, message="rendezvous timed out")
+    attempt.nodes["n1"].state = "failed"
+    attempt.nodes["n2"].error = timeout
+    attempt.nodes["n2"].state = "failed"
+    attempt.trigger = "n1"
+    failure = attempt.first_failure()
     output.close()
     assert failure is not None and failure.cause.endswith("never joined: n3"), failure
 
 
 def test_a_reset_connection_points_at_the_peer(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    supervisor, output = supervisor_of(tmp_path, ["n1", "n2"])
+    attempt, output = attempt_of(tmp_path, ["n1", "n2"])
     reset = "RuntimeError: [gloo/transport/tcp/pair.cc:534] Read error [10.0.0.2]:21345: "
-    supervisor.nodes["n1"].failures = [failure(0, 1, stderr=[reset + "Connection reset by peer"])]
-    supervisor.nodes["n1"].state = "failed"
-    supervisor.trigger = "n1"
-    found = supervisor.first_failure()
+    attempt.nodes["n1"].failures = [failure(0, 1, stderr=[reset + "Connection reset by peer"])]
+    attempt.nodes["n1"].state = "failed"
+    attempt.trigger = "n1"
+    found = attempt.first_failure()
     output.close()
     assert found is not None and found.cause.endswith("the peer is n2"), found
 

@@ -26,9 +26,10 @@ from rich.console import Console
 
 from torchherd.cli import main
 from torchherd.cli.common import result_table
-from torchherd.jobs import JobRecord, job_dir, list_records
-from torchherd.logs import JobOutput, RunResult
+from torchherd.logs import JobOutput
 from torchherd.plan import LaunchPlan, NodePlan
+from torchherd.records import JobRecord, job_dir, list_records
+from torchherd.results import RunResult
 from torchherd.spec import ClusterSpec, parse_host_list
 
 
@@ -250,7 +251,7 @@ def _wait_gone(job_id: str) -> None:
 
 def test_a_failed_detached_start_stops_a_node_whose_answer_was_lost(tmp_path: Path) -> None:
     """b may be running the job although it never said so: it is stopped along with a."""
-    from torchherd.ops.detach import start_detached
+    from torchherd.launcher.detach import start_detached
     from torchherd.transport.local import LocalTransport
 
     cluster, plan = _muted_b_cluster(tmp_path)
@@ -272,7 +273,7 @@ def test_a_time_limit_during_a_detached_start_stops_the_job_and_asks_for_a_reque
     """SIGUSR1 while the job starts: herd would leave right after, with nobody to ask the job
     to save, so it stops the job on every node and exits 5 (saved: requeue me). The signal
     comes while node a's start is on its way; the stop comes after a answered."""
-    from torchherd.launch import LaunchOptions, Prepared, _start_detached
+    from torchherd.launcher.launch import LaunchOptions, Prepared, _start_detached
     from torchherd.transport.local import LocalTransport
 
     monkeypatch.setenv("HERD_HOME", str(tmp_path / "home"))

@@ -14,7 +14,7 @@ import pytest
 
 from torchherd.agent import probe
 from torchherd.facts import NodeFacts
-from torchherd.launch import fast_preflight
+from torchherd.launcher.launch import fast_preflight
 from torchherd.preflight import Findings, Status, fast_checks, run_checks
 from torchherd.spec import ClusterSpec, NodeSpec
 
@@ -182,7 +182,7 @@ def test_a_listening_port_is_busy_on_either_family(family: int, address: str) ->
 
 def test_no_preflight_does_not_skip_the_public_rendezvous_refusal() -> None:
     from torchherd.errors import NodeNotReady
-    from torchherd.launch import refuse_public_rendezvous
+    from torchherd.launcher.launch import refuse_public_rendezvous
     from torchherd.plan import JobSpec, make_plan
 
     cluster = two_nodes()

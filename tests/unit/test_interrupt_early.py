@@ -37,7 +37,7 @@ run()
         # imported only by the commands that need it (a launch reads the cluster)
         ("torchherd.spec", ["launch", "--dry-run", "train.py"]),
         ("torchherd.cli.launch", ["ps"]),
-        ("torchherd.jobs", ["ps"]),
+        ("torchherd.records", ["ps"]),
     ],
 )
 def test_ctrl_c_while_herd_imports_is_quiet(

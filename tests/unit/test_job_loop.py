@@ -23,12 +23,12 @@ from torchherd.errors import (
     EXIT_OK,
     EXIT_SAVED,
 )
-from torchherd.job import JobRun
-from torchherd.jobs import job_dir
-from torchherd.logs import Failure
-from torchherd.outcome import AttemptResult
+from torchherd.launcher.job import JobRun
+from torchherd.launcher.outcome import AttemptResult
+from torchherd.launcher.prepare import Prepared
 from torchherd.plan import JobSpec, LaunchPlan, make_plan
-from torchherd.prepare import Prepared
+from torchherd.records import job_dir
+from torchherd.results import Failure
 from torchherd.spec import ClusterSpec, NodeSpec
 from torchherd.transport.local import LocalTransport
 
@@ -270,7 +270,7 @@ def test_survivors_of_a_kill_keep_their_node_out_of_an_in_place_restart(tmp_path
     """An agent's exit event names processes that outlived its kill: the node is not reusable
     in place (the next attempt would start beside them) and its end is unconfirmed, so the
     decision sweeps it first; herd says so. A real Attempt fed the agent's event (no node)."""
-    from torchherd.attempt import Attempt
+    from torchherd.launcher.attempt import Attempt
     from torchherd.logs import JobOutput
     from torchherd.recovery.policy import Action, Bench, Ended, History, RestartPolicy
 

@@ -15,8 +15,8 @@ import pytest
 
 from tests.integration.herd_cli import herd
 from torchherd.cli import main
-from torchherd.jobs import JobRecord, list_records
 from torchherd.logs import JobOutput
+from torchherd.records import JobRecord, list_records
 
 SCRIPT = """\
 import os
@@ -134,7 +134,7 @@ def test_ranks_on_the_command_line(tmp_path: Path, monkeypatch: pytest.MonkeyPat
 
 
 def test_a_large_job_sends_rank_0_unless_every_rank_is_asked_for() -> None:
-    from torchherd.job import LARGE_JOB_NODES, sent_lines
+    from torchherd.launcher.job import LARGE_JOB_NODES, sent_lines
 
     assert sent_lines(LARGE_JOB_NODES, None) is None  # a small job sends every line
     assert sent_lines(LARGE_JOB_NODES + 1, None) == {"ranks": [0], "stderr": True}

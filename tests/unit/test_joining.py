@@ -7,7 +7,7 @@ from dataclasses import replace
 
 from tests.unit.test_plan import facts
 from torchherd.facts import NodeFacts
-from torchherd.pool import joining_problems
+from torchherd.launcher.pool import joining_problems
 from torchherd.spec import ClusterSpec, NodeSpec
 
 CLUSTER = ClusterSpec(nodes=tuple(NodeSpec(host=h, nproc=1) for h in ("n1", "n2", "n3")))

@@ -8,7 +8,7 @@ import socket
 import sys
 import time
 
-from torchherd.links import AgentLink
+from torchherd.launcher.links import AgentLink
 from torchherd.spec import NodeSpec
 
 SPEAKS_THEN_WAITS = (

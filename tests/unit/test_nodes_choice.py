@@ -4,7 +4,7 @@ nodes, nodes back in the job; and how an attempt's end becomes an exit code (out
 from __future__ import annotations
 
 from torchherd.errors import EXIT_INTERRUPTED, EXIT_JOB_FAILED, EXIT_OK, EXIT_SAVED
-from torchherd.outcome import exit_code_of
+from torchherd.launcher.outcome import exit_code_of
 from torchherd.recovery.nodes import choose_nodes
 
 ORDER = ["n1", "n2", "n3", "s1", "s2"]

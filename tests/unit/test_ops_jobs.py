@@ -17,18 +17,14 @@ import pytest
 from torchherd.agent import control
 from torchherd.agent.detach import FileEmitter
 from torchherd.errors import ConfigError
-from torchherd.jobs import JobRecord, load_record
-from torchherd.ops.detach import detach_request
-from torchherd.ops.jobctl import (
-    apply_status,
-    cluster_from_record,
-    cluster_snapshot,
-    find_record,
-)
+from torchherd.job_nodes import cluster_from_record, cluster_snapshot
+from torchherd.launcher.detach import detach_request
+from torchherd.ops.jobctl import apply_status, find_record
 from torchherd.ops.joblogs import format_event
-from torchherd.ops.remote import AgentAnswer
 from torchherd.plan import LaunchPlan, NodePlan
+from torchherd.records import JobRecord, load_record
 from torchherd.spec import parse_host_list
+from torchherd.transport.agent_call import AgentAnswer
 
 
 @pytest.fixture(autouse=True)
@@ -129,7 +125,7 @@ def test_apply_status_keeps_running_jobs_and_records_how_they_ended() -> None:
     assert load_record(failed.id) is not None and load_record(failed.id).state == "failed"
 
 
-def test_detach_request_is_the_supervisors_request_plus_detach(tmp_path: Path) -> None:
+def test_detach_request_is_the_attempts_request_plus_detach(tmp_path: Path) -> None:
     node = NodePlan(
         host="bob@gpu2",
         name="gpu2",
@@ -257,7 +253,7 @@ def test_detached_start_stops_the_started_nodes_when_one_cannot_start(
     missing. The job needs every node, so a is stopped again and the record says failed."""
     import asyncio
 
-    from torchherd.ops.detach import start_detached
+    from torchherd.launcher.detach import start_detached
     from torchherd.transport.local import LocalTransport
 
     cluster = parse_host_list("a,b").model_copy(

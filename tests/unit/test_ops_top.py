@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from torchherd.agent import sample
+from torchherd.agent import node_load as sample
 from torchherd.agent.control import write_agent_record
 from torchherd.cli.top import render
 from torchherd.ops.top import NodeLoad

@@ -16,7 +16,7 @@ import pytest
 from rich.console import Console
 
 from torchherd.facts import NodeFacts
-from torchherd.launch import fast_preflight
+from torchherd.launcher.launch import fast_preflight
 from torchherd.preflight import (
     CHECKS,
     Findings,

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from torchherd.agent import netcheck, probe, probe_full
-from torchherd.logs import RunResult
-from torchherd.preflight.collective import parse_output
+from torchherd.bench.collective import parse_output
 from torchherd.preflight.report import Status
+from torchherd.results import RunResult
 
 
 def test_check_connects_pings_and_measures_over_loopback() -> None:

@@ -8,7 +8,8 @@ import json
 from pathlib import Path
 
 from tests.integration.herd_cli import herd
-from torchherd.logs import Failure, RunResult, render_summary
+from torchherd.logs import render_summary
+from torchherd.results import Failure, RunResult
 
 SCRIPT = """\
 import os

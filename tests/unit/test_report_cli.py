@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from torchherd.cli import main
-from torchherd.jobs import JobRecord
+from torchherd.records import JobRecord
 
 
 @pytest.fixture(autouse=True)

@@ -14,6 +14,7 @@ import pytest
 
 from torchherd.agent.relay import CANNOT_CONNECT
 from torchherd.errors import ConfigError, HerdError
+from torchherd.hostlist import expand_hostlist, parse_nodefile
 from torchherd.scheduler.detect import (
     Allocation,
     cluster_for_allocation,
@@ -21,7 +22,6 @@ from torchherd.scheduler.detect import (
     parse_node_addresses,
 )
 from torchherd.scheduler.environment import carried_environment
-from torchherd.scheduler.hostlist import expand_hostlist, parse_nodefile
 from torchherd.scheduler.jobid import (
     parse_pbs_jobid,
     parse_qsub_output,

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from torchherd.jobs import JobRecord, attempt_entry
+from torchherd.records import JobRecord, attempt_entry
 from torchherd.story import find_metrics, gather, render, write_report
 
 
@@ -163,8 +163,8 @@ def test_the_page_names_the_metrics_file_once(tmp_path: Path) -> None:
 
 
 def test_the_first_failure_keeps_its_stderr_tail_on_the_page(tmp_path: Path) -> None:
-    from torchherd.job import failure_record
-    from torchherd.logs import Failure, RunResult
+    from torchherd.launcher.job import failure_record
+    from torchherd.results import Failure, RunResult
 
     tail = (
         "[W1124 16:45:07.299359013 socket.cpp:207] [c10d] The hostname of the client socket "

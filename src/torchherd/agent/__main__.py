@@ -39,7 +39,7 @@ def main(argv: list[str]) -> int:
         return net_main(argv[1:])
     if command == "top":
         from .control import read_request
-        from .sample import main as top_main
+        from .node_load import main as top_main
 
         request = read_request(command)
         return 2 if request is None else top_main(request)

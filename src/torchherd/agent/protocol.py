@@ -1,17 +1,53 @@
-"""JSON-lines protocol between the launcher and node agents (standard library only).
+"""The wire protocol between the launcher and a node agent: JSON lines (standard library only).
 
-Launcher -> agent (stdin): first line the job request, then optional commands ({"cmd": "stop"}).
-Closing stdin means "stop the job": the launcher died or its link dropped.
+This docstring is the one description of the protocol; both ends (agent/runner.py, agent/
+attempt.py on the node; launcher/links.py, launcher/attempt.py on the launcher) follow it.
 
-Agent -> launcher (stdout): one event per line. Keys are short because every worker line
-travels as one event:
-  {"e": "started", "host": ..., "pid": ..., "node_dir": ...}
-  {"e": "line", "r": global_rank|null, "l": local_rank|null, "s": "o"|"e", "t": text}
-  {"e": "exit", "code": int, "signal": name|null, "failures": [...], "stopped": bool}
-  {"e": "error", "message": ..., "remedy": ...}      (the agent could not start the job)
-  {"e": "beats", "b": [[rank, step, at, compute], ...]}  (each rank's newest progress beat)
-  {"e": "alive"}                                      (only when the agent said nothing lately)
-  {"e": "probe", "facts": {...}}   the quick probe, asked over the link before the job request
+Launcher -> agent (`python -m torchherd.agent run`, stdin), in this order:
+
+    {"probe": request}              optional, first: answered by one {"e": "probe"} event
+    {"prewarm": spec}               optional: warm torchrun's wrapper before the request
+    a job request                   the first attempt, run at once (launcher.attempt.agent_request)
+    then commands, any time:
+    {"cmd": "run", "request": R}    run the next attempt (once the previous one has ended)
+    {"cmd": "prewarm", "attempt": N}           warm a wrapper for attempt N now
+    {"cmd": "stop", "stacks": bool, "next": N} end the attempt (stacks first when asked; warm a
+                                               wrapper for attempt N meanwhile); the agent stays
+    {"cmd": "kill"}                 end the attempt at once, no grace
+    {"cmd": "save"}                 ask the workers to save a snapshot and stop
+    {"cmd": "look", "id": N}        one look at every rank (the hang watch's evidence)
+    {"cmd": "stacks"}               every worker's stacks (py-spy)
+    {"cmd": "why-slow", "rank": R}  what the node can tell about why rank R is slow
+    {"cmd": "port"}                 a free port on the node (a moved rendezvous)
+    {"cmd": "ping"}                 nothing but proof that the launcher is there
+    {"cmd": "bye"}, or stdin closed end the attempt, then exit
+
+stop, kill, save, stacks and look may carry "attempt": N; then they act on attempt N only (one
+for an earlier attempt is ignored, one for a later attempt waits until it starts there), so a
+command never reaches the previous attempt. A launcher silent for the request's ``silence``
+seconds is taken for gone: the agent ends the attempt (a partition closes nothing).
+
+Agent -> launcher (stdout): one event per line; keys are short because worker lines travel
+in them. "a" is the attempt, "r" a global rank, "host" the node:
+
+    {"e": "probe", "facts": {...}}                the quick probe (facts.NodeFacts)
+    {"e": "started", "host", "pid", "node_dir", "a"}      torchrun is running
+    {"e": "lines", "b": [[r, local_rank, "o"|"e", text], ...]}  worker lines, batched
+    {"e": "line", "r", "l", "s": "o"|"e", "t"}    one worker line (older agents; detach files)
+    {"e": "spoke", "r": [ranks]}                  ranks whose lines the node kept (not sent)
+    {"e": "dropped", "n": count}                  events dropped while the link was full
+    {"e": "beats", "b": [[r, step, at, compute], ...]}  each rank's newest progress beat
+    {"e": "phase", "r", "name", "since", "limit"} a rank entered (or left) a declared phase
+    {"e": "saved", "r", "step", "at", "where"}    a rank committed a snapshot
+    {"e": "save-requested", "a", "host"}          the workers were asked to save and stop
+    {"e": "look", "host", "a", "at", "ticks", "ranks": [...], "id"}  the answer to a look
+    {"e": "why-slow", "a", "r", "causes": [...]}  the answer to why-slow
+    {"e": "stacks", "a", "host", "reason", "at", "workers": [...]}  every worker's stacks
+    {"e": "port", "port": int}                    the answer to port
+    {"e": "exit", "a", "host", "code", "signal", "failures": [...], "stopped", ...}
+                                                  the attempt ended on this node
+    {"e": "error", "message", "remedy"}           the agent could not do what it was asked
+    {"e": "alive"}                                only when the agent said nothing lately
 """
 
 from __future__ import annotations

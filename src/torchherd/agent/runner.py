@@ -4,33 +4,14 @@ The launcher opens one agent per node and keeps it as long as the node stays in 
 restart with every node still answering costs no new session, no new agent and no cold torch
 import (a wrapper for the next attempt is warmed while the last one stops). A request with
 ``"serve": true`` keeps the agent for further attempts; without it the agent exits once its
-attempt has ended. The agent reads JSON lines on stdin:
-
-    first line                   a job request (attempt to run at once), or
-                                 {"prewarm": spec} and then the job request
-    {"probe": request}           before the first job request: the quick probe's facts
-                                 ({"e": "probe", "facts": ...}), as `agent probe` gives them
-    {"cmd": "run", "request": R} run the next attempt (once the previous one has ended)
-    {"cmd": "prewarm", "attempt": N}  warm torchrun's wrapper for attempt N now
-    {"cmd": "stop", "stacks": true, "next": N}
-                                 end the current attempt (its stacks first when asked; warm
-                                 a wrapper for attempt N meanwhile when given); stay
-    {"cmd": "kill"}              end the current attempt at once (no grace)
-    {"cmd": "ping"} {"cmd": "look", "id": N} {"cmd": "stacks"} {"cmd": "save"} {"cmd": "port"}
-    {"cmd": "why-slow", "rank": R}    what this node can tell about why rank R is slow
-    {"cmd": "bye"} or stdin closed    end the current attempt, then exit
-
-stop, kill, save, stacks and look may carry "attempt": N: then they act on attempt N only (one
-for an earlier attempt is ignored; one for a later attempt waits until it starts here), so a
-command never reaches the previous attempt.
-
-and answers with events on stdout (agent.protocol). It says {"e": "alive"} every alive_every()
-seconds for as long as it runs, stopping included, so a node that stops slowly is never taken
-for a lost one (unless it said something else lately: any event is as good). The launcher
-pings; when it has been silent for the request's ``silence`` seconds (a partition closes
-nothing; the launcher may be stopped or suspended), the agent ends the attempt
-("launcher-silent") and waits LINGER seconds for the launcher to come back before
-it exits. SIGTERM, SIGINT or SIGHUP (`herd stop`) end the attempt and the agent.
+attempt has ended. The agent reads the launcher's lines on stdin and answers with events on
+stdout, as agent/protocol.py describes them (its docstring is the protocol's one description).
+It says {"e": "alive"} every alive_every() seconds for as long as it runs, stopping included,
+so a node that stops slowly is never taken for a lost one (unless it said something else
+lately: any event is as good). The launcher pings; when it has been silent for the request's
+``silence`` seconds (a partition closes nothing; the launcher may be stopped or suspended), the
+agent ends the attempt ("launcher-silent") and waits LINGER seconds for the launcher to come
+back before it exits. SIGTERM, SIGINT or SIGHUP (`herd stop`) end the attempt and the agent.
 """
 
 from __future__ import annotations

@@ -11,9 +11,9 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from ..errors import ConfigError, JobFailed
-from ..preflight.collective import MARKER, MODULE
 from ..preflight.report import BusBandwidth, sizes_between
 from ..spec import ClusterSpec
+from .collective import MARKER, MODULE
 from .job import run_measuring_job
 
 

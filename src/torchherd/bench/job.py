@@ -1,9 +1,9 @@
 """Run a measuring module on the nodes as a herd job and read its answer back.
 
 The measurement (all-reduce, training steps) runs where a training job runs: through
-`torchherd.launch.launch()`, so plan, agents, torchrun and c10d are the ones a job gets, and the
-launcher never imports torch. Rank 0 prints one line ``<MARKER>{json}``; this module finds it in
-the job's merged output.
+`torchherd.launcher.launch.launch()`, so plan, agents, torchrun and c10d are the ones a job
+gets, and the launcher never imports torch. Rank 0 prints one line ``<MARKER>{json}``; this
+module finds it in the job's merged output.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..logs import RunResult
 from ..plan import JobSpec
+from ..results import RunResult
 from ..spec import ClusterSpec
 
 
@@ -73,7 +73,7 @@ def run_measuring_job(
     """Launch ``entry`` (a module by default) on every node of ``cluster``, wait for its end,
     and return its answer. Raises the launch's HerdError when the job cannot start. ``kind``
     marks the job's record as herd's own (`herd ps` lists it only with --all)."""
-    from ..launch import LaunchOptions, launch
+    from ..launcher.launch import LaunchOptions, launch
 
     job = JobSpec(entry=tuple(entry), module=module, nproc=nproc, grace=5.0, kind=kind)
     output = io.StringIO()

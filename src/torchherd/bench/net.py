@@ -107,7 +107,6 @@ def bench_net(
     say: Say | None = None,
 ) -> NetMatrix:
     """Measure every ordered pair of nodes; NodeNotReady when a node cannot take part."""
-    from ..launch import with_workdir
     from ..preflight.doctor import DoctorOptions, gather
 
     options = options or NetBenchOptions()
@@ -123,7 +122,7 @@ def bench_net(
     )
     findings = asyncio.run(
         gather(
-            with_workdir(cluster),
+            cluster.with_workdir(),
             DoctorOptions(full=True, net=net),
             transport or for_cluster(cluster),
             say,

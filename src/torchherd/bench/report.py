@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from .. import __version__
-from ..jobs import herd_home
 from ..plan import new_job_id
+from ..records import herd_home
 from ..spec import ClusterSpec
 from .allreduce import AllreduceOptions, AllreduceResult, bench_allreduce
 from .net import NetBenchOptions, NetMatrix, bench_net
@@ -131,7 +131,7 @@ def run_all(
 
 def machines(cluster: ClusterSpec) -> list[dict[str, Any]]:
     """What each node is, from the quick probe launches use (stdlib only, no torch import)."""
-    from ..launch import connect_all, probe_all
+    from ..launcher.launch import connect_all, probe_all
     from ..transport import for_cluster
 
     async def probe() -> list[dict[str, Any]]:

@@ -24,10 +24,10 @@ def demo(
     The same path a cluster launch takes (agent, torchrun, c10d, Gloo, merged logs), on one
     machine, in well under a minute.
     """
-    from ..jobs import herd_home
-    from ..launch import LaunchOptions, launch
-    from ..logs import RunResult
+    from ..launcher.launch import LaunchOptions, launch
     from ..plan import JobSpec, new_job_id
+    from ..records import herd_home
+    from ..results import RunResult
     from ..spec import local_cluster
 
     # The script's path, found without importing it: it imports torch, which the launcher

@@ -64,6 +64,7 @@ def doctor_command(
     Prints a table of nodes x checks, then what to do about each problem. Exit 0 when nothing
     failed (warnings allowed), 3 when a check failed, 2 for a bad cluster file.
     """
+    from ..bench.collective import run_collective
     from ..preflight import Limits  # here: every other command would pay for the doctor's
     from ..preflight.doctor import DoctorOptions, doctor
     from ..preflight.network import NetOptions
@@ -81,7 +82,7 @@ def doctor_command(
     )
     err = Console(stderr=True, highlight=False)
     with _progress(err, len(cluster.nodes)) as say:
-        report = doctor(cluster, options, say=say)
+        report = doctor(cluster, options, say=say, run_collective=run_collective)
     if as_json:
         sys.stdout.write(json.dumps(report.to_dict(), indent=2, default=str) + "\n")
     else:

@@ -12,7 +12,7 @@ import typer
 from rich.table import Table
 
 from ..errors import EXIT_NODE_NOT_READY, EXIT_OK
-from ..jobs import JobRecord, list_records
+from ..records import JobRecord, list_records
 from .app import app
 from .common import result_table
 from .ops import console

@@ -169,7 +169,7 @@ def launch_command(
     5 saved for a time limit, 130 interrupted.
     """
     # Here, not at the top: every herd command would pay for the launcher's imports.
-    from ..launch import LaunchOptions, launch
+    from ..launcher.launch import LaunchOptions, launch
     from ..plan import JobSpec, LaunchPlan
     from ..scheduler.requeue import pbs_deadline, requeue_after_save
 

@@ -19,11 +19,12 @@ from typing import Any, TextIO
 
 from ..agent.protocol import decode
 from ..errors import ConfigError, NodeNotReady
-from ..jobs import JobRecord, load_record
+from ..job_nodes import RUNNING_STATES, cluster_from_record, job_nodes, verb_request
+from ..records import JobRecord, load_record
 from ..spec import NodeSpec
 from ..transport import Transport, Unreachable, for_cluster
-from .jobctl import RUNNING_STATES, cluster_from_record, job_nodes, launcher_alive, verb_request
-from .remote import agent_argv
+from ..transport.agent_call import agent_argv
+from .jobctl import launcher_alive
 
 Write = Callable[[str], None]
 

@@ -16,7 +16,7 @@ from typing import Any
 from ..agent.protocol import decode
 from ..spec import ClusterSpec, NodeSpec
 from ..transport import Transport, Unreachable, for_cluster
-from .remote import AgentAnswer, agent_argv, call_agent
+from ..transport.agent_call import AgentAnswer, agent_argv, call_agent
 
 
 @dataclass(frozen=True)
@@ -157,7 +157,7 @@ async def follow(
 def slow_ranks() -> list[str]:
     """ "job JOB: <slow rank line>" for every running job whose launcher named a slow rank
     (from the job records on this machine)."""
-    from ..jobs import list_records
+    from ..records import list_records
 
     return [
         f"job {record.id}: slow rank: {record.slow}"

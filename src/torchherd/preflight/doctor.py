@@ -3,7 +3,8 @@
     connect (ssh, in parallel) -> one agent session per node: full probe, listeners
     -> the launch plan -> TCP tests through the sessions
     -> [shared storage: a token per --path, looked for on the other nodes, with --path]
-    -> checks -> [all-reduce through `herd launch`, with --collective] -> PreflightReport
+    -> checks -> [all-reduce through `herd launch`, with --collective: handed in by the caller,
+       since it runs a job and the checks sit below the launcher] -> PreflightReport
 
 Unlike a launch, nothing here stops at the first broken node: each node's trouble becomes its
 row of the report, and the others are still examined.
@@ -27,6 +28,8 @@ from .report import BusBandwidth, CheckResult, PreflightReport, Status
 from .storage import storage_tests
 
 Say = Callable[[str], None]
+# (cluster, processes per node) -> the collective's row and its bus bandwidths
+RunCollective = Callable[[ClusterSpec, int | None], tuple[CheckResult, tuple[BusBandwidth, ...]]]
 
 # Asks a node's interpreter what it has, when torchherd itself is missing there. Any Python 3.
 _WHAT_IS_INSTALLED = (
@@ -68,14 +71,16 @@ def doctor(
     *,
     transport: Transport | None = None,
     say: Say | None = None,
+    run_collective: RunCollective | None = None,
 ) -> PreflightReport:
-    """Examine every node and return the report (never raises for a broken node)."""
-    from ..launch import with_workdir
-
+    """Examine every node and return the report (never raises for a broken node).
+    ``run_collective`` (``bench.collective.run_collective``) runs the all-reduce job for
+    ``--collective``: it launches a job, so the caller above the launcher hands it in and the
+    checks never import the launcher."""
     options = options or DoctorOptions()
     say = say or (lambda _: None)
     started = time.monotonic()
-    cluster = with_workdir(cluster)  # where a launch would run the job, checked the same way
+    cluster = cluster.with_workdir()  # where a launch would run the job, checked the same way
     findings = asyncio.run(gather(cluster, options, transport or for_cluster(cluster), say))
     extra: tuple[CheckResult, ...] = ()
     rows: tuple[BusBandwidth, ...] = ()
@@ -90,8 +95,8 @@ def doctor(
                 ),
             )
         else:
-            from .collective import run_collective
-
+            if run_collective is None:
+                raise ValueError("doctor(collective=True) needs run_collective")
             say("running an all-reduce across all nodes")
             result, rows = run_collective(cluster, options.nproc)
             extra = (result,)

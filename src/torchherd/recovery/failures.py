@@ -14,10 +14,11 @@ import collections
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
-from ..logs import Failure
 from ..plan import NodePlan
+from ..results import Failure
 from .causes import Cause, explain
 
 # Signals that mean "stopped because something else failed", not a cause of failure.
@@ -40,16 +41,28 @@ PEER_LOSS = (
 _OWN, _NODE, _PEER, _TEARDOWN, _STOPPED_NODE = range(5)
 
 
-@dataclass
-class NodeRun:
-    """One node in one attempt, as the launcher knows it.
+class NodeState(StrEnum):
+    """Where one node stands in one attempt (strings, so records and JSON read as before).
 
-    States:  starting -> running -> succeeded | failed | stopped | lost
-             starting -> not started            (the agent could not start the attempt)
+    starting -> running -> succeeded | failed | stopped | lost
+    starting -> not started            (the agent could not start the attempt)
     """
 
+    STARTING = "starting"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    STOPPED = "stopped"
+    LOST = "lost"
+    NOT_STARTED = "not started"
+
+
+@dataclass
+class NodeRun:
+    """One node in one attempt, as the launcher knows it (its state: NodeState)."""
+
     plan: NodePlan
-    state: str = "starting"
+    state: NodeState = NodeState.STARTING
     failures: list[dict[str, Any]] = field(default_factory=list)
     error: dict[str, Any] | None = None
     stderr: collections.deque[str] = field(default_factory=lambda: collections.deque(maxlen=30))
@@ -74,7 +87,7 @@ def choose_first_failure(nodes: list[NodeRun], trigger: str | None) -> Failure |
         for item in node.failures:
             stderr = tuple(item.get("last_stderr", ()))
             said = "\n".join((*stderr, str(item.get("message", ""))))
-            if item.get("signal") in TEARDOWN_SIGNALS and node.state != "failed":
+            if item.get("signal") in TEARDOWN_SIGNALS and node.state != NodeState.FAILED:
                 kind = _TEARDOWN  # herd (or a user's stop) ended it: not a cause
             elif any(pattern in said for pattern in PEER_LOSS):
                 kind = _PEER
@@ -99,7 +112,7 @@ def choose_first_failure(nodes: list[NodeRun], trigger: str | None) -> Failure |
                 last_stderr=tuple(node.error.get("last_stderr", ()))[-10:],
                 remedy=str(node.error.get("remedy", "")),
             )
-            kind = _STOPPED_NODE if node.state == "stopped" else _NODE
+            kind = _STOPPED_NODE if node.state == NodeState.STOPPED else _NODE
             candidates.append((kind, first, node.ended_at or float("inf"), failure))
     if not candidates:
         return None

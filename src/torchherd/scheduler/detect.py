@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from ..errors import ConfigError
+from ..hostlist import read_nodefile, slurm_hostnames
 from ..spec import ClusterSpec, NodeSpec
 from .environment import carried_environment
-from .hostlist import read_nodefile, slurm_hostnames
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ..errors import ConfigError, HerdError
-from ..jobs import herd_home
+from ..records import herd_home
 from .jobid import JobId, parse_qsub_output, parse_sbatch_output
 from .render import Scheduler
 from .validate import NAME, check

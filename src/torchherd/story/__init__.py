@@ -11,7 +11,7 @@ from pathlib import Path
 
 from ..errors import cannot_write
 from ..files import write_private
-from ..jobs import JobRecord
+from ..records import JobRecord
 from .gather import Story, find_metrics, gather
 from .page import render
 

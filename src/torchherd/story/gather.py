@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..jobs import JobRecord
+from ..records import JobRecord
 
 METRICS_FILE = "metrics.jsonl"
 SEARCH_DEPTH = 4

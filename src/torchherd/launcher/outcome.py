@@ -10,10 +10,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import EXIT_INTERRUPTED, EXIT_JOB_FAILED, EXIT_NODE_NOT_READY, EXIT_OK, EXIT_SAVED
-from .logs import Failure, RunResult
-from .recovery.evidence import Evidence, judge
-from .recovery.failures import first_named
+from ..errors import EXIT_INTERRUPTED, EXIT_JOB_FAILED, EXIT_NODE_NOT_READY, EXIT_OK, EXIT_SAVED
+from ..recovery.evidence import Evidence, judge
+from ..recovery.failures import NodeState, first_named
+from ..results import Failure, RunResult
 
 NO_SNAPSHOT_AFTER_LIMIT = (
     "the time limit came and no snapshot was reported committed after it (a script saves "
@@ -42,7 +42,7 @@ class AttemptResult(RunResult):
 
 
 def exit_code_of(
-    states: dict[str, str],
+    states: Mapping[str, str],
     *,
     interrupted: bool,
     stopping: bool,
@@ -56,16 +56,18 @@ def exit_code_of(
     `herd stop` did it, from elsewhere (interrupted, nothing to blame). A time limit's save
     counts only once a snapshot committed after the request was reported."""
     stopped_elsewhere = (
-        not stopping and not stopped_by_agents and all(s == "stopped" for s in states.values())
+        not stopping
+        and not stopped_by_agents
+        and all(s == NodeState.STOPPED for s in states.values())
     )
-    finished = all(s in ("succeeded", "stopped") for s in states.values())
+    finished = all(s in (NodeState.SUCCEEDED, NodeState.STOPPED) for s in states.values())
     if saving and finished and saved:
         return EXIT_SAVED, "", False
-    if all(state == "succeeded" for state in states.values()):
+    if all(state == NodeState.SUCCEEDED for state in states.values()):
         return EXIT_OK, "", False
     if interrupted or stopped_elsewhere:
         return EXIT_INTERRUPTED, "", stopped_elsewhere
-    if any(state == "not started" for state in states.values()):
+    if any(state == NodeState.NOT_STARTED for state in states.values()):
         return EXIT_NODE_NOT_READY, "", False
     return EXIT_JOB_FAILED, NO_SNAPSHOT_AFTER_LIMIT if saving and not saved else "", False
 
@@ -134,7 +136,7 @@ def result_of(ended: AttemptState, duration: float) -> AttemptResult:
         stacks_dir=stacks_dir,
         evidence_problems=tuple(ended.evidence.problems),
         hang=ended.hang_found,
-        lost=tuple(h for h, s in states.items() if s == "lost"),
+        lost=tuple(h for h, s in states.items() if s == NodeState.LOST),
         max_step=ended.max_step,
         reason=reason,
         number=ended.number,

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..spec import ClusterSpec, NodeSpec
-from ..transport import CommandResult, Transport
+from . import CommandResult, Transport
 
 
 @dataclass(frozen=True)

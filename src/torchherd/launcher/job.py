@@ -26,23 +26,24 @@ from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import replace
 from typing import Any, TextIO
 
+from ..errors import EXIT_INTERRUPTED, EXIT_JOB_FAILED, EXIT_SAVED, HerdError
+from ..job_nodes import new_record
+from ..logs import JobOutput, render_summary
+from ..plan import JobSpec, LaunchPlan, NodePlan, make_plan, node_workers
+from ..records import JobRecord, attempt_entry, job_dir
+from ..recovery import HangWatch, RestartPolicy
+from ..recovery.policy import Action, Bench, Decision, Ended, History, Signals
+from ..recovery.straggler import Slow
+from ..redact import redact_text
+from ..results import RunResult
+from ..spec import ClusterSpec
+from ..transport import Transport
 from .attempt import LARGE_JOB_NODES, Attempt
-from .errors import EXIT_INTERRUPTED, EXIT_JOB_FAILED, EXIT_SAVED, HerdError
-from .jobs import JobRecord, attempt_entry, job_dir
 from .links import AgentLink
-from .logs import JobOutput, RunResult, render_summary
-from .ops.jobctl import new_record
 from .outcome import AttemptResult
-from .plan import JobSpec, LaunchPlan, NodePlan, make_plan, node_workers
 from .pool import NodePool
 from .prepare import Prepared, close_links, replan
-from .recovery import HangWatch, RestartPolicy
-from .recovery.policy import Action, Bench, Decision, Ended, History, Signals
-from .recovery.straggler import Slow
-from .redact import redact_text
-from .spec import ClusterSpec
 from .sweeps import sweep_attempt
-from .transport import Transport
 
 Replanner = Callable[..., Coroutine[Any, Any, Prepared]]
 """prepare.replan's shape: the plan of a restart on the given nodes."""
@@ -51,7 +52,7 @@ Sweeper = Callable[[LaunchPlan, NodePlan], Awaitable[bool]]
 
 
 def banner(plan: Any, cluster: ClusterSpec) -> str:
-    from . import __version__
+    from .. import __version__
 
     where = (
         f"rendezvous {plan.rdzv_endpoint}" if plan.rdzv_endpoint else "standalone on this machine"

@@ -3,16 +3,17 @@
 
 The launcher never imports torch: the job is the module ``torchherd.preflight.allreduce``,
 imported by the nodes' own torchherd; its result comes back as one line of the job's output
-(`bench.job`, which `herd bench allreduce` uses too).
+(`bench.job`, which `herd bench allreduce` uses too). It lives here, above the launcher, and
+not in preflight/ (the checks, below it): the doctor is handed it by its caller.
 """
 
 from __future__ import annotations
 
-from ..bench.job import JobAnswer, read_answer, run_measuring_job
 from ..errors import HerdError
-from ..logs import RunResult
+from ..preflight.report import BusBandwidth, CheckResult, Status
+from ..results import RunResult
 from ..spec import ClusterSpec
-from .report import BusBandwidth, CheckResult, Status
+from .job import JobAnswer, read_answer, run_measuring_job
 
 MARKER = "HERD_ALLREDUCE "
 MODULE = "torchherd.preflight.allreduce"

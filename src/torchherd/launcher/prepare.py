@@ -11,18 +11,17 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from .agent.protocol import missing_module
-from .errors import NodeNotReady, NodesUnreachable
-from .facts import NodeFacts
+from ..agent.protocol import missing_module
+from ..errors import NodeNotReady, NodesUnreachable
+from ..facts import NodeFacts
+from ..plan import JobSpec, LaunchPlan, make_plan
+from ..spec import ClusterSpec, NodeSpec, read_env_file
+from ..transport import CommandResult, Transport
+from ..transport.base import setup_failure
 from .links import AgentLink
-from .plan import JobSpec, LaunchPlan, make_plan
-from .spec import ClusterSpec, NodeSpec, read_env_file
-from .transport import CommandResult, Transport
-from .transport.base import setup_failure
 
 Progress = Callable[[str], None]
 
@@ -185,7 +184,7 @@ def fast_preflight(
 ) -> list[str]:
     """The checks that make a launch fail for sure, as problem lines (empty: go ahead);
     ``joining``: nodes about to join the others' running job (preflight.fast_checks)."""
-    from .preflight import Status, fast_checks
+    from ..preflight import Status, fast_checks
 
     return [r.line() for r in fast_checks(cluster, facts, joining) if r.status is Status.FAIL]
 
@@ -217,7 +216,7 @@ async def prepare(
     agent link is opened first: it starts importing torch at once, and answers the probe."""
     say = progress or (lambda _: None)
     secrets = read_env_file(cluster.env_file) if cluster.env_file else {}
-    cluster = with_workdir(cluster).with_spares(job.spares)
+    cluster = cluster.with_workdir().with_spares(job.spares)
     say(f"connecting to {len(cluster.nodes)} node(s)")
     await connect_all(cluster, transport)
     say("probing nodes")
@@ -258,7 +257,7 @@ def refuse_public_rendezvous(
     makes again): the c10d store must not listen on a public address unless allowed."""
     if cluster.transport == "local" or plan.rdzv_endpoint is None:
         return
-    from .preflight.network_checks import rendezvous_exposure
+    from ..preflight.network_checks import rendezvous_exposure
 
     first = cluster.rendezvous_node
     planned = plan.nodes[0].local_addr
@@ -331,11 +330,3 @@ async def replan(
         await close_links(await opening)
         raise
     return Prepared(full, facts, prepared.secrets, plan, await opening)
-
-
-def with_workdir(cluster: ClusterSpec) -> ClusterSpec:
-    """The job runs in [cluster] workdir, or else in the launcher's current directory (the
-    same path on every node: a shared filesystem or a `herd sync`ed copy)."""
-    if cluster.workdir:
-        return cluster
-    return cluster.model_copy(update={"workdir": os.getcwd()})

@@ -16,12 +16,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
-from .errors import EXIT_SAVED, ConfigError, Interrupted, NodesUnreachable
+from ..errors import EXIT_SAVED, ConfigError, Interrupted, NodesUnreachable
+from ..job_nodes import new_record
+from ..plan import JobSpec, LaunchPlan
+from ..records import job_dir
+from ..results import RunResult
+from ..spec import ClusterSpec
+from ..transport import Transport, for_cluster
 from .job import JobRun, banner
-from .jobs import job_dir
-from .logs import RunResult
-from .ops.jobctl import new_record
-from .plan import JobSpec, LaunchPlan
 from .prepare import (
     Prepared,
     connect_all,
@@ -29,10 +31,7 @@ from .prepare import (
     prepare,
     probe_all,
     refuse_public_rendezvous,
-    with_workdir,
 )
-from .spec import ClusterSpec
-from .transport import Transport, for_cluster
 
 Progress = Callable[[str], None]
 
@@ -162,8 +161,8 @@ async def _start_detached(
     (its agent may start the job a moment after a stop swept the node), so a stop before the
     answers could leave the job running. A second signal stops waiting.
     """
-    from .ops.detach import start_detached
-    from .ops.jobctl import stop_nodes
+    from ..job_nodes import stop_nodes
+    from .detach import start_detached
 
     cluster, plan = prepared.cluster, prepared.plan
     starting = asyncio.create_task(
@@ -296,5 +295,4 @@ __all__ = [
     "prepare",
     "probe_all",
     "refuse_public_rendezvous",
-    "with_workdir",
 ]

@@ -14,9 +14,9 @@ import itertools
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from ..recovery.hang import LOOK_AFTER, RankLook
+from ..recovery.straggler import CHECK_EVERY, SAMPLE_EVERY, Slow, StragglerWatch
 from .links import AgentLink
-from .recovery.hang import LOOK_AFTER, RankLook
-from .recovery.straggler import CHECK_EVERY, SAMPLE_EVERY, Slow, StragglerWatch
 
 # Seconds the announcement waits for the node's word on the likely cause.
 WHY_WAIT = 5.0

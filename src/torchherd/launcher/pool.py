@@ -24,15 +24,15 @@ import asyncio
 import time
 from collections.abc import Callable
 
-from .facts import NodeFacts
+from ..facts import NodeFacts
+from ..plan import JobSpec, NodePlan
+from ..recovery.liveness import SILENCE
+from ..recovery.policy import comeback_delay
+from ..spec import ClusterSpec
+from ..transport import Transport
 from .links import AgentLink
-from .plan import JobSpec, NodePlan
 from .prepare import fast_preflight, open_links, probe_node
-from .recovery.liveness import SILENCE
-from .recovery.policy import comeback_delay
-from .spec import ClusterSpec
 from .sweeps import sweep_attempt
-from .transport import Transport
 
 # Seconds between looks at the nodes the job went on without.
 GROW_PROBE_EVERY = 15.0

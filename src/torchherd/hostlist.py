@@ -15,7 +15,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from ..errors import ConfigError
+from .errors import ConfigError
 
 _BRACKET = re.compile(r"\[([^\[\]]*)\]")
 

@@ -30,19 +30,20 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .agent.protocol import missing_module
+from ..agent.protocol import missing_module
+from ..logs import FLUSH_EVERY, JobOutput
+from ..plan import LaunchPlan, NodePlan
+from ..recovery import Evidence, HangWatch, NodeLiveness
+from ..recovery.failures import NodeRun, NodeState, choose_first_failure, in_words
+from ..recovery.liveness import SILENCE, LauncherClock, steps_vouch_for
+from ..recovery.straggler import Slow
+from ..results import Failure
+from ..spec import ClusterSpec
+from ..transport import Transport
 from .links import AgentLink
-from .logs import FLUSH_EVERY, Failure, JobOutput
 from .outcome import AttemptResult, AttemptState, result_of
-from .plan import LaunchPlan, NodePlan
-from .recovery import Evidence, HangWatch, NodeLiveness
-from .recovery.failures import NodeRun, choose_first_failure, in_words
-from .recovery.liveness import SILENCE, LauncherClock, steps_vouch_for
-from .recovery.straggler import Slow
-from .spec import ClusterSpec
-from .stragglers import SlowRanks
+from .slow_ranks import SlowRanks
 from .teardown import Teardown
-from .transport import Transport
 
 # Seconds between pings to each agent: at least this often, and often enough that an agent
 # hears the launcher PINGS_PER_SILENCE times within its launcher_silence (at most this rarely).
@@ -173,7 +174,9 @@ class Attempt:
         self._clock = clock
         self.slow = SlowRanks(
             links,
-            lambda: [h for h, n in self.nodes.items() if n.state == "running" and not n.done],
+            lambda: [
+                h for h, n in self.nodes.items() if n.state == NodeState.RUNNING and not n.done
+            ],
             self.hang.silent_for,
             plan.world_size,
             output.note,
@@ -215,7 +218,7 @@ class Attempt:
                 )
             except OSError as exc:
                 node.error = {"message": f"cannot start the agent: {exc}", "remedy": ""}
-                self._set_state(node, "not started")
+                self._set_state(node, NodeState.NOT_STARTED)
                 self._mark_done(node)
                 return
             self.links[node.host] = link
@@ -317,7 +320,7 @@ class Attempt:
 
     async def gather_stacks(self, timeout: float = EVIDENCE_TIMEOUT) -> None:
         """Ask every running agent for its workers' stacks; wait for them (at most timeout)."""
-        live = [n for n in self.nodes.values() if n.state == "running" and not n.done]
+        live = [n for n in self.nodes.values() if n.state == NodeState.RUNNING and not n.done]
         self._stacks_wanted = {n.host for n in live}
         if not live:
             return
@@ -340,7 +343,7 @@ class Attempt:
     def _handle(self, node: NodeRun, event: dict[str, Any]) -> None:
         kind = event.get("e")
         host = node.host
-        if node.state != "lost":
+        if node.state != NodeState.LOST:
             self.liveness.heard(host)
         if "a" in event and str(event["a"]) != str(self.number):
             return  # a late word about another attempt (never expected; never acted on)
@@ -371,12 +374,12 @@ class Attempt:
             self.evidence.add(host, event)
             self._no_more_stacks_from(host)
         elif kind == "started":
-            self._set_state(node, "running")
+            self._set_state(node, NodeState.RUNNING)
             self.liveness.watch(host)
             self.hang.started()
         elif kind == "error":
             node.error = event
-            self._set_state(node, "not started")
+            self._set_state(node, NodeState.NOT_STARTED)
             self._mark_done(node)
             self._on_node_failed(node)
         elif kind == "exit":
@@ -451,10 +454,10 @@ class Attempt:
         if event.get("error"):
             node.error = event["error"] | {"last_stderr": event.get("last_stderr", [])}
         if event.get("code") == 0:
-            self._set_state(node, "succeeded")
+            self._set_state(node, NodeState.SUCCEEDED)
             self.hang.finished()  # the others' ranks get FINISH_GRACE s to exit too
         elif event.get("stopped"):
-            self._set_state(node, "stopped")
+            self._set_state(node, NodeState.STOPPED)
             # Even when the job is already ending: while this launcher was away, the first
             # agent to give up stops its workers, and their peers on other nodes fail on the
             # reset before their own agents give up; whichever exit is read first, the agents
@@ -471,7 +474,7 @@ class Attempt:
                     f"{event.get('node_dir') or 'the job directory on the node'}",
                     "last_stderr": event.get("last_stderr", []),
                 }
-            self._set_state(node, "failed")
+            self._set_state(node, NodeState.FAILED)
             self._warm_next_on(host)
             self._on_node_failed(node)
         self._mark_done(node)
@@ -528,13 +531,13 @@ class Attempt:
                 "remedy": "install it there (`herd exec -- pip install torchherd`), "
                 "or point python at an environment that has it",
             }
-            self._set_state(node, "not started")
+            self._set_state(node, NodeState.NOT_STARTED)
         elif link.cut_off:
-            if node.state != "lost":
-                self._set_state(node, "stopped")
+            if node.state != NodeState.LOST:
+                self._set_state(node, NodeState.STOPPED)
             self.teardown.sweep_later(node.plan)
-        elif self.stopping and node.state == "starting":
-            self._set_state(node, "stopped")
+        elif self.stopping and node.state == NodeState.STARTING:
+            self._set_state(node, NodeState.STOPPED)
         else:
             detail = (
                 unreachable.describe() if unreachable else f"agent exited with {node.exit_code}"
@@ -544,7 +547,9 @@ class Attempt:
                 "remedy": unreachable.remedy if unreachable else "see the node's lines above",
                 "last_stderr": list(node.stderr),
             }
-            self._set_state(node, "stopped" if self.stopping and not unreachable else "lost")
+            self._set_state(
+                node, NodeState.STOPPED if self.stopping and not unreachable else NodeState.LOST
+            )
             if unreachable is None:
                 # The agent died but the node answers: end what it left behind there.
                 self.teardown.sweep_later(node.plan)
@@ -560,7 +565,7 @@ class Attempt:
         if not self._ending:
             self.trigger = node.host
             self.noticed = self.noticed or (
-                "its agent's link ended" if node.state == "lost" else "a worker exited"
+                "its agent's link ended" if node.state == NodeState.LOST else "a worker exited"
             )
             others = "; stopping the other nodes" if len(self.nodes) > 1 else ""
             self.output.note(f"herd: {node.host} failed{others}")
@@ -575,7 +580,7 @@ class Attempt:
         if all(n.done for n in self.nodes.values()):
             self._done.set()
 
-    def _set_state(self, node: NodeRun, state: str) -> None:
+    def _set_state(self, node: NodeRun, state: NodeState) -> None:
         node.state = state
 
     # -- watching -------------------------------------------------------------------------------
@@ -604,7 +609,7 @@ class Attempt:
             if self.hang.wants_look():
                 for node in self.nodes.values():
                     link = self.links.get(node.host)
-                    if link is not None and node.state == "running" and not node.done:
+                    if link is not None and node.state == NodeState.RUNNING and not node.done:
                         link.command("look")
             hang = self.hang.check()
             if hang is not None:
@@ -673,7 +678,7 @@ class Attempt:
             "--min-nodes the job goes on without it",
         }
         node.ended_at = time.monotonic()
-        self._set_state(node, "lost")
+        self._set_state(node, NodeState.LOST)
         link = self.links.get(host)
         if link is not None:
             link.cut()  # its link is dead or dying: do not wait for ssh to say so
@@ -708,7 +713,7 @@ class Attempt:
             reusable=tuple(
                 host
                 for host, node in self.nodes.items()
-                if node.state in ("succeeded", "failed", "stopped")
+                if node.state in (NodeState.SUCCEEDED, NodeState.FAILED, NodeState.STOPPED)
                 and host not in self.survivors
                 and (link := self.links.get(host)) is not None
                 and link.alive

@@ -17,16 +17,17 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from ..agent.protocol import decode
-from ..attempt import agent_request
 from ..errors import EXIT_NODE_NOT_READY, EXIT_OK
-from ..jobs import JobRecord, job_dir
-from ..logs import Failure, JobOutput, RunResult
+from ..job_nodes import new_record, stop_nodes
+from ..logs import JobOutput
 from ..plan import LaunchPlan, NodePlan
+from ..records import JobRecord, job_dir
 from ..redact import redact_text
+from ..results import Failure, RunResult
 from ..spec import ClusterSpec, NodeSpec
 from ..transport import Transport
-from .jobctl import new_record, stop_nodes
-from .remote import agent_argv
+from ..transport.agent_call import agent_argv
+from .attempt import agent_request
 
 # Seconds a node gets to say "started" (the agent waits up to 120 s for its daemon).
 START_TIMEOUT = 150.0

@@ -11,10 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .agent.protocol import ATTEMPT_VAR
-from .plan import NodePlan
-from .spec import ClusterSpec
-from .transport import Transport
+from ..agent.protocol import ATTEMPT_VAR
+from ..plan import NodePlan
+from ..spec import ClusterSpec
+from ..transport import Transport
 
 # Seconds beyond the grace period a sweep of a node may take.
 SWEEP_MARGIN = 15.0
@@ -41,7 +41,7 @@ async def sweep_attempt(
 ) -> Swept:
     """End one attempt's agent and processes on a node (the `stop` verb, by job id and the
     attempt of ``node``'s plan), through a session of its own."""
-    from .ops.remote import call_agent
+    from ..transport.agent_call import call_agent
 
     request: dict[str, Any] = {
         "job_id": job_id,

@@ -21,9 +21,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .agent.protocol import decode
-from .spec import ClusterSpec, NodeSpec
-from .transport import Transport
+from ..agent.protocol import decode
+from ..spec import ClusterSpec, NodeSpec
+from ..transport import Transport
 
 EventHandler = Callable[[dict[str, Any]], None]
 TextHandler = Callable[[str], None]

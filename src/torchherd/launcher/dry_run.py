@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from .facts import NodeFacts
-from .plan import JobSpec, LaunchPlan, make_plan
-from .spec import ClusterSpec
+from ..facts import NodeFacts
+from ..plan import JobSpec, LaunchPlan, make_plan
+from ..spec import ClusterSpec
 
 PLACEHOLDER_NET = "192.0.2."
 PLACEHOLDER_PORT = 29500

@@ -13,13 +13,13 @@ import asyncio
 import time
 from collections.abc import Callable
 
-from .agent.attempt import ATTEMPT_VAR, TEARDOWN_BUDGET
+from ..agent.attempt import ATTEMPT_VAR, TEARDOWN_BUDGET
+from ..logs import JobOutput
+from ..plan import LaunchPlan, NodePlan
+from ..spec import ClusterSpec
+from ..transport import Transport
 from .links import AgentLink
-from .logs import JobOutput
-from .plan import LaunchPlan, NodePlan
-from .spec import ClusterSpec
 from .sweeps import SWEEP_MARGIN, sweep_attempt
-from .transport import Transport
 
 # Seconds beyond the grace period and the agent's own teardown budget before a stopping
 # node's link is cut.
