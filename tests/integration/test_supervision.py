@@ -78,6 +78,28 @@ def test_busy_quiet_and_slow_to_stop_is_never_hung_or_lost(
     herd.assert_clean(["node1", "node2"])
 
 
+def test_a_plain_script_saves_when_asked_and_herd_exits_5(
+    testbed: Testbed, tmp_path: Path
+) -> None:
+    """SIGUSR1 (a scheduler's time-limit warning) to herd: a plain script, no Trainer, sees
+    torchherd.progress.save_requested(), saves, reports it with progress.saved(step) and ends;
+    herd exits 5 (saved: requeue me) and records the state as saved."""
+    path, home = cluster(testbed, tmp_path, ["node1", "node2"])
+    herd = LiveHerd(["-c", str(path), "steps.py", "--save-on-request"], home, testbed)
+    herd.wait_for(r"STEPPING rank=1", 120)
+    herd.signal(signal.SIGUSR1)
+    code = herd.finish(timeout=120)
+    out = herd.output
+    assert code == 5, out
+    saved = re.search(r"SAVED step=(\d+)", out)
+    assert saved, out
+    assert "saved a snapshot and stopped" in out, out
+    record = herd.record()
+    assert record["state"] == "saved", record
+    assert record["attempts"][-1]["outcome"] == "saved", record
+    herd.assert_clean(["node1", "node2"])
+
+
 def test_a_stalled_launcher_blames_no_node(testbed: Testbed, tmp_path: Path) -> None:
     """herd stopped for 20 s (SIGSTOP: a Ctrl-Z, a paused VM) and resumed: the nodes kept the
     job running (they wait 90 s for a silent launcher), herd says it was away, blames no node
