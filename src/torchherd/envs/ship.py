@@ -163,11 +163,12 @@ class EnvSync:
 
     async def sync(self, target: EnvTarget, folders: list[Path]) -> list[NodeResult]:
         try:
-            return await self._sync(target, folders)
+            return await self.run_sync(target, folders)
         finally:
             await self.transport.close()
 
-    async def _sync(self, target: EnvTarget, folders: list[Path]) -> list[NodeResult]:
+    async def run_sync(self, target: EnvTarget, folders: list[Path]) -> list[NodeResult]:
+        """``sync`` on a transport its caller keeps open (a launch syncing before it starts)."""
         want = target.hash
         seen = await self.look_all()
         results = {node.host: NodeResult(node.host) for node in self.cluster.nodes}

@@ -4,7 +4,7 @@
 Versions of torch and Python are checked one by one (``versions``); this check catches the
 rest (a library one node upgraded, a package one node lacks). The odd nodes out are the ones
 whose hash differs from the most common (on a tie, the rendezvous node's); with the full probe
-(doctor) the packages that differ are named. The fix is one command, ``herd env sync``.
+(doctor) the packages that differ are named. The fix is one option, ``herd launch --env-sync``.
 """
 
 from __future__ import annotations
@@ -15,8 +15,9 @@ from .report import CheckResult, Status
 from .versions import reference
 
 REMEDY = (
-    "herd env sync (builds the same environment on every node; `herd env status` lists the "
-    "packages; then set [cluster] python to its ROOT/current/bin/python)"
+    "herd launch --env-sync (syncs the nodes that differ, then starts; or [cluster] "
+    "env_sync = true), or `herd env sync` first and [cluster] python = its "
+    "ROOT/current/bin/python; `herd env status` lists the packages"
 )
 
 
