@@ -262,6 +262,11 @@ class EnvSync:
         current = facts.get("envs", {}).get(result.before or "", {})
         result.changes = differences(target.packages, current.get("packages", {}))
         try:
+            # One login for the send and the build (a launch has its masters open already;
+            # a re-sync with nothing to do never gets here: its look was its one session).
+            unreachable = await self.transport.connect(node)
+            if unreachable is not None:
+                raise NodeFailed(f"unreachable: {unreachable.describe()}")
             send = self._needs(facts, wheels, uv)
             if send:
                 self.progress(node.host, f"sending {len(send)} files")
