@@ -18,9 +18,11 @@ def make_wheel(
     abi: str = "none",
     payload: int = 0,
     modules: int = 0,
+    extra: dict[str, str] | None = None,
 ) -> Path:
     """Write ``NAME-VERSION-PY-ABI-PLATFORM.whl`` into ``folder``; ``payload`` extra bytes of
-    data make it as large as a test needs, ``modules`` extra small modules as slow to install."""
+    data make it as large as a test needs, ``modules`` extra small modules as slow to install,
+    ``extra`` more files by path (a ``.pth`` file at the top, say)."""
     folder.mkdir(parents=True, exist_ok=True)
     module = name.replace("-", "_")
     dist = f"{module}-{version}.dist-info"
@@ -36,6 +38,7 @@ def make_wheel(
         files[f"{module}/data.bin"] = "x" * payload
     for k in range(modules):
         files[f"{module}/part{k}.py"] = f"K = {k}\n"
+    files.update(extra or {})
     record = []
     for path, text in files.items():
         digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=")

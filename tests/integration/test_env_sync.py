@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+import torchherd
 from tests.integration.conftest import require_testbed
 from tests.integration.herd_cli import herd
 from tests.testbed import Testbed
@@ -277,16 +278,15 @@ print("env", dist.get_rank(), sys.executable, envid.this_environment(site)["hash
 dist.destroy_process_group()
 """
 
-JOB_PACKAGES = (
-    "torch", "filelock", "fsspec", "jinja2", "markupsafe", "networkx", "sympy", "mpmath",
-    "typing-extensions",
-)  # fmt: skip
-
 
 def job_environment(work: Path) -> tuple[Path, str]:
-    """A lock of torch and what it imports (as this suite has them) plus torchherd (a wheel
-    of this tree, in a folder named with env_wheels): what a job and herd's agent need."""
-    import importlib.metadata
+    """A lock of what a job needs: torchherd (a wheel of this tree: herd's agent runs in the
+    environment) and torch. Torch is not unpacked into every node's environment here (three
+    copies cost minutes of this machine's disk; bench/env_sync.py syncs the real wheels): the
+    wheel ``suite-torch`` holds a .pth file that puts this suite's own torch and its imports on
+    the path, from a folder without their metadata, so the environment's hash is that of the
+    two wheels herd synced, as on a node that holds nothing else."""
+    import importlib.util
 
     wheels = work / "job-wheels"
     built = subprocess.run(
@@ -295,8 +295,18 @@ def job_environment(work: Path) -> tuple[Path, str]:
         capture_output=True, text=True, check=False,
     )  # fmt: skip
     assert built.returncode == 0, built.stderr
-    pins = {envid.canonical(n): importlib.metadata.version(n) for n in JOB_PACKAGES}
-    pins["torchherd"] = importlib.metadata.version("torchherd")
+    torch = importlib.util.find_spec("torch")
+    assert torch is not None and torch.origin is not None
+    site = Path(torch.origin).parents[1]
+    imports = work / "suite-torch"
+    imports.mkdir()
+    for entry in site.iterdir():
+        if not entry.name.endswith(
+            (".dist-info", ".egg-info", ".pth")
+        ) and not entry.name.startswith(("torchherd", "__editable__")):
+            (imports / entry.name).symlink_to(entry)
+    make_wheel(wheels, "suite-torch", "1.0", extra={"suite_torch.pth": f"{imports}\n"})
+    pins = {"torchherd": torchherd.__version__, "suite-torch": "1.0"}
     (work / "job.txt").write_text("".join(f"{n}=={v}\n" for n, v in sorted(pins.items())))
     return wheels, envid.identity(pins, PY)
 
@@ -354,3 +364,25 @@ def test_launch_with_env_sync_syncs_only_the_nodes_that_differ(bed: Testbed, wor
     # What herd recorded: the job ran that environment's python.
     records = sorted((work / "home" / "jobs").glob("*/job.json"), key=lambda p: p.stat().st_mtime)
     assert json.loads(records[-1].read_text())["cluster"]["python"] == f"{root}/{want}/bin/python"
+
+
+def test_above_the_fan_out_threshold_nodes_pass_the_wheels_on(bed: Testbed, work: Path) -> None:
+    root = f"{bed.private}/relayed"  # fresh on every node: each lacks the same three files
+    done = herd(
+        ["env", "sync", "--lock", "v1.txt", "--wheels", str(work / "wheels"), "--json",
+         "-c", str(work / "herd.toml"), "--root", root, "--relay-above", "1"],
+        work / "home", work, timeout=240,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = json.loads(done.stdout)
+    want = envid.identity({"alpha": "1.0", "beta": "1.0"}, PY)
+    sent = {n["host"]: n["bytes_sent"] for n in out["nodes"]}
+    assert {n["after"] for n in out["nodes"]} == {want}
+    # One copy from the launcher, to the first node; the others got it from the node before.
+    beta = (work / "wheels" / "beta-1.0-py3-none-any.whl").stat().st_size
+    assert sent["node1"] > beta and sent["node2"] == sent["node3"] == 0, sent
+    for node in bed.nodes:
+        cached = bed.private_of(node) / "relayed" / "cache" / "wheels" / "beta-1.0-py3-none-any.whl"
+        assert cached.stat().st_size == beta
+        said = bed.ns_run(node, [f"{root}/current/bin/python", "-c", "import beta; print(1)"])
+        assert said.stdout.strip() == "1"

@@ -46,11 +46,12 @@ def _runner(
     root: str | None,
     node_python: str,
     quiet: bool,
+    relay_above: int | None = None,
 ):  # noqa: ANN202 - EnvSync, imported lazily
     """The run against the cluster; ``root`` None: the cluster's env_root, else node-local
     scratch inside an allocation, else ~/.herd/envs (envs.at_launch.root_for)."""
     from ..envs.at_launch import root_for
-    from ..envs.ship import EnvSync
+    from ..envs.ship import RELAY_ABOVE, EnvSync
 
     cluster = cluster_for(config, hosts, nodes=nodes)
 
@@ -59,7 +60,11 @@ def _runner(
             print(f"{host}: {what}", file=sys.stderr, flush=True)
 
     return EnvSync(
-        cluster, root=root or root_for(cluster), node_python=node_python, progress=progress
+        cluster,
+        root=root or root_for(cluster),
+        node_python=node_python,
+        progress=progress,
+        relay_above=RELAY_ABOVE if relay_above is None else relay_above,
     )
 
 
@@ -101,13 +106,20 @@ def sync_command(
     hosts: str = typer.Option(None, "-H", "--hosts", help=HOSTS_HELP),
     nodes: str = typer.Option(None, "--nodes", help=NODES_HELP),
     as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
+    relay_above: int = typer.Option(
+        None,
+        "--relay-above",
+        min=0,
+        help="With more nodes to sync than this (default 16), nodes that lack the same wheels "
+        "pass them on to each other (TCP between the nodes), so the launcher sends one copy.",
+    ),
 ) -> int:
     """Make every node's environment the one of --lock (or this one): only what a node lacks
     travels; a node keeps its previous environment until the new one is built and verified.
 
     Example: herd env sync --lock requirements.txt --wheels ./wheels --root /local/herd
     """
-    runner = _runner(config, hosts, nodes, root, node_python, as_json)
+    runner = _runner(config, hosts, nodes, root, node_python, as_json, relay_above)
     target = _target(lock, runner.cluster)
     wheels = wheels or [Path(f) for f in runner.cluster.env_wheels]
     root = runner.root
