@@ -281,11 +281,13 @@ dist.destroy_process_group()
 
 def job_environment(work: Path) -> tuple[Path, str]:
     """A lock of what a job needs: torchherd (a wheel of this tree: herd's agent runs in the
-    environment) and torch. Torch is not unpacked into every node's environment here (three
-    copies cost minutes of this machine's disk; bench/env_sync.py syncs the real wheels): the
-    wheel ``suite-torch`` holds a .pth file that puts this suite's own torch and its imports on
-    the path, from a folder without their metadata, so the environment's hash is that of the
-    two wheels herd synced, as on a node that holds nothing else."""
+    environment) and torch. Torch's own 190 MB wheel is not unpacked on every node here (three
+    copies cost minutes of this machine's disk; bench/env_sync.py syncs the real wheels):
+    the STAND-IN wheel ``torch`` of this suite's torch version holds only its metadata and a
+    .pth file that puts this suite's own torch and what it imports on the path (from a folder
+    of links without their metadata). Nodes, probes and ranks see torch of that version,
+    installed by herd, and the environment's hash is that of the two wheels herd synced."""
+    import importlib.metadata
     import importlib.util
 
     wheels = work / "job-wheels"
@@ -305,8 +307,9 @@ def job_environment(work: Path) -> tuple[Path, str]:
             (".dist-info", ".egg-info", ".pth")
         ) and not entry.name.startswith(("torchherd", "__editable__")):
             (imports / entry.name).symlink_to(entry)
-    make_wheel(wheels, "suite-torch", "1.0", extra={"suite_torch.pth": f"{imports}\n"})
-    pins = {"torchherd": torchherd.__version__, "suite-torch": "1.0"}
+    version = importlib.metadata.version("torch")
+    make_wheel(wheels, "torch", version, extra={"suite_torch.pth": f"{imports}\n"}, package=False)
+    pins = {"torchherd": torchherd.__version__, "torch": version}
     (work / "job.txt").write_text("".join(f"{n}=={v}\n" for n, v in sorted(pins.items())))
     return wheels, envid.identity(pins, PY)
 

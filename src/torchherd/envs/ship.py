@@ -334,18 +334,22 @@ class EnvSync:
         ]
         received: dict[str, tuple[int, int]] = {}
         try:
-            places = []
-            for node, process in zip(chain[1:], procs[1:], strict=True):
-                assert process.stdin is not None and process.stdout is not None
+            for process in procs[1:]:
+                assert process.stdin is not None
                 process.stdin.write(self._program)
                 await process.stdin.drain()
-                line = await asyncio.wait_for(process.stdout.readline(), envnode.RELAY_WAIT)
-                said = json.loads(line) if line.startswith(b"{") else {}
-                if "listening" not in said:
-                    return {}  # this node cannot take part: every node is sent directly
-                places.append(
-                    {"addr": said.get("addr") or node.addr or node.name, "port": said["listening"]}
+            said = await asyncio.gather(
+                *(
+                    asyncio.wait_for(_first_line(process), envnode.RELAY_WAIT)
+                    for process in procs[1:]
                 )
+            )
+            if any("listening" not in one for one in said):
+                return {}  # a node cannot take part: every node is sent its files directly
+            places = [
+                {"addr": one.get("addr") or node.addr or node.name, "port": one["listening"]}
+                for node, one in zip(chain[1:], said, strict=True)
+            ]
             for i, process in enumerate(procs):
                 assert process.stdin is not None
                 told: dict[str, Any] = {"token": token}
@@ -513,6 +517,17 @@ def _unpacked_size(path: Path) -> int:
 
 def _mib(count: int) -> str:
     return f"{count / (1 << 20):.1f} MiB"
+
+
+async def _first_line(process: asyncio.subprocess.Process) -> dict[str, Any]:
+    """The first JSON line a node side says ({} for anything else)."""
+    assert process.stdout is not None
+    line = await process.stdout.readline()
+    try:
+        said = json.loads(line) if line.startswith(b"{") else {}
+    except ValueError:
+        return {}
+    return said if isinstance(said, dict) else {}
 
 
 def _kill(process: asyncio.subprocess.Process) -> None:
