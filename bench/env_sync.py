@@ -9,6 +9,8 @@ For N fresh nodes:
   herd      ``herd env sync --lock REQ --wheels DIR``: time from the command to every node
             identical (its exit), and the bytes the launcher sent (herd's own count).
   re-sync   the same command again, nothing changed (target: <= 2 s).
+  relay     with ``--relay-above N``, more than N nodes to sync pass the wheels on to each other
+            (the launcher sends one copy; its bytes are the "sent" column).
   baseline  what people do by hand: on every node in parallel (one ssh each), ``python3 -m venv``
             and ``pip install --no-index --find-links DIR`` of the same pins. The nodes read the
             wheel folder directly (the testbed shares the host's filesystem outside the private
@@ -17,7 +19,7 @@ For N fresh nodes:
 Targets on this machine: 8 fresh nodes <= 60 s and <= 0.3x the baseline; re-sync <= 2 s.
 Needs root.
 
-    python bench/env_sync.py [--nodes 3,8] [--wheels DIR]
+    python bench/env_sync.py [--nodes 3,8] [--wheels DIR] [--relay-above N]
 """
 
 from __future__ import annotations
@@ -42,9 +44,15 @@ TARGET_S, TARGET_RATIO, TARGET_RESYNC_S = 60.0, 0.3, 2.0
 def wheel_folder(given: str | None) -> Path:
     if given:
         return Path(given)
+    import importlib.metadata
+
+    try:  # the torch build this machine runs (the CPU one here), not the index's newest
+        torch = f"torch=={importlib.metadata.version('torch')}"
+    except importlib.metadata.PackageNotFoundError:
+        torch = "torch"
     folder = Path(tempfile.mkdtemp(prefix="herd-env-bench-"))
     subprocess.run(
-        [sys.executable, "-m", "pip", "download", "--quiet", "torch", "numpy", "-d", str(folder)],
+        [sys.executable, "-m", "pip", "download", "--quiet", torch, "numpy", "-d", str(folder)],
         check=True,
     )
     return folder
@@ -67,7 +75,7 @@ def herd(args: list[str], cwd: Path) -> tuple[float, subprocess.CompletedProcess
     return time.monotonic() - started, done
 
 
-def one(count: int, folder: Path, req: list[str]) -> dict[str, float]:
+def one(count: int, folder: Path, req: list[str], relay_above: int | None) -> dict[str, float]:
     with Testbed(count, hosts_loopback=False, private_dirs=True) as bed:
         work = bed.tmp / "bench"
         work.mkdir()
@@ -86,6 +94,8 @@ def one(count: int, folder: Path, req: list[str]) -> dict[str, float]:
             f"{bed.private}/herd",
             "--json",
         ]
+        if relay_above is not None:
+            args += ["--relay-above", str(relay_above)]
         seconds, done = herd(args, work)
         out = json.loads(done.stdout)
         if done.returncode != 0:
@@ -128,12 +138,17 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", default="3,8")
     parser.add_argument("--wheels")
+    parser.add_argument(
+        "--relay-above",
+        type=int,
+        help="herd env sync --relay-above N (default: herd's own threshold)",
+    )
     args = parser.parse_args()
     folder = wheel_folder(args.wheels)
     req = pins(folder)
     size = sum(p.stat().st_size for p in folder.glob("*.whl")) / (1 << 20)
     print(f"environment: {len(req)} wheels, {size:.0f} MiB ({', '.join(req[:3])}, ...)")
-    rows = [one(int(n), folder, req) for n in args.nodes.split(",")]
+    rows = [one(int(n), folder, req, args.relay_above) for n in args.nodes.split(",")]
     print(
         f"{'nodes':>5} {'herd s':>8} {'identical':>9} {'sent MiB':>9} {'re-sync s':>9} "
         f"{'baseline s':>10} {'ratio':>6}"

@@ -18,9 +18,13 @@ def make_wheel(
     abi: str = "none",
     payload: int = 0,
     modules: int = 0,
+    extra: dict[str, str] | None = None,
+    package: bool = True,
 ) -> Path:
     """Write ``NAME-VERSION-PY-ABI-PLATFORM.whl`` into ``folder``; ``payload`` extra bytes of
-    data make it as large as a test needs, ``modules`` extra small modules as slow to install."""
+    data make it as large as a test needs, ``modules`` extra small modules as slow to install,
+    ``extra`` more files by path (a ``.pth`` file at the top, say); without ``package`` the
+    wheel holds no module of its name."""
     folder.mkdir(parents=True, exist_ok=True)
     module = name.replace("-", "_")
     dist = f"{module}-{version}.dist-info"
@@ -36,6 +40,9 @@ def make_wheel(
         files[f"{module}/data.bin"] = "x" * payload
     for k in range(modules):
         files[f"{module}/part{k}.py"] = f"K = {k}\n"
+    files.update(extra or {})
+    if not package:
+        del files[f"{module}/__init__.py"]
     record = []
     for path, text in files.items():
         digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=")

@@ -155,6 +155,17 @@ class ClusterSpec(BaseModel):
     setup: str | None = None
     """Shell commands run in the shell that starts each node's agent, e.g.
     "module load cuda/12.6 && source ~/venv/bin/activate"; a failure stops the launch."""
+    env_sync: bool = False
+    """herd launch makes every node's Python environment the one of env_lock before it starts
+    (as `herd env sync`, only on the nodes whose hash differs) and runs the job in it."""
+    env_lock: str | None = None
+    """uv.lock or pinned requirements file of that environment; default: ./uv.lock, else the
+    launcher's own environment."""
+    env_wheels: list[str] = Field(default_factory=list)
+    """Folders of wheels taken first for env_sync (what is missing is fetched once with pip)."""
+    env_root: str | None = None
+    """Node-local folder for environments and their caches; default: ~/.herd/envs, inside a
+    Slurm or PBS allocation the node's own scratch (``$TMPDIR``, else /tmp)."""
     carry_env: dict[str, str] = Field(default_factory=dict)
     """Inside an allocation: the launcher's variables sent to every agent (PATH, venv, NCCL_*)."""
     scheduler_job_id: str | None = None
@@ -369,9 +380,14 @@ def parse_cluster_toml(text: str, source: str, base_dir: Path | None = None) -> 
 
     fields = dict(cluster)
     if base_dir is not None:
-        for key in ("ssh_config", "env_file"):
+        for key in ("ssh_config", "env_file", "env_lock"):
             if isinstance(fields.get(key), str):
                 fields[key] = str(_relative_to(base_dir, fields[key]))
+        if isinstance(fields.get("env_wheels"), list):
+            fields["env_wheels"] = [
+                str(_relative_to(base_dir, f)) if isinstance(f, str) else f
+                for f in fields["env_wheels"]
+            ]
     try:
         return ClusterSpec(nodes=tuple(nodes), source=source, **fields)
     except ValidationError as exc:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+import torchherd
 from tests.integration.conftest import require_testbed
 from tests.integration.herd_cli import herd
 from tests.testbed import Testbed
@@ -265,3 +266,126 @@ def test_another_platform_gets_its_own_wheels(bed: Testbed, work: Path) -> None:
     assert "fast-1.0-cp311-cp311-linux_aarch64.whl" in cache3
     assert "fast-1.0-cp311-cp311-linux_x86_64.whl" not in cache3
     assert "fast-1.0-cp311-cp311-linux_x86_64.whl" in cache1
+
+
+RANK_SCRIPT = """\
+import os, sys
+import torch.distributed as dist
+from torchherd.agent import envid
+dist.init_process_group("gloo")
+site = [p for p in sys.path if p.endswith("site-packages")]
+print("env", dist.get_rank(), sys.executable, envid.this_environment(site)["hash"], flush=True)
+dist.destroy_process_group()
+"""
+
+
+def job_environment(work: Path) -> tuple[Path, str]:
+    """A lock of what a job needs: torchherd (a wheel of this tree: herd's agent runs in the
+    environment) and torch. Torch's own 190 MB wheel is not unpacked on every node here (three
+    copies cost minutes of this machine's disk; bench/env_sync.py syncs the real wheels):
+    the STAND-IN wheel ``torch`` of this suite's torch version holds only its metadata and a
+    .pth file that puts this suite's own torch and what it imports on the path (from a folder
+    of links without their metadata). Nodes, probes and ranks see torch of that version,
+    installed by herd, and the environment's hash is that of the two wheels herd synced."""
+    import importlib.metadata
+    import importlib.util
+
+    wheels = work / "job-wheels"
+    built = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
+         "-w", str(wheels), str(Path(__file__).parents[2])],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert built.returncode == 0, built.stderr
+    torch = importlib.util.find_spec("torch")
+    assert torch is not None and torch.origin is not None
+    site = Path(torch.origin).parents[1]
+    imports = work / "suite-torch"
+    imports.mkdir()
+    for entry in site.iterdir():
+        if not entry.name.endswith(
+            (".dist-info", ".egg-info", ".pth")
+        ) and not entry.name.startswith(("torchherd", "__editable__")):
+            (imports / entry.name).symlink_to(entry)
+    version = importlib.metadata.version("torch")
+    make_wheel(wheels, "torch", version, extra={"suite_torch.pth": f"{imports}\n"}, package=False)
+    pins = {"torchherd": torchherd.__version__, "torch": version}
+    (work / "job.txt").write_text("".join(f"{n}=={v}\n" for n, v in sorted(pins.items())))
+    return wheels, envid.identity(pins, PY)
+
+
+def test_launch_with_env_sync_syncs_only_the_nodes_that_differ(bed: Testbed, work: Path) -> None:
+    wheels, want = job_environment(work)
+    (work / "where_env.py").write_text(RANK_SCRIPT)
+    root = f"{bed.private}/herd"
+    cluster = bed.write_cluster_file(
+        work / "launch.toml",
+        nodes=[{"host": n.name, "nproc": 1} for n in bed.nodes],
+        python=f"{root}/current/bin/python",
+        workdir=str(work),
+        env={"HERD_HOME": str(work / "home")},
+        env_lock=str(work / "job.txt"),
+        env_wheels=[str(wheels)],
+        env_root=root,
+    )
+
+    def launch(*extra: str) -> subprocess.CompletedProcess[str]:
+        return herd(["launch", "-c", str(cluster), *extra, "where_env.py"], work / "home", work,
+                    timeout=300)  # fmt: skip
+
+    def ranks_said(out: str) -> set[tuple[str, str]]:
+        found = [line.split()[-2:] for line in out.splitlines() if " env " in f" {line}"]
+        assert len(found) == 3, out
+        return {(python, digest) for python, digest in found}
+
+    # Fresh nodes (no environment of this lock anywhere): every node is synced first.
+    done = launch("--env-sync")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"environment {want} ({work / 'job.txt'}) on every node" in done.stderr
+    assert "synced before the start: node1, node2, node3" in done.stderr
+    assert ranks_said(done.stdout) == {(f"{root}/{want}/bin/python", want)}
+    # node3's environment is changed by hand: without the option the launch is refused
+    # before any rank starts, naming node3 and the fix.
+    site = next((bed.private_of("node3") / "herd" / want).glob("lib/python*/site-packages"))
+    (site / "extra-1.0.dist-info").mkdir()
+    (site / "extra-1.0.dist-info" / "METADATA").write_text("Name: extra\nVersion: 1.0\n")
+    refused = launch()
+    assert refused.returncode == 3, refused.stdout + refused.stderr
+    assert "node3: environment " in refused.stderr and f"{want} on node1, node2" in refused.stderr
+    assert "herd launch --env-sync" in refused.stderr
+    assert " env " not in refused.stdout  # no rank ran
+    # With the option only node3 is synced (the others are not touched), then every rank
+    # runs the same environment.
+    before = {n: (bed.private_of(n) / "herd" / want).stat().st_mtime_ns for n in ("node1", "node2")}
+    done = launch("--env-sync")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "synced before the start: node3 (" in done.stderr
+    assert ranks_said(done.stdout) == {(f"{root}/{want}/bin/python", want)}
+    assert not (site / "extra-1.0.dist-info").exists()
+    after = {n: (bed.private_of(n) / "herd" / want).stat().st_mtime_ns for n in ("node1", "node2")}
+    assert after == before
+    # What herd recorded: the job ran that environment's python.
+    records = sorted((work / "home" / "jobs").glob("*/job.json"), key=lambda p: p.stat().st_mtime)
+    assert json.loads(records[-1].read_text())["cluster"]["python"] == f"{root}/{want}/bin/python"
+
+
+def test_above_the_fan_out_threshold_nodes_pass_the_wheels_on(bed: Testbed, work: Path) -> None:
+    root = f"{bed.private}/relayed"  # fresh on every node: each lacks the same three files
+    done = herd(
+        ["env", "sync", "--lock", "v1.txt", "--wheels", str(work / "wheels"), "--json",
+         "-c", str(work / "herd.toml"), "--root", root, "--relay-above", "1"],
+        work / "home", work, timeout=240,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = json.loads(done.stdout)
+    want = envid.identity({"alpha": "1.0", "beta": "1.0"}, PY)
+    sent = {n["host"]: n["bytes_sent"] for n in out["nodes"]}
+    assert {n["after"] for n in out["nodes"]} == {want}
+    # One copy from the launcher, to the first node; the others got it from the node before.
+    beta = (work / "wheels" / "beta-1.0-py3-none-any.whl").stat().st_size
+    assert sent["node1"] > beta and sent["node2"] == sent["node3"] == 0, sent
+    for node in bed.nodes:
+        cached = bed.private_of(node) / "relayed" / "cache" / "wheels" / "beta-1.0-py3-none-any.whl"
+        assert cached.stat().st_size == beta
+        said = bed.ns_run(node, [f"{root}/current/bin/python", "-c", "import beta; print(1)"])
+        assert said.stdout.strip() == "1"

@@ -78,9 +78,7 @@ def test_busy_quiet_and_slow_to_stop_is_never_hung_or_lost(
     herd.assert_clean(["node1", "node2"])
 
 
-def test_a_plain_script_saves_when_asked_and_herd_exits_5(
-    testbed: Testbed, tmp_path: Path
-) -> None:
+def test_a_plain_script_saves_when_asked_and_herd_exits_5(testbed: Testbed, tmp_path: Path) -> None:
     """SIGUSR1 (a scheduler's time-limit warning) to herd: a plain script, no Trainer, sees
     torchherd.progress.save_requested(), saves, reports it with progress.saved(step) and ends;
     herd exits 5 (saved: requeue me) and records the state as saved."""

@@ -23,6 +23,7 @@ import json
 import os
 import platform
 import shutil
+import socket
 import subprocess
 import sys
 import tarfile
@@ -157,9 +158,81 @@ def _env_python(env: str) -> str:
     return "0.0"
 
 
-def receive(root: str, stream: IO[bytes]) -> dict[str, Any]:
+RELAY_WAIT = 120.0
+"""Seconds a relayed node waits for the node before it to connect, and for each read."""
+
+
+class _Tee:
+    """A stream that forwards every byte read from it to the next node of a relay."""
+
+    def __init__(self, stream: IO[bytes], out: socket.socket | None) -> None:
+        self.stream, self.out = stream, out
+
+    def read(self, size: int = -1) -> bytes:
+        chunk = self.stream.read(size)
+        if chunk and self.out is not None:
+            self.out.sendall(chunk)
+        return chunk
+
+
+def _relay_streams(
+    stream: IO[bytes], listen: bool
+) -> tuple[IO[bytes], socket.socket | None, socket.socket | None]:
+    """Where a relayed ``receive`` reads its tar stream from, and where it passes it on.
+
+    With ``listen``, a TCP port is opened first and said on stdout (with the address this
+    node was reached at, from ssh); the launcher then writes one line on stdin: the token the
+    node before must present, and the next node's address, if any. Without, that line comes
+    first on stdin and the tar stream follows it there."""
+    server = None
+    if listen:
+        server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        server.bind(("0.0.0.0", 0))
+        server.listen(4)
+        reached = os.environ.get("SSH_CONNECTION", "").split()
+        say(listening=server.getsockname()[1], addr=reached[2] if len(reached) > 2 else None)
+    told = json.loads(stream.readline() or b"{}")
+    out = None
+    nxt = told.get("forward")
+    if nxt:
+        out = socket.create_connection((nxt["addr"], int(nxt["port"])), timeout=RELAY_WAIT)
+        out.sendall(str(nxt["token"]).encode() + b"\n")
+    if server is None:
+        return stream, out, None
+    server.settimeout(RELAY_WAIT)
+    while True:
+        conn, _ = server.accept()
+        conn.settimeout(RELAY_WAIT)
+        source = conn.makefile("rb")
+        if source.readline().strip() == str(told.get("token", "")).encode():
+            server.close()
+            return source, out, conn
+        conn.close()  # not the node before this one: keep waiting for it
+
+
+def receive(root: str, stream: IO[bytes], relay: dict[str, Any] | None = None) -> dict[str, Any]:
     """Wheels (and a uv binary, ``uv-VERSION``) from a tar stream, each written under a
-    temporary name and renamed when whole: a cut stream leaves no half wheel behind."""
+    temporary name and renamed when whole: a cut stream leaves no half wheel behind.
+
+    With ``relay`` (``{"listen": bool}``), the node is a link of a chain: the stream comes
+    from stdin or from the node before (``listen``), and every byte is passed on to the node
+    after as it arrives, so the launcher sends one copy for the whole chain."""
+    closing: list[socket.socket] = []
+    if relay is not None:
+        stream, out, conn = _relay_streams(stream, bool(relay.get("listen")))
+        closing = [s for s in (out, conn) if s is not None]
+        stream = _Tee(stream, out)  # type: ignore[assignment]
+    try:
+        result = _receive(root, stream)
+        while stream.read(1 << 16):
+            pass  # the stream's end (tar padding): the next node needs it too
+    finally:
+        for sock in closing:
+            sock.close()
+    return result
+
+
+def _receive(root: str, stream: IO[bytes]) -> dict[str, Any]:
     wheels_dir = os.path.join(root, "cache", "wheels")
     bin_dir = os.path.join(root, "bin")
     os.makedirs(wheels_dir, exist_ok=True)
@@ -336,7 +409,7 @@ def main(argv: list[str], stdin: IO[bytes]) -> int:
         if action == "look":
             result = look(root)
         elif action == "receive":
-            result = receive(root, stdin)
+            result = receive(root, stdin, args.get("relay"))
         elif action == "build":
             result = build(
                 root,

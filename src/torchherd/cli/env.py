@@ -27,8 +27,14 @@ env_app = typer.Typer(
 )
 app.add_typer(env_app, name="env")
 
-LOCK_HELP = "uv.lock or pinned requirements file; default: ./uv.lock, else this environment."
-ROOT_HELP = "Node-local folder for environments and caches."
+LOCK_HELP = (
+    "uv.lock or pinned requirements file; default: env_lock of the cluster file, else "
+    "./uv.lock, else this environment."
+)
+ROOT_HELP = (
+    "Node-local folder for environments and caches; default: env_root of the cluster file, "
+    "else inside a Slurm/PBS allocation $TMPDIR (or /tmp)/herd-envs, else ~/.herd/envs."
+)
 JSON_HELP = "Print the result as JSON on stdout (no table)."
 PYTHON_HELP = "Interpreter on the nodes that runs herd's node side (only python3 is needed)."
 
@@ -37,11 +43,15 @@ def _runner(
     config: str | None,
     hosts: str | None,
     nodes: str | None,
-    root: str,
+    root: str | None,
     node_python: str,
     quiet: bool,
+    relay_above: int | None = None,
 ):  # noqa: ANN202 - EnvSync, imported lazily
-    from ..envs.ship import EnvSync
+    """The run against the cluster; ``root`` None: the cluster's env_root, else node-local
+    scratch inside an allocation, else ~/.herd/envs (envs.at_launch.root_for)."""
+    from ..envs.at_launch import root_for
+    from ..envs.ship import RELAY_ABOVE, EnvSync
 
     cluster = cluster_for(config, hosts, nodes=nodes)
 
@@ -49,12 +59,21 @@ def _runner(
         if not quiet:
             print(f"{host}: {what}", file=sys.stderr, flush=True)
 
-    return EnvSync(cluster, root=root, node_python=node_python, progress=progress)
+    return EnvSync(
+        cluster,
+        root=root or root_for(cluster),
+        node_python=node_python,
+        progress=progress,
+        relay_above=RELAY_ABOVE if relay_above is None else relay_above,
+    )
 
 
-def _target(lock: Path | None):  # noqa: ANN202
+def _target(lock: Path | None, cluster=None):  # noqa: ANN001, ANN202
+    """--lock, else the cluster file's env_lock, else ./uv.lock, else this environment."""
     from ..envs.identity import choose
 
+    if lock is None and cluster is not None and cluster.env_lock:
+        lock = Path(cluster.env_lock)
     return choose(lock, Path.cwd())
 
 
@@ -78,23 +97,32 @@ def sync_command(
     wheels: list[Path] = typer.Option(
         [],
         "--wheels",
-        help="Folder of wheels to take first "
-        "(repeatable); what is missing is fetched once with pip.",
+        help="Folder of wheels to take first (repeatable; default: env_wheels of the cluster "
+        "file); what is missing is fetched once with pip.",
     ),
-    root: str = typer.Option("~/.herd/envs", "--root", help=ROOT_HELP),
+    root: str = typer.Option(None, "--root", help=ROOT_HELP),
     node_python: str = typer.Option("python3", "--node-python", help=PYTHON_HELP),
     config: str = typer.Option(None, "-c", "--config", help=CLUSTER_HELP),
     hosts: str = typer.Option(None, "-H", "--hosts", help=HOSTS_HELP),
     nodes: str = typer.Option(None, "--nodes", help=NODES_HELP),
     as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
+    relay_above: int = typer.Option(
+        None,
+        "--relay-above",
+        min=0,
+        help="With more nodes to sync than this (default 16), nodes that lack the same wheels "
+        "pass them on to each other (TCP between the nodes), so the launcher sends one copy.",
+    ),
 ) -> int:
     """Make every node's environment the one of --lock (or this one): only what a node lacks
     travels; a node keeps its previous environment until the new one is built and verified.
 
     Example: herd env sync --lock requirements.txt --wheels ./wheels --root /local/herd
     """
-    target = _target(lock)
-    runner = _runner(config, hosts, nodes, root, node_python, as_json)
+    runner = _runner(config, hosts, nodes, root, node_python, as_json, relay_above)
+    target = _target(lock, runner.cluster)
+    wheels = wheels or [Path(f) for f in runner.cluster.env_wheels]
+    root = runner.root
     if not as_json:
         print(
             f"environment {target.hash} ({len(target.packages)} packages, {target.source})",
@@ -127,7 +155,7 @@ def sync_command(
 @env_app.command("status", cls=HerdCommand)
 def status_command(
     lock: Path = typer.Option(None, "--lock", help=LOCK_HELP),
-    root: str = typer.Option("~/.herd/envs", "--root", help=ROOT_HELP),
+    root: str = typer.Option(None, "--root", help=ROOT_HELP),
     node_python: str = typer.Option("python3", "--node-python", help=PYTHON_HELP),
     config: str = typer.Option(None, "-c", "--config", help=CLUSTER_HELP),
     hosts: str = typer.Option(None, "-H", "--hosts", help=HOSTS_HELP),
@@ -136,8 +164,10 @@ def status_command(
 ) -> int:
     """Each node's current environment against --lock (or this one): the packages that differ,
     and the command that fixes them. Exit 3 when a node differs."""
-    target = _target(lock)
-    results = asyncio.run(_runner(config, hosts, nodes, root, node_python, True).status(target))
+    runner = _runner(config, hosts, nodes, root, node_python, True)
+    target = _target(lock, runner.cluster)
+    root = runner.root
+    results = asyncio.run(runner.status(target))
     _print_results(results, as_json, {"hash": target.hash})
     differ = [r for r in results if r.state != "same"]
     if not as_json:
@@ -205,7 +235,7 @@ def _each(
 @env_app.command("use", cls=HerdCommand)
 def use_command(
     env_hash: str = typer.Argument(..., metavar="HASH", help="An environment built before."),
-    root: str = typer.Option("~/.herd/envs", "--root", help=ROOT_HELP),
+    root: str = typer.Option(None, "--root", help=ROOT_HELP),
     node_python: str = typer.Option("python3", "--node-python", help=PYTHON_HELP),
     config: str = typer.Option(None, "-c", "--config", help=CLUSTER_HELP),
     hosts: str = typer.Option(None, "-H", "--hosts", help=HOSTS_HELP),
@@ -219,7 +249,7 @@ def use_command(
 @env_app.command("rm", cls=HerdCommand)
 def rm_command(
     env_hash: str = typer.Argument(..., metavar="HASH", help="The environment to remove."),
-    root: str = typer.Option("~/.herd/envs", "--root", help=ROOT_HELP),
+    root: str = typer.Option(None, "--root", help=ROOT_HELP),
     node_python: str = typer.Option("python3", "--node-python", help=PYTHON_HELP),
     config: str = typer.Option(None, "-c", "--config", help=CLUSTER_HELP),
     hosts: str = typer.Option(None, "-H", "--hosts", help=HOSTS_HELP),

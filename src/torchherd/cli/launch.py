@@ -144,6 +144,14 @@ def launch_command(
         help="Inside Slurm/PBS: after the job saved at a time limit (SIGUSR1), requeue it "
         "(Slurm) or submit it again after this one (PBS) up to this many times.",
     ),
+    env_sync: bool = typer.Option(
+        False,
+        "--env-sync",
+        help="Run the job in one Python environment on every node: the probe compares each "
+        "node's environment hash with env_lock's (else ./uv.lock, else this environment) and "
+        "syncs only the nodes that differ, as `herd env sync` would, before starting "
+        "(\\[cluster] env_sync = true does the same).",
+    ),
     time_grace: float = typer.Option(
         120.0,
         "--time-grace",
@@ -191,6 +199,8 @@ def launch_command(
     if module and no_python:
         raise UsageError("-m and --no-python do not go together", "drop one of them")
     cluster = cluster_for(config, hosts, nodes=nodes, nproc=nproc)
+    if env_sync:
+        cluster = cluster.model_copy(update={"env_sync": True})
     check_single_node(cluster)
     if module:
         if script is not None:

@@ -3,9 +3,10 @@
 A node's platform is what its own interpreter reports (machine, glibc, ``cpXY``), never the
 launcher's: an x86 login node in front of aarch64 nodes resolves aarch64 wheels. Wheels come
 from the folders the user names (``--wheels DIR``), then from herd's wheel cache on the launcher
-(``~/.herd/wheels``), and what neither holds is fetched once with ``pip download`` for that
-platform into the cache; a pin no wheel of that platform satisfies is named, with its platform.
-The user's own projects installed from a folder are built into a wheel once per version.
+(``~/.herd/wheels``, or ``$HERD_HOME/wheels``), and what neither holds is fetched once with
+``pip download`` for that platform into the cache; a pin no wheel of that platform satisfies
+is named, with its platform. The user's own projects installed from a folder are built into a
+wheel once per version.
 """
 
 from __future__ import annotations
@@ -20,7 +21,12 @@ from ..agent.envid import canonical
 from ..errors import ConfigError
 from .identity import EnvTarget
 
-LAUNCHER_CACHE = Path("~/.herd/wheels")
+
+def launcher_cache() -> Path:
+    """herd's wheel cache on the launcher: ``~/.herd/wheels`` (``$HERD_HOME/wheels``)."""
+    from ..records import herd_home
+
+    return herd_home() / "wheels"
 
 
 @dataclass(frozen=True)
@@ -95,7 +101,7 @@ def resolve(
     target: EnvTarget, platform: Platform, folders: list[Path], fetch: bool = True
 ) -> dict[str, Path]:
     """canonical name -> the wheel file for ``platform``, for every package of ``target``."""
-    cache = LAUNCHER_CACHE.expanduser()
+    cache = launcher_cache()
     found: dict[str, Path] = {}
     missing: list[str] = []
     pool = [*folders, cache]
@@ -156,13 +162,26 @@ def _download(pins: list[str], platform: Platform, cache: Path) -> None:
         "-d",
         str(cache),
     ]
-    for tag in (f"manylinux2014_{platform.machine}", f"linux_{platform.machine}"):
+    for tag in _platform_tags(platform):
         argv += ["--platform", tag]
     done = subprocess.run([*argv, *pins], capture_output=True, text=True, check=False)
     if done.returncode != 0:
         # One by one, so the pins that can be had are had and the rest are named after.
         for pin in pins:
             subprocess.run([*argv, pin], capture_output=True, text=True, check=False)
+
+
+def _platform_tags(platform: Platform) -> list[str]:
+    """pip's ``--platform`` values for a node: every manylinux its glibc runs, newest first
+    (pip does not widen ``manylinux_2_X`` to older ones by itself, and torch publishes only
+    ``manylinux_2_28`` wheels, which ``manylinux2014`` alone would refuse), and ``linux_*``."""
+    machine = platform.machine
+    tags = []
+    if platform.glibc and platform.glibc.replace(".", "").isdigit():
+        major, minor = (int(x) for x in platform.glibc.split(".")[:2])
+        if major == 2:
+            tags += [f"manylinux_2_{m}_{machine}" for m in range(minor, 16, -1)]
+    return [*tags, f"manylinux2014_{machine}", f"linux_{machine}"]
 
 
 def _local_wheel(name: str, version: str, project: Path, cache: Path) -> Path:

@@ -4,12 +4,19 @@ Per node: look (what it has: platform, free space, cached wheels, environments),
 nodes that differ, send only the wheels (and uv binary) its cache lacks as one tar stream, then
 have it build and switch (``agent/envnode.py``). Wheels are resolved once per platform on the
 launcher. Nothing is written anywhere until every node that needs work has the space for it.
+
+Above ``relay_above`` nodes to sync, the nodes that lack the same files form a chain: the
+launcher streams one copy to the first, and each node passes every byte on to the next as it
+arrives (a TCP connection opened by the node after it, checked with a one-time token), so the
+launcher sends one copy, not one per node. A node the chain did not reach is sent its files
+directly afterwards.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import secrets
 import tarfile
 import zipfile
 from collections.abc import Callable
@@ -28,6 +35,8 @@ DEFAULT_ROOT = "~/.herd/envs"
 SPACE_MARGIN = 16 << 20
 """Free bytes kept beyond what a sync is computed to need (metadata, uv's own files)."""
 NO_PYTHON_EXIT = 127
+RELAY_ABOVE = 16
+"""Nodes to sync above which nodes that lack the same files pass them on to each other."""
 
 
 @dataclass
@@ -80,7 +89,9 @@ class EnvSync:
         node_python: str = "python3",
         transport: Transport | None = None,
         progress: Progress | None = None,
+        relay_above: int = RELAY_ABOVE,
     ) -> None:
+        self.relay_above = relay_above
         self.cluster = cluster
         self.root = root
         self.node_python = node_python
@@ -163,11 +174,12 @@ class EnvSync:
 
     async def sync(self, target: EnvTarget, folders: list[Path]) -> list[NodeResult]:
         try:
-            return await self._sync(target, folders)
+            return await self.run_sync(target, folders)
         finally:
             await self.transport.close()
 
-    async def _sync(self, target: EnvTarget, folders: list[Path]) -> list[NodeResult]:
+    async def run_sync(self, target: EnvTarget, folders: list[Path]) -> list[NodeResult]:
+        """``sync`` on a transport its caller keeps open (a launch syncing before it starts)."""
         want = target.hash
         seen = await self.look_all()
         results = {node.host: NodeResult(node.host) for node in self.cluster.nodes}
@@ -208,10 +220,20 @@ class EnvSync:
                     results[host].detail = "not started: other nodes lack disk space"
             return list(results.values())
         nodes = [node for node in self.cluster.nodes if node.host in work]
+        relayed: set[str] = set()
+        if len(nodes) > self.relay_above:
+            chains = self._chains(nodes, work, uv)
+            done = await asyncio.gather(*(self._relay(chain, files) for chain, files in chains))
+            for sent in done:
+                for host, count in sent.items():
+                    relayed.add(host)
+                    results[host].bytes_sent, results[host].files_sent = count
 
         async def one(node: NodeSpec) -> None:
             facts, wheels = work[node.host]
-            await self._sync_node(node, target, facts, wheels, uv, results[node.host])
+            result = results[node.host]
+            relay = node.host in relayed
+            await self._sync_node(node, target, facts, wheels, uv, result, relayed=relay)
 
         await self.transport.each(nodes, one)
         return list(results.values())
@@ -254,6 +276,8 @@ class EnvSync:
         wheels: dict[str, Path],
         uv: Path,
         result: NodeResult,
+        *,
+        relayed: bool = False,
     ) -> None:
         loop = asyncio.get_running_loop()
         started = loop.time()
@@ -261,7 +285,12 @@ class EnvSync:
         current = facts.get("envs", {}).get(result.before or "", {})
         result.changes = differences(target.packages, current.get("packages", {}))
         try:
-            send = self._needs(facts, wheels, uv)
+            # One login for the send and the build (a launch has its masters open already;
+            # a re-sync with nothing to do never gets here: its look was its one session).
+            unreachable = await self.transport.connect(node)
+            if unreachable is not None:
+                raise NodeFailed(f"unreachable: {unreachable.describe()}")
+            send = [] if relayed else self._needs(facts, wheels, uv)
             if send:
                 self.progress(node.host, f"sending {len(send)} files")
                 result.bytes_sent, result.files_sent = await self._send(node, send)
@@ -276,13 +305,88 @@ class EnvSync:
             result.detail = f"{exc.message}; its previous environment ({keep}) is still current"
         result.seconds = loop.time() - started
 
-    async def _send(self, node: NodeSpec, files: list[Path]) -> tuple[int, int]:
-        """Stream a tar of ``files`` to the node's ``receive``; the bytes written to it."""
-        process = await self.transport.start(node, self._argv("receive"))
-        assert process.stdin is not None and process.stdout is not None
+    def _chains(
+        self,
+        nodes: list[NodeSpec],
+        work: dict[str, tuple[dict[str, Any], dict[str, Path]]],
+        uv: Path,
+    ) -> list[tuple[list[NodeSpec], list[Path]]]:
+        """Nodes that lack the same files, in cluster order: one chain each (two or more)."""
+        groups: dict[tuple[str, ...], tuple[list[NodeSpec], list[Path]]] = {}
+        for node in nodes:
+            facts, wheels = work[node.host]
+            send = self._needs(facts, wheels, uv)
+            if send:
+                key = tuple(sorted(str(path) for path in send))
+                groups.setdefault(key, ([], send))[0].append(node)
+        return [(chain, files) for chain, files in groups.values() if len(chain) > 1]
+
+    async def _relay(self, chain: list[NodeSpec], files: list[Path]) -> dict[str, tuple[int, int]]:
+        """Stream ``files`` once to ``chain[0]``, each node passing them on to the next; the
+        nodes that received them whole, with the bytes the launcher sent each (the first node
+        all, the others none). A node that fails is left out: it is sent its files directly."""
+        token = secrets.token_hex(16)
+        relay = {"relay": {"listen": False}}
+        listen = {"relay": {"listen": True}}
+        procs = [
+            await self.transport.start(node, self._argv("receive", **(listen if i else relay)))
+            for i, node in enumerate(chain)
+        ]
+        received: dict[str, tuple[int, int]] = {}
+        try:
+            for process in procs[1:]:
+                assert process.stdin is not None
+                process.stdin.write(self._program)
+                await process.stdin.drain()
+            said = await asyncio.gather(
+                *(
+                    asyncio.wait_for(_first_line(process), envnode.RELAY_WAIT)
+                    for process in procs[1:]
+                )
+            )
+            if any("listening" not in one for one in said):
+                return {}  # a node cannot take part: every node is sent its files directly
+            places = [
+                {"addr": one.get("addr") or node.addr or node.name, "port": one["listening"]}
+                for node, one in zip(chain[1:], said, strict=True)
+            ]
+            for i, process in enumerate(procs):
+                assert process.stdin is not None
+                told: dict[str, Any] = {"token": token}
+                if i < len(places):
+                    told["forward"] = {**places[i], "token": token}
+                if i == 0:
+                    process.stdin.write(self._program)
+                process.stdin.write((json.dumps(told) + "\n").encode())
+                await process.stdin.drain()
+            head = procs[0]
+            assert head.stdin is not None
+            self.progress(
+                chain[0].host, f"sending {len(files)} files (relayed to {len(chain) - 1})"
+            )
+            sent = await self._write_tar(head.stdin, files)
+            for node, process in zip(chain, procs, strict=True):
+                if process.stdin is not None and not process.stdin.is_closing():
+                    process.stdin.close()
+                out, err = await process.communicate()
+                code = process.returncode if process.returncode is not None else -1
+                try:
+                    self._answer(node, code, out.decode(), err.decode(), None)
+                except NodeFailed:
+                    continue
+                received[node.host] = (sent if node is chain[0] else 0, len(files))
+        except (OSError, ValueError, TimeoutError):
+            return received
+        finally:
+            for process in procs:
+                _kill(process)
+        return received
+
+    async def _write_tar(self, stdin: asyncio.StreamWriter, files: list[Path]) -> int:
+        """Write a tar of ``files`` (the uv binary under its versioned name); bytes written.
+        A node side that ends early is no error here: its answer says why."""
         sent = 0
         try:
-            process.stdin.write(self._program)
             for path in files:
                 info = tarfile.TarInfo(
                     f"uv-{uv_version()}" if path == Path(uv_binary()) else path.name
@@ -290,21 +394,30 @@ class EnvSync:
                 info.size = path.stat().st_size
                 info.mode = 0o644
                 header = info.tobuf(format=tarfile.PAX_FORMAT)
-                process.stdin.write(header)
+                stdin.write(header)
                 sent += len(header)
                 with path.open("rb") as source:
                     while chunk := source.read(1 << 20):
-                        process.stdin.write(chunk)
+                        stdin.write(chunk)
                         sent += len(chunk)
-                        await process.stdin.drain()
+                        await stdin.drain()
                 pad = -info.size % tarfile.BLOCKSIZE
-                process.stdin.write(b"\0" * pad)
+                stdin.write(b"\0" * pad)
                 sent += pad
-            process.stdin.write(b"\0" * (2 * tarfile.BLOCKSIZE))
-            await process.stdin.drain()
-            process.stdin.close()
+            stdin.write(b"\0" * (2 * tarfile.BLOCKSIZE))
+            await stdin.drain()
+            stdin.close()
         except (BrokenPipeError, ConnectionResetError):
-            pass  # the node side ended early: its answer says why
+            pass
+        return sent
+
+    async def _send(self, node: NodeSpec, files: list[Path]) -> tuple[int, int]:
+        """Stream a tar of ``files`` to the node's ``receive``; the bytes written to it."""
+        process = await self.transport.start(node, self._argv("receive"))
+        assert process.stdin is not None and process.stdout is not None
+        try:
+            process.stdin.write(self._program)
+            sent = await self._write_tar(process.stdin, files)
         except asyncio.CancelledError:
             _kill(process)
             raise
@@ -404,6 +517,17 @@ def _unpacked_size(path: Path) -> int:
 
 def _mib(count: int) -> str:
     return f"{count / (1 << 20):.1f} MiB"
+
+
+async def _first_line(process: asyncio.subprocess.Process) -> dict[str, Any]:
+    """The first JSON line a node side says ({} for anything else)."""
+    assert process.stdout is not None
+    line = await process.stdout.readline()
+    try:
+        said = json.loads(line) if line.startswith(b"{") else {}
+    except ValueError:
+        return {}
+    return said if isinstance(said, dict) else {}
 
 
 def _kill(process: asyncio.subprocess.Process) -> None:

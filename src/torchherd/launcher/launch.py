@@ -129,6 +129,8 @@ async def _launch(
             raise Interrupted("interrupted before the job started; nothing was started") from None
         finally:
             progress.clear()
+        if prepared.environment:
+            err.write(f"herd: {prepared.environment}\n")
         plan = prepared.plan
         if options.dry_run:
             return plan

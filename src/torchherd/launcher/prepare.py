@@ -4,7 +4,9 @@
             -> quick probe (NodeFacts) -> fast preflight -> LaunchPlan
 With ``prewarm`` (a launch), each node's agent session opens first: torchrun's wrapper imports
 torch meanwhile, and the agent answers the probe over its link (one session a node). ``replan``
-makes the plan of a restart on the nodes that still answer.
+makes the plan of a restart on the nodes that still answer. With env_sync, the probe runs the
+environment's own python and the nodes that differ are synced before anything starts
+(``envs/at_launch.py``).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import asyncio
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from ..agent.protocol import missing_module
 from ..errors import NodeNotReady, NodesUnreachable
@@ -22,6 +25,9 @@ from ..spec import ClusterSpec, NodeSpec, read_env_file
 from ..transport import CommandResult, Transport
 from ..transport.base import setup_failure
 from .links import AgentLink
+
+if TYPE_CHECKING:
+    from ..envs.at_launch import LaunchEnvironment
 
 Progress = Callable[[str], None]
 
@@ -66,8 +72,10 @@ async def probe_all(
     full: bool = False,
     timeout: float = 60,
     links: Mapping[str, AgentLink] | None = None,
+    failures: dict[str, str] | None = None,
 ) -> dict[str, NodeFacts]:
-    """Run the quick probe on every node in parallel. NodeNotReady when a node cannot answer.
+    """Run the quick probe on every node in parallel. NodeNotReady when a node cannot answer,
+    unless ``failures`` is given: then each such node's line goes there, by host.
 
     A node with an agent link open (``links``) is asked over it: one session a node, not
     two. Where the link cannot answer, the node is probed in a session of its own, whose
@@ -85,6 +93,11 @@ async def probe_all(
 
     results = await transport.each(cluster.nodes, probe)
     problems = [r for r in results if isinstance(r, str)]
+    if failures is not None:
+        for node, result in zip(cluster.nodes, results, strict=True):
+            if isinstance(result, str):
+                failures[node.host] = result
+        problems = []
     if problems:
         raise NodeNotReady(
             "some nodes cannot run torchherd:\n" + "\n".join(f"  {p}" for p in problems),
@@ -201,6 +214,8 @@ class Prepared:
     links: dict[str, AgentLink] = field(default_factory=dict)
     """Agent links opened while probing or planning (torchrun's wrapper importing torch
     meanwhile), by host; the attempt runs in them."""
+    environment: str | None = None
+    """With env_sync: the environment every node runs, and which nodes were synced for it."""
 
 
 async def prepare(
@@ -217,21 +232,35 @@ async def prepare(
     say = progress or (lambda _: None)
     secrets = read_env_file(cluster.env_file) if cluster.env_file else {}
     cluster = cluster.with_workdir().with_spares(job.spares)
+    environment = None
+    if cluster.env_sync:
+        from ..envs.at_launch import LaunchEnvironment
+
+        environment = LaunchEnvironment.of(cluster)
+        cluster = environment.cluster(cluster)
     say(f"connecting to {len(cluster.nodes)} node(s)")
     await connect_all(cluster, transport)
     say("probing nodes")
     # With prewarm, the agents' sessions open first: each warms torchrun's wrapper at once
     # and answers the probe over its link.
     opening = asyncio.create_task(open_links(cluster, transport, job)) if prewarm else None
+    links: dict[str, AgentLink] = {}
     try:
+        links = await opening if opening is not None else {}
+        unanswered: dict[str, str] | None = {} if environment is not None else None
         facts = await probe_all(
             cluster,
             transport,
             workdir=cluster.workdir,
             entry=job.entry_request(),
             port_on_first=cluster.rdzv_port or 0,
-            links=await opening if opening is not None else None,
+            links=links if opening is not None else None,
+            failures=unanswered,
         )
+        if environment is not None:
+            await sync_environment(
+                environment, cluster, job, transport, facts, links, say, prewarm=prewarm
+            )
         problems = fast_preflight(cluster, facts)
         if problems and preflight:
             raise NodeNotReady(
@@ -244,10 +273,58 @@ async def prepare(
         refuse_public_rendezvous(cluster, facts, plan)
     except BaseException:
         if opening is not None:
-            await close_links(await opening)
+            await close_links(await opening)  # the same dict as ``links``, as changed
         raise
-    links = await opening if opening is not None else {}
-    return Prepared(cluster, facts, secrets, plan, links)
+    summary = environment.summary(list(cluster.nodes)) if environment is not None else None
+    return Prepared(cluster, facts, secrets, plan, links, summary)
+
+
+async def sync_environment(
+    environment: LaunchEnvironment,
+    cluster: ClusterSpec,
+    job: JobSpec,
+    transport: Transport,
+    facts: dict[str, NodeFacts],
+    links: dict[str, AgentLink],
+    say: Progress,
+    *,
+    prewarm: bool,
+) -> None:
+    """env_sync: the nodes whose probe found no environment or another hash are synced, then
+    probed again (``facts`` and ``links`` updated in place); the others are left alone."""
+    hosts = [n.host for n in cluster.nodes]
+    differing = environment.differing(hosts, {h: f.env_hash for h, f in facts.items()})
+    if not differing:
+        return
+    say(f"syncing environment {environment.target.hash} on {', '.join(differing)}")
+    # Their agents (if any started) run another environment, or none: end them first.
+    await close_links({h: links.pop(h) for h in differing if h in links})
+    await environment.sync(cluster, transport, differing, say)
+    again = cluster.select(differing)
+    if prewarm:
+        links.update(await open_links(cluster, transport, job, list(again.nodes)))
+    first = cluster.rendezvous_node.host in differing
+    fresh = await probe_all(
+        again,
+        transport,
+        workdir=cluster.workdir,
+        entry=job.entry_request(),
+        port_on_first=(cluster.rdzv_port or 0) if first else None,
+        links={h: links[h] for h in differing if h in links} if prewarm else None,
+    )
+    facts.update(fresh)
+    still = environment.differing(differing, {h: f.env_hash for h, f in fresh.items()})
+    if still:
+        lines = "\n".join(
+            f"  {h}: {environment.python} reports environment {fresh[h].env_hash}" for h in still
+        )
+        raise NodeNotReady(
+            f"after the sync, {len(still)} node(s) still differ from environment "
+            f"{environment.target.hash}:\n{lines}",
+            "something beyond the environment is on those nodes' Python path (PYTHONPATH, "
+            "setup commands): remove it, or launch without --env-sync",
+            hosts=tuple(still),
+        )
 
 
 def refuse_public_rendezvous(

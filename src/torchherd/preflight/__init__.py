@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from ..facts import NodeFacts
 from ..spec import ClusterSpec, NodeSpec
 from . import checks, network_checks, storage_checks
-from .environment import environment
+from .environment import cuda_driver, environment
 from .findings import (
     Findings,
     Limits,
@@ -52,6 +52,12 @@ CHECKS: tuple[Check, ...] = (
     Check("torch", "torch", "torch imports (and sees the GPUs, if any)"),
     Check("versions", "vers", "python minor, torch, CUDA, NCCL, torchherd equal on all nodes"),
     Check("environment", "env", "every installed package the same on all nodes (one hash)"),
+    Check(
+        "driver",
+        "drv",
+        "the NVIDIA driver runs the CUDA build of the lock's torch (env_lock, env_sync)",
+        optional=True,
+    ),
     Check("workdir", "wdir", "the working directory exists"),
     Check("workers", "nproc", "workers fit the node's GPUs (or CPU cores)"),
     Check("gpus", "gpus", "GPUs free of other processes"),
@@ -98,7 +104,12 @@ def run_checks(findings: Findings) -> list[CheckResult]:
     by_node: dict[str, list[CheckResult]] = {n.host: [] for n in findings.cluster.nodes}
     for node in findings.cluster.nodes:
         by_node[node.host] = [check(node, findings, outcome) for check in _node_checks()]
-    cluster_wide = versions(findings) + environment(findings) + storage_checks.storage(findings)
+    cluster_wide = (
+        versions(findings)
+        + environment(findings)
+        + cuda_driver(findings)
+        + storage_checks.storage(findings)
+    )
     for result in cluster_wide:
         by_node[str(result.host)].append(result)
     order = {check.id: index for index, check in enumerate(CHECKS)}

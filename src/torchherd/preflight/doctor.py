@@ -165,10 +165,21 @@ async def gather(
             nproc=options.nproc,
             limits=options.limits,
             storage=storage,
+            env_torch=lock_torch(cluster),
         )
     finally:
         await asyncio.gather(*(session.close() for session in sessions.values()))
         await transport.close()
+
+
+def lock_torch(cluster: ClusterSpec) -> str | None:
+    """The torch of the environment the cluster syncs (env_sync or env_lock), None without
+    one: the driver check judges each node's driver against its CUDA build."""
+    if not (cluster.env_sync or cluster.env_lock):
+        return None
+    from ..envs.at_launch import target_for
+
+    return target_for(cluster).packages.get("torch")
 
 
 async def _probe(

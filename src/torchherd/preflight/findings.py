@@ -107,6 +107,9 @@ class Findings:
     """Whether the facts come from the full probe (torch imported) or the quick one."""
     storage: tuple[StorageFindings, ...] = ()
     """The paths of ``herd doctor --path``, in the order given."""
+    env_torch: str | None = None
+    """The torch (with its build label, ``2.13.0+cu128``) of the environment the cluster
+    syncs (env_sync, env_lock); None without one."""
 
 
 @dataclass(frozen=True)
