@@ -64,6 +64,9 @@ class LaunchOptions:
     """On SIGUSR1 (a scheduler's time-limit warning) workers are asked to save a snapshot and
     stop; after this many seconds whatever still runs is stopped. The result's exit code is then
     EXIT_SAVED (5): the job should be requeued."""
+    verbose: bool = False
+    """Print each start's phases (connect, probe, rendezvous, ... first step) once its first
+    step is made."""
 
 
 def launch(
@@ -232,6 +235,7 @@ async def _supervise(
         color=options.color,
         ranks=options.ranks,
         every_rank=options.every_rank,
+        verbose=options.verbose,
     )
     _on_signals(loop, run.interrupt)
     _on_save_signal(loop, run.save_and_stop)
