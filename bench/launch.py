@@ -47,6 +47,8 @@ print(f"FIRST rank={os.environ['RANK']} attempt={attempt} at={time.time():.4f}",
 import torch.distributed as dist
 dist.init_process_group("gloo")
 dist.barrier()
+from torchherd import progress
+progress.beat(0)  # the first step (herd's start phases end here; a no-op under torchrun)
 if "--fail-once" in sys.argv and attempt == 0:
     if os.environ["RANK"] == "0":
         open("failed-once", "w").close()
@@ -61,7 +63,9 @@ dist.destroy_process_group()
 Times = tuple[float, float | None]
 
 
-def wait_for_ranks(streams: list, world: int, started: float, restart: bool) -> Times:
+def wait_for_ranks(
+    streams: list, world: int, started: float, restart: bool, keep: list[str] | None = None
+) -> Times:
     """Read the streams until every rank printed its first line (of the second attempt too,
     with ``restart``); seconds from ``started`` (wall clock) by the ranks' own clocks."""
     firsts: dict[int, dict[str, float]] = {0: {}, 1: {}}
@@ -71,6 +75,8 @@ def wait_for_ranks(streams: list, world: int, started: float, restart: bool) -> 
 
     def read(stream) -> None:
         for line in stream:
+            if keep is not None:
+                keep.append(line.rstrip("\n"))
             match = re.search(r"FIRST rank=(\d+) attempt=(\d+) at=([\d.]+)", line)
             fail = re.search(r"FAIL at=([\d.]+)", line)
             with lock:
@@ -95,7 +101,7 @@ def run_herd(
     bed: Testbed, cluster_file: Path, workdir: Path, world: int, home: Path, restart: bool
 ) -> Times:
     env = dict(os.environ, HERD_HOME=str(home), PYTHONUNBUFFERED="1")
-    command = [sys.executable, "-m", "torchherd", "launch", "-c", str(cluster_file)]
+    command = [sys.executable, "-m", "torchherd", "launch", "-c", str(cluster_file), "-v"]
     if restart:
         command += ["--max-restarts", "1", "first_line.py", "--fail-once"]
     else:
@@ -104,10 +110,16 @@ def run_herd(
     process = subprocess.Popen(
         command, cwd=workdir, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
     )
-    elapsed = wait_for_ranks([process.stdout], world, started, restart)
+    said: list[str] = []
+    elapsed = wait_for_ranks([process.stdout], world, started, restart, said)
     if process.wait(120) != 0:
         raise RuntimeError("herd launch failed")
+    HERD_SAID["last"] = said  # the reader may still be adding its last lines
     return elapsed
+
+
+HERD_SAID: dict[str, list[str]] = {"last": []}
+"""The last herd launch's console lines (its -v breakdown is printed at the end)."""
 
 
 def herd_phases(home: Path) -> list[dict[str, float]]:
@@ -280,6 +292,10 @@ def main() -> int:
             ratio = herd[kind] / medians[name][kind]
             verdict = "met" if ratio <= target else "NOT met"
             print(f"ratio herd / {name}, {kind} = {ratio:.3f}  (target <= {target}: {verdict})")
+    print("\nthe last herd launch -v said:")
+    for line in HERD_SAID["last"]:
+        if line.startswith(("herd: start", "herd: restart", "  ")):
+            print(line)
     for kind, found in phases.items():
         print(f"\nherd's {kind}, median of each phase (job record):")
         for phase, values in found.items():

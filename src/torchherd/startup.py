@@ -149,7 +149,7 @@ def render(found: dict[str, Any], attempt: int, restart: bool) -> list[str]:
     total = found["total"] or 1.0
     nodes = found.get("nodes", {})
     for phase, seconds in found["phases"].items():
-        host = found["slowest"].get(phase)
+        host = found["slowest"].get(phase) if len(nodes) > 1 else None  # one node: no contest
         mine = nodes.get(host, {}).get(phase) if host else None
         who = f"  slowest {host}" + (f" ({mine:.2f} s)" if mine is not None else "") if host else ""
         lines.append(f"  {phase:<28} {seconds:7.2f} s {100 * seconds / total:4.0f} %{who}")
