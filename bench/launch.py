@@ -26,6 +26,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -181,9 +182,27 @@ def run_baseline(
     )  # fmt: skip
     elapsed = wait_for_ranks([p.stdout for p in processes], nodes * nproc, started, restart)
     for process in processes:
-        if process.wait(120) != 0:
+        if not restart and process.wait(120) != 0:
             raise RuntimeError("baseline torchrun failed")
+        if restart:
+            end_measured(process)
     return elapsed
+
+
+# Runs of torchrun's own restart that were measured but did not end by themselves (a node's
+# agent left waiting in another rendezvous round after every rank's restart had printed).
+STUCK_AFTER_RESTART: list[str] = []
+
+
+def end_measured(process: subprocess.Popen[str], name: str = "torchrun by hand") -> None:
+    """A restart run is measured once every rank printed again; what does not end in 30 s
+    after that is stopped (its ssh session's process group) and counted."""
+    try:
+        process.wait(30)
+    except subprocess.TimeoutExpired:
+        STUCK_AFTER_RESTART.append(name)
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
 
 
 def run_pdsh(
@@ -212,7 +231,9 @@ def run_pdsh(
         start_new_session=True,
     )
     elapsed = wait_for_ranks([process.stdout], nodes * nproc, started, restart)
-    if process.wait(120) != 0:
+    if restart:
+        end_measured(process, "pdsh (DeepSpeed)")
+    elif process.wait(120) != 0:
         raise RuntimeError("pdsh's torchrun failed")
     return elapsed
 
@@ -292,6 +313,8 @@ def main() -> int:
             ratio = herd[kind] / medians[name][kind]
             verdict = "met" if ratio <= target else "NOT met"
             print(f"ratio herd / {name}, {kind} = {ratio:.3f}  (target <= {target}: {verdict})")
+    if STUCK_AFTER_RESTART:
+        print(f"restart runs stopped after their measure: {', '.join(STUCK_AFTER_RESTART)}")
     print("\nthe last herd launch -v said:")
     for line in HERD_SAID["last"]:
         if line.startswith(("herd: start", "herd: restart", "  ")):
