@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import TextIO
 
 from .errors import EXIT_SAVED, ConfigError, Interrupted, NodesUnreachable
-from .job import JobRun, banner
 from .jobs import job_dir
 from .logs import RunResult
 from .ops.jobctl import new_record
@@ -165,6 +164,7 @@ async def _start_detached(
     (its agent may start the job a moment after a stop swept the node), so a stop before the
     answers could leave the job running. A second signal stops waiting.
     """
+    from .job import banner
     from .ops.detach import start_detached
     from .ops.jobctl import stop_nodes
 
@@ -224,6 +224,11 @@ async def _supervise(
     loop: asyncio.AbstractEventLoop,
 ) -> RunResult:
     """Run the job (a sequence of attempts) with the signals wired to it."""
+    # Imported once the nodes are prepared: the job's machinery is not needed before, and
+    # its import then overlaps the nodes' torchrun wrappers importing torch (startup.py's
+    # "wrapper warm") instead of delaying the ssh connects ("launcher start").
+    from .job import JobRun
+
     run = JobRun(
         prepared,
         job,
