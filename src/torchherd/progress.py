@@ -23,6 +23,9 @@ taken for fresh progress:
     rank-R.phase    "<wall time> <name>" [+ "\n<limit s>"]   while a phase runs; removed at
                                                        its end
     rank-R.saved    "<step> <wall time> <where>"       the last committed snapshot
+    rank-R.start    "<mark> <wall time>" lines          the rank's start, mark by mark
+                    (its interpreter, process-group init begun and done, its first beat)
+    wrapper.start   the same, for torchrun's wrapper    ready: torch imported, torchrun runs
     save-and-stop   written by the agent               save_requested() looks for it
 
 Every call is cheap enough for every step: a beat writes at most twice a second, the request
@@ -47,6 +50,8 @@ PROGRESS_DIR_VAR = "HERD_PROGRESS_DIR"
 SAVE_REQUEST = "save-and-stop"
 PHASE_SUFFIX = ".phase"
 SAVED_SUFFIX = ".saved"
+START_SUFFIX = ".start"
+WRAPPER_MARKS = "wrapper" + START_SUFFIX
 # Seconds a declared phase keeps a rank counted as working when the script gives no limit
 # (the launcher's hang watch enforces it; see recovery.hang).
 PHASE_LIMIT = 1800.0
@@ -63,6 +68,7 @@ _last_look = 0.0
 _save_seen = False
 _phases: list[str] = []
 _phase_lock = threading.Lock()
+_first_beat_marked = False
 
 
 def _path(suffix: str = "") -> str | None:
@@ -97,7 +103,12 @@ def beat(step: int | None = None, compute: float | None = None, now: bool = Fals
     step's alone: a rank slowed in bursts (a CPU quota pauses it for 70 ms of every 100 ms,
     wherever in the step it happens to be) shows in the mean of its steps, while one step
     in five lands on a pause only by chance."""
-    global _last_beat, _last_step, _compute_sum, _compute_steps
+    global _last_beat, _last_step, _compute_sum, _compute_steps, _first_beat_marked
+    if step is not None and not _first_beat_marked:
+        # The end of the start (startup.py): the first beat with a step (a phase's end beats
+        # without one, and may come before any step).
+        _first_beat_marked = True
+        mark("first-step")
     if step is not None:
         _last_step = int(step)
     if compute is not None:
@@ -148,6 +159,48 @@ def phase(name: str, limit: float | None = None) -> Iterator[None]:
                 except OSError:
                     pass
         beat(now=True)  # the phase's end is progress too (and carries the newest step)
+
+
+def mark(name: str, *, wrapper: bool = False) -> None:
+    """Note that this rank (or, with ``wrapper``, torchrun's wrapper) reached a moment of its
+    start: one line appended to its ``.start`` file. A few calls per attempt, never per
+    step; the node's agent reads them until the first step (the launcher's start phases).
+    No-op outside herd; never raises."""
+    directory = os.environ.get(PROGRESS_DIR_VAR)
+    if not directory:
+        return
+    path = os.path.join(directory, WRAPPER_MARKS) if wrapper else _path(START_SUFFIX)
+    try:
+        with open(path, "a") as handle:  # type: ignore[arg-type]
+            handle.write(f"{_one_line(name)} {time.time():.4f}\n")
+    except (OSError, TypeError):
+        pass
+
+
+def read_marks(directory: str) -> dict[str, dict[str, float]]:
+    """Every ``.start`` file on this node: "wrapper" or the rank -> {mark: wall time}."""
+    found: dict[str, dict[str, float]] = {}
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return found
+    for name in names:
+        if not name.endswith(START_SUFFIX):
+            continue
+        who = name[: -len(START_SUFFIX)].removeprefix("rank-")
+        try:
+            with open(os.path.join(directory, name)) as handle:
+                text = handle.read()
+        except OSError:
+            continue
+        marks = found.setdefault(who, {})
+        for line in text.splitlines():
+            label, _, when = line.rpartition(" ")
+            try:
+                marks.setdefault(label, float(when))  # the first time a mark was reached
+            except ValueError:
+                continue  # half-written: the next look gets it
+    return found
 
 
 def saved(step: int, where: str = "") -> None:
@@ -209,6 +262,8 @@ def read_progress(directory: str) -> dict[int, RankProgress]:
         if not name.startswith("rank-") or name.endswith(".tmp"):
             continue
         stem, _, suffix = name[5:].partition(".")
+        if "." + suffix == START_SUFFIX:
+            continue  # read_marks' (only until the first step)
         try:
             rank = int(stem)
             with open(os.path.join(directory, name)) as handle:
@@ -255,8 +310,10 @@ __all__ = [
     "PROGRESS_DIR_VAR",
     "RankProgress",
     "beat",
+    "mark",
     "phase",
     "read_beats",
+    "read_marks",
     "read_progress",
     "request_save",
     "save_requested",

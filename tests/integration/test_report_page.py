@@ -13,12 +13,14 @@ demo's page shows its curves. With HERD_REPORT_SHOTS=DIR the screenshots are cop
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
 import struct
 import subprocess
 import sys
+import time
 import zlib
 from html.parser import HTMLParser
 from pathlib import Path
@@ -148,12 +150,14 @@ def test_the_report_page_tells_a_restarted_jobs_story(testbed: Testbed, tmp_path
     env = dict(os.environ, HERD_HOME=str(home))
     launch = [
         sys.executable, "-m", "torchherd", "launch", "-c", str(cluster), "--max-restarts", "1",
-        "--name", "crash-once", "crash_once.py", "--max-steps", "80", "--snapshot-every", "20",
-        "--batch-size", "16", "--run-dir", str(run_dir),
+        "--name", "crash-once", "-v", "crash_once.py", "--max-steps", "80", "--snapshot-every",
+        "20", "--batch-size", "16", "--run-dir", str(run_dir),
     ]  # fmt: skip
+    commanded = time.time()
     run = subprocess.run(launch, cwd=SCRIPTS, env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert "after 1 restart(s)" in run.stdout
+    start_phases_are_explained(run.stdout, home, run_dir, commanded)
 
     made = subprocess.run(
         [sys.executable, "-m", "torchherd", "report", "crash-once"],
@@ -186,6 +190,11 @@ def test_the_report_page_tells_a_restarted_jobs_story(testbed: Testbed, tmp_path
     }, text  # fmt: skip
     assert all(float(rate) > 0 for *_, rate in rates)
     assert "loss" in text and "throughput (samples/s)" in text
+    # the start of each attempt, phase by phase, with the slowest node of each
+    assert "Start of each attempt" in text
+    assert re.search(r"0 \| ssh connect \| [\d.]+ \| \d+ % \| node[12] \([\d.]+ s\)", text)
+    assert re.search(r"1 \| replan \| [\d.]+ \| \d+ % \| node[12]", text), text
+    assert "1 | total (to the first step)" in text
     assert "<polyline" in dom.stdout  # the curves are drawn
     # links: every rank's log and the stacks herd took of node1 before it stopped attempt 0
     targets = {Path(unquote(urlparse(page.as_uri()).path)).parent / link for link in reader.links}
@@ -199,6 +208,45 @@ def test_the_report_page_tells_a_restarted_jobs_story(testbed: Testbed, tmp_path
     assert len({row for row in rows}) > 200  # not a blank page: many different lines
     assert colour_share(png, (0xD1, 0x49, 0x5B)) > 0.001  # the failed attempt's red bar
     assert colour_share(png, (0x2A, 0x9D, 0x5C)) > 0.001  # the successful restart's green
+
+
+FIRST_START = [
+    "launcher start", "ssh connect", "agent start", "probe", "plan", "wrapper warm", "rendezvous",
+    "script start", "process-group init", "first step",
+]  # fmt: skip
+RESTART = ["stop", "replan", *FIRST_START[5:]]
+
+
+def start_phases_are_explained(out: str, home: Path, run_dir: Path, commanded: float) -> None:
+    """The start and the restart, phase by phase, in the record and on the console (-v); each
+    sums to the time the script's own clock measured, within a few percent: from the command
+    to the last rank's first step, and from the kill to the restart's last first step."""
+    (record_file,) = (home / "jobs").glob("*/job.json")
+    attempts = json.loads(record_file.read_text())["attempts"]
+    first_steps = {
+        attempt: max(float((run_dir / f"first-step-{attempt}-{r}").read_text()) for r in (0, 1))
+        for attempt in (0, 1)
+    }
+    measured = [
+        first_steps[0] - commanded,
+        first_steps[1] - float((run_dir / "killed-at").read_text()),
+    ]
+    for entry, names, seconds in zip(attempts, [FIRST_START, RESTART], measured, strict=True):
+        phases = entry["phases"]
+        assert list(phases) == names, phases
+        assert entry["start_complete"] is True
+        total = sum(phases.values())
+        assert total == pytest.approx(entry["start_seconds"], abs=0.01)
+        # A restart is counted from the moment herd saw the kill (torchrun's monitor, the
+        # agent's exit event: tenths of a second after it).
+        assert total == pytest.approx(seconds, rel=0.05, abs=0.3), (entry["n"], phases, seconds)
+        assert set(entry["phases_slowest"]) == set(names)
+        assert set(entry["phases_slowest"].values()) <= {"node1", "node2"}
+        for node in entry["nodes"]:
+            assert sum(node["phases"].values()) <= total + 0.01, node
+    assert re.search(r"herd: start: [\d.]+ s to the first step", out), out[-3000:]
+    assert re.search(r"herd: restart \(attempt 1\): [\d.]+ s to the first step", out)
+    assert re.search(r"  rendezvous +[\d.]+ s +\d+ %  slowest node[12]", out), out[-3000:]
 
 
 def read_page(page: Path, profile: Path) -> tuple[str, Page]:

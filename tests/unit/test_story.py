@@ -204,15 +204,17 @@ def test_start_phases_and_each_nodes_step_times_are_shown_where_the_record_has_t
 ) -> None:
     first = attempt_entry(0, [{"host": "gpu1", "nproc": 2}], 2, None)
     first["phases"] = {"connect": 0.5, "probe": 1.0, "rendezvous": 2.5}
+    first["phases_slowest"] = {"probe": "gpu2"}
     first["nodes"] = [
         {"host": "gpu1", "nproc": 2, "step_times": [[1, 0.2], [2, 0.25], [3, 0.21]]},
-        {"host": "gpu2", "nproc": 2, "step_times": [[1, 0.4], [2, 0.45]]},
+        {"host": "gpu2", "nproc": 2, "step_times": [[1, 0.4], [2, 0.45]], "phases": {"probe": 0.9}},
     ]
     record = job(tmp_path, attempts=[first])
     page = render(gather(record), Path(record.log_dir) / "report.html")
     assert "<h2>Start of each attempt</h2>" in page
     assert "<td>rendezvous</td><td>2.50</td><td>62 %</td>" in page
-    assert "<td>total</td><td>4.00</td><td>100 %</td>" in page
+    assert "<td>total (to the first step)</td><td>4.00</td><td>100 %</td>" in page
+    assert "<td>probe</td><td>1.00</td><td>25 %</td><td>gpu2 (0.90 s)</td>" in page
     assert "step time (s), gpu1" in page and "step time (s), gpu2" in page
     assert "phases:" not in page  # not listed again among the keys a newer herd adds
     plain = job(tmp_path / "plain", attempts=[attempt_entry(0, [{"host": "gpu1"}], 1, None)])

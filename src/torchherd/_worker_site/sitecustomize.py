@@ -1,4 +1,5 @@
-"""herd's workers' sitecustomize: the exit wait of ``torchherd.exit_guard``, then the
+"""herd's workers' sitecustomize: the exit wait of ``torchherd.exit_guard``, the marks of the
+worker's start (``torchherd.worker_start``), then the
 ``sitecustomize`` this one hides (a virtual environment's, the distribution's), so nothing the
 user's Python loads at start is lost.
 
@@ -27,6 +28,15 @@ def _guard() -> None:
         pass
 
 
+def _mark_start() -> None:
+    try:
+        from torchherd.worker_start import install
+
+        install()  # the start phases' marks (launcher: startup.py)
+    except Exception:  # noqa: BLE001
+        pass
+
+
 def _others() -> list[str]:
     return [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
 
@@ -43,4 +53,5 @@ def _load_the_hidden_one() -> None:
 
 sys.path[:] = _others()  # the worker's own imports never see this directory
 _guard()
+_mark_start()
 _load_the_hidden_one()

@@ -252,6 +252,7 @@ class NodeAttempt:
             {
                 "e": "started",
                 "a": self.attempt,
+                "at": time.time(),  # the node's clock: its start marks are read against it
                 "host": self.node,
                 "pid": self.process.pid,
                 "node_dir": self.node_dir,
@@ -379,12 +380,14 @@ class NodeAttempt:
         """Forward each rank's newest beat, phase and committed snapshot to the launcher, and
         which ranks spoke in lines kept here."""
         sent: dict[tuple[int, str], object] = {}
+        marks = StartMarks(self.progress_dir, self.attempt, self.emit)
         # On the whole seconds of the wall clock: every node's report reaches the launcher in
         # the same moment, and one wake-up of its event loop reads them all.
         every = float(self.request.get("report_every") or PROGRESS_POLL)
         while not self.stop_requested.wait(every - time.time() % every):
             if self.process is not None and self.process.poll() is not None:
                 return
+            marks.report()
             self._send_progress(sent)
             if self.spoke:
                 spoke, self.spoke = sorted(self.spoke), set()
@@ -521,6 +524,34 @@ class NodeAttempt:
             event["error"] = {k: record.get(k, "") for k in ("error", "message", "remedy")}
         event["last_stderr"] = list(self.stderr_tails.get(None, []))
         return event
+
+
+class StartMarks:
+    """The attempt's start marks on this node (progress.mark: the wrapper's and each rank's),
+    sent to the launcher as they come, until every rank that marked its start has made its
+    first step: then no more looks. Each mark is the node's latest of its ranks' (the node is
+    through a phase once all its ranks are), on the node's wall clock; the "started" event
+    carries that clock's time for the launcher to read them against."""
+
+    def __init__(self, directory: str, attempt: str, emit: Emit) -> None:
+        self.directory = directory
+        self.attempt = attempt
+        self.emit = emit
+        self.sent: dict[str, float] = {}
+        self.done = False
+
+    def report(self) -> None:
+        if self.done:
+            return
+        found = progress.read_marks(self.directory)
+        marks: dict[str, float] = dict(found.pop("wrapper", {}))
+        for rank_marks in found.values():
+            for name, when in rank_marks.items():
+                marks[name] = max(when, marks.get(name, when))
+        self.done = bool(found) and all("first-step" in m for m in found.values())
+        if marks != self.sent:
+            self.sent = marks
+            self.emit({"e": "marks", "a": self.attempt, "m": marks, "ranks": len(found)})
 
 
 def signal_group(pgid: int, sig: int) -> None:

@@ -85,6 +85,9 @@ def main(argv: list[str]) -> int:
         # Each attempt's per-rank files apart: `herd logs --rank` reads them there.
         attempt = os.environ.get("HERD_ATTEMPT", "0")
         args.log_dir = os.path.join(node_dir, f"attempt-{attempt}", "torchrun")
+    from .. import progress
+
+    progress.mark("ready", wrapper=True)  # torch imported: torchrun's rendezvous begins
     try:
         run(args)
     except ChildFailedError as exc:

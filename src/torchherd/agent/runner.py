@@ -461,6 +461,11 @@ def first_request(lines: Lines) -> tuple[dict[str, Any], Prewarmed | None] | Non
         prewarmed = Prewarmed(spec)
 
 
+# When this agent was ready to read the launcher (the node's clock): the probe's answer says
+# how long before the answer that was, which splits the launcher's "agent start" from "probe".
+READY_AT: float | None = None
+
+
 def answer_probe(request: Any) -> None:
     """The quick probe over the link, so that a launch costs a node one session, not two.
     A probe that fails answers no facts: the launcher then probes in a session of its own,
@@ -471,11 +476,15 @@ def answer_probe(request: Any) -> None:
         event: dict[str, Any] = {"e": "probe", "facts": collect(dict(request))}
     except Exception as exc:  # noqa: BLE001 - any failure: the launcher's own probe explains
         event = {"e": "probe", "error": f"{type(exc).__name__}: {exc}"}
+    now = time.time()
+    event["agent_for"] = round(now - (READY_AT or now), 4)
     sys.stdout.buffer.write(encode(event))
     sys.stdout.buffer.flush()
 
 
 def main() -> int:
+    global READY_AT
+    READY_AT = time.time()
     lines = Lines()
     try:
         found = first_request(lines)

@@ -126,6 +126,15 @@ def launch_command(
     as_json: bool = typer.Option(
         False, "--json", help="With --dry-run: the plan as JSON (for scripts)."
     ),
+    verbose: bool = typer.Option(
+        False,
+        "-v",
+        "--verbose",
+        help="Once the job's first step is made, print where its start went, phase by phase "
+        "(ssh connect, agent start, probe, plan, wrapper warm, rendezvous, script start, "
+        "process-group init, first step), with the slowest node of each; the same for every "
+        "restart. The job record and `herd report` keep it either way.",
+    ),
     no_preflight: bool = typer.Option(
         False, "--no-preflight", help="Start even when a fast check fails."
     ),
@@ -250,6 +259,7 @@ def launch_command(
         detach=detach,
         save_within=save_window(time_grace, grace),
         hang_timeout=hang_timeout,
+        verbose=verbose,
     )
     deadline = None if dry_run or detach else pbs_deadline(cluster, time_grace)
     try:

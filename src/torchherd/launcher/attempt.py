@@ -39,6 +39,7 @@ from ..recovery.liveness import SILENCE, LauncherClock, steps_vouch_for
 from ..recovery.straggler import Slow
 from ..results import Failure
 from ..spec import ClusterSpec
+from ..startup import node_marks
 from ..transport import Transport
 from .links import AgentLink
 from .outcome import AttemptResult, AttemptState, result_of
@@ -118,6 +119,7 @@ class Attempt:
         prewarm_next: bool = False,
         on_slow: Callable[[Slow], None] | None = None,
         send: dict[str, Any] | None = None,
+        on_first_step: Callable[[], None] | None = None,
     ) -> None:
         self.plan = plan
         self.cluster = cluster
@@ -167,6 +169,16 @@ class Attempt:
         self.stopped_for_silence = False
         """The agents stopped the attempt because this launcher had gone silent."""
         self._ending = False
+        self.start_marks: dict[str, dict[str, float]] = {h: {} for h in self.nodes}
+        """host -> its start's marks on this launcher's clock (startup.py): the run request
+        sent, then its agent's marks from the wrapper's warm-up to the first step."""
+        self._node_clock: dict[str, tuple[float, float]] = {}
+        """host -> (its "started" event's time on the node, its arrival here)."""
+        self.on_first_step = on_first_step
+        """Called once every node's ranks made their first step (the start is complete)."""
+        self.ending_at: float | None = None
+        """When this launcher first saw the attempt end (a node done, a stop asked): a
+        restart's start is counted from here."""
         self.teardown = Teardown(plan, cluster, transport, links, output, clock)
         self._stacks_wanted: set[str] = set()
         self._stacks_arrived = asyncio.Event()
@@ -225,6 +237,7 @@ class Attempt:
         link.on_event = lambda event, n=node: self._handle(n, event)
         link.on_text = lambda text, n=node: self.output.line(n.host, None, text)
         link.start_reading()
+        self.start_marks[node.host]["requested"] = time.monotonic()
         link.run(agent_request(self.plan, node.plan, self.cluster.launcher_silence, self.send))
         if self.stopping:
             self._tell_stop(node)
@@ -253,6 +266,7 @@ class Attempt:
         """Kill every worker now (no grace, no stacks); cut the links that do not confirm."""
         if self.teardown.killing:
             return
+        self._ending_seen()
         self._ending = True
         self.stopping = True
         self.output.verdict_given()
@@ -265,6 +279,7 @@ class Attempt:
         came back: the next attempt has a larger world), else a time limit."""
         if self.saving or self.stopping:
             return
+        self._ending_seen()
         self.saving = True
         self.growing = grow
         self._save_asked_at = time.time()
@@ -281,6 +296,7 @@ class Attempt:
 
     def stop_all(self, except_host: str | None = None, *, stacks: bool = False) -> None:
         """Stop every node (with ``stacks``, each takes its workers' stacks first)."""
+        self._ending_seen()
         self._ending = True
         self.stopping = True
         self.output.verdict_given()
@@ -304,6 +320,7 @@ class Attempt:
         where the stacks must show the job as it hung)."""
         if self._ending:
             return
+        self._ending_seen()
         self._ending = True
         if not gather:
             if any(not n.done and h != except_host for h, n in self.nodes.items()):
@@ -373,7 +390,11 @@ class Attempt:
         elif kind == "stacks":
             self.evidence.add(host, event)
             self._no_more_stacks_from(host)
+        elif kind == "marks":
+            self._marks(host, event)
         elif kind == "started":
+            if isinstance(event.get("at"), int | float):
+                self._node_clock[host] = (float(event["at"]), time.monotonic())
             self._set_state(node, NodeState.RUNNING)
             self.liveness.watch(host)
             self.hang.started()
@@ -384,6 +405,20 @@ class Attempt:
             self._on_node_failed(node)
         elif kind == "exit":
             self._exited(node, event)
+
+    def _marks(self, host: str, event: dict[str, Any]) -> None:
+        """A node's start marks (its agent's StartMarks), placed on this launcher's clock;
+        once every node has its first step, ``on_first_step`` is told."""
+        clock = self._node_clock.get(host)
+        found = event.get("m")
+        if clock is None or not isinstance(found, dict):
+            return  # an agent of an older version sends no clock: no marks from it
+        self.start_marks[host].update(node_marks(found, *clock))
+        if self.on_first_step is not None and all(
+            "first-step" in self.start_marks[h] for h in self.nodes
+        ):
+            told, self.on_first_step = self.on_first_step, None
+            told()
 
     def _beats(self, host: str, beats: list[Any]) -> None:
         """A node's newest beat of each rank that beat since its last report:
@@ -571,7 +606,12 @@ class Attempt:
             self.output.note(f"herd: {node.host} failed{others}")
             self.end_with_evidence(except_host=node.host)
 
+    def _ending_seen(self) -> None:
+        if self.ending_at is None:
+            self.ending_at = time.monotonic()
+
     def _mark_done(self, node: NodeRun) -> None:
+        self._ending_seen()
         node.done = True
         self.teardown.ended(node.host)
         self._check_done()

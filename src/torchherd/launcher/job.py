@@ -37,6 +37,8 @@ from ..recovery.straggler import Slow
 from ..redact import redact_text
 from ..results import RunResult
 from ..spec import ClusterSpec
+from ..startup import FIRST_START, RESTART, breakdown
+from ..startup import render as render_phases
 from ..transport import Transport
 from .attempt import LARGE_JOB_NODES, Attempt
 from .links import AgentLink
@@ -96,6 +98,7 @@ class JobRun:
         attempts: Callable[[JobRun], Attempt] | None = None,
         replanner: Replanner = replan,
         sweeper: Sweeper | None = None,
+        verbose: bool = False,
     ) -> None:
         self.prepared = prepared
         self.job = job
@@ -142,11 +145,23 @@ class JobRun:
         self.number = job.attempt
         self.restarts = 0
         self.current: Attempt | None = None
+        self.last_attempt: Attempt | None = None
         self.replanning: asyncio.Task[Prepared] | None = None
         self.interrupted = False
         self.time_limit = False
         self.limit_between = False
         """The time limit came while no attempt ran (none could be asked to save)."""
+        self.verbose = verbose
+        """herd launch -v: each start's phases on the console once its first step is made."""
+        self.start_origin: float | None = prepared.origin
+        """Where the current attempt's start is counted from (startup.py): the command for
+        the first, the moment herd saw the attempt before end for a restart."""
+        self.start_marks: dict[str, dict[str, float]] = {
+            h: dict(m) for h, m in prepared.marks.items()
+        }
+        """Marks of the current attempt's start gathered before it ran (connect, probe; a
+        restart's nodes confirming the last attempt's end)."""
+        self._phases_kept = False
 
     # -- signals --------------------------------------------------------------------------------
 
@@ -191,10 +206,11 @@ class JobRun:
         try:
             while True:
                 attempt = self.new_attempt(self)
-                self.current = attempt
+                self.current = self.last_attempt = attempt
                 attempt_started = time.monotonic()
                 result = outcome = await self._run_attempt(attempt)
                 self.current = None
+                self._keep_phases(attempt)
                 self._close_entry(outcome)
                 self._node_rates(attempt)
                 await self._save()
@@ -276,7 +292,44 @@ class JobRun:
             prewarm_next=self.restarts < self.policy.max_restarts,
             on_slow=self._slow,
             send=self._sent_lines(plan),
+            on_first_step=self._started,
         )
+
+    def _started(self) -> None:
+        """Every node made its first step: the start's phases into the record (and onto the
+        console with -v)."""
+        if self.current is not None:
+            self._keep_phases(self.current)
+            task = asyncio.get_running_loop().create_task(self._save())
+            self._saves.add(task)
+            task.add_done_callback(self._saves.discard)
+
+    def _keep_phases(self, attempt: Attempt) -> None:
+        """The attempt's start, phase by phase (startup.breakdown), in its record entry: once,
+        at its first step, else (a start that never got there) as far as it got."""
+        if self._phases_kept or self.start_origin is None:
+            return
+        self._phases_kept = True
+        own: dict[str, dict[str, float]] = getattr(attempt, "start_marks", {})
+        marks = {host: {**self.start_marks.get(host, {}), **own[host]} for host in own}
+        if not marks:
+            return
+        restart = self.number != self.job.attempt
+        found = breakdown(
+            self.start_origin, marks, RESTART if restart else FIRST_START, restart=restart
+        )
+        entry = self.record.attempts[-1]
+        entry["phases"] = found["phases"]
+        entry["phases_slowest"] = found["slowest"]
+        entry["start_seconds"] = found["total"]
+        entry["start_complete"] = found["complete"]
+        for node in entry.get("nodes", []):
+            mine = found["nodes"].get(str(node.get("host")))
+            if mine is not None:
+                node["phases"] = mine
+        if self.verbose:
+            for line in render_phases(found, self.number, restart):
+                self.output.note(line)
 
     def _sent_lines(self, plan: LaunchPlan) -> dict[str, Any] | None:
         """Which worker lines the agents send (sent_lines), said once on a large job."""
@@ -369,6 +422,7 @@ class JobRun:
         """Plan the next attempt on the decision's nodes: in place, or a new plan; False when
         the job cannot go on (the reason is in the output and the result) or a signal came."""
         last = self.prepared.plan
+        self._restart_marks()
         self.number += 1
         job = replace(self.job, attempt=self.number)
         choice = decision.choice
@@ -451,6 +505,18 @@ class JobRun:
             )
         # A signal while the record was written: acted on before the attempt starts.
         return not (self.time_limit or self.interrupted)
+
+    def _restart_marks(self) -> None:
+        """A restart's start counts from the moment herd saw the last attempt end; each node's
+        first mark is when it confirmed that end."""
+        last = self.last_attempt
+        self._phases_kept = False
+        # getattr: a test's fake attempt keeps no clock of its end
+        self.start_origin = getattr(last, "ending_at", None)
+        self.start_marks = {}
+        for host, node in getattr(last, "nodes", {}).items():
+            if getattr(node, "ended_at", None) is not None:
+                self.start_marks[host] = {"stopped": node.ended_at}
 
     def _workers(self) -> dict[str, int]:
         """Workers per node, for matching a spare to the node it replaces."""

@@ -23,7 +23,6 @@ from ..records import job_dir
 from ..results import RunResult
 from ..spec import ClusterSpec
 from ..transport import Transport, for_cluster
-from .job import JobRun, banner
 from .prepare import (
     Prepared,
     connect_all,
@@ -63,6 +62,9 @@ class LaunchOptions:
     """On SIGUSR1 (a scheduler's time-limit warning) workers are asked to save a snapshot and
     stop; after this many seconds whatever still runs is stopped. The result's exit code is then
     EXIT_SAVED (5): the job should be requeued."""
+    verbose: bool = False
+    """Print each start's phases (connect, probe, rendezvous, ... first step) once its first
+    step is made."""
 
 
 def launch(
@@ -165,6 +167,7 @@ async def _start_detached(
     """
     from ..job_nodes import stop_nodes
     from .detach import start_detached
+    from .job import banner
 
     cluster, plan = prepared.cluster, prepared.plan
     starting = asyncio.create_task(
@@ -222,6 +225,11 @@ async def _supervise(
     loop: asyncio.AbstractEventLoop,
 ) -> RunResult:
     """Run the job (a sequence of attempts) with the signals wired to it."""
+    # Imported once the nodes are prepared: the job's machinery is not needed before, and
+    # its import then overlaps the nodes' torchrun wrappers importing torch (startup.py's
+    # "wrapper warm") instead of delaying the ssh connects ("launcher start").
+    from .job import JobRun
+
     run = JobRun(
         prepared,
         job,
@@ -233,6 +241,7 @@ async def _supervise(
         color=options.color,
         ranks=options.ranks,
         every_rank=options.every_rank,
+        verbose=options.verbose,
     )
     _on_signals(loop, run.interrupt)
     _on_save_signal(loop, run.save_and_stop)

@@ -48,6 +48,9 @@ class AgentLink:
         """True once herd killed the session itself (``cut``)."""
         self.heard_at = time.monotonic()
         """When the agent last said anything (an idle agent answers pings with "alive")."""
+        self.agent_for: float | None = None
+        """Seconds the agent had been ready when it answered the probe (startup.py splits
+        the launcher's "agent start" from "probe" with it)."""
         self.answers_pings = False
         """The agent answered a ping while idle (an older agent says nothing until it runs)."""
         self._readers: list[asyncio.Task[None]] = []
@@ -86,6 +89,8 @@ class AgentLink:
         async for raw in lines(self.process.stdout):
             event = decode(raw)
             if event is not None and event.get("e") == "probe":
+                if isinstance(event.get("agent_for"), int | float):
+                    self.agent_for = float(event["agent_for"])
                 facts = event.get("facts")
                 return facts if isinstance(facts, dict) else None
         return None  # the agent ended first

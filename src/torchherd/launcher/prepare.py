@@ -13,15 +13,17 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..agent.protocol import missing_module
 from ..errors import NodeNotReady, NodesUnreachable
 from ..facts import NodeFacts
 from ..plan import JobSpec, LaunchPlan, make_plan
 from ..spec import ClusterSpec, NodeSpec, read_env_file
+from ..startup import process_started
 from ..transport import CommandResult, Transport
 from ..transport.base import setup_failure
 from .links import AgentLink
@@ -30,11 +32,23 @@ if TYPE_CHECKING:
     from ..envs.at_launch import LaunchEnvironment
 
 Progress = Callable[[str], None]
+StartMarks = dict[str, dict[str, float]]
+"""host -> mark -> moment (this launcher's monotonic clock): startup.py's marks."""
 
 
-async def connect_all(cluster: ClusterSpec, transport: Transport) -> None:
-    """Open a link to every node in parallel; NodeNotReady naming each unreachable node."""
-    results = await transport.each(cluster.nodes, transport.connect)
+async def connect_all(
+    cluster: ClusterSpec, transport: Transport, marks: StartMarks | None = None
+) -> None:
+    """Open a link to every node in parallel; NodeNotReady naming each unreachable node.
+    ``marks``: when each node's link was up (the start's phases, startup.py)."""
+
+    async def connect(node: NodeSpec) -> Any:
+        found = await transport.connect(node)
+        if marks is not None:
+            marks.setdefault(node.host, {})["connected"] = time.monotonic()
+        return found
+
+    results = await transport.each(cluster.nodes, connect)
     failures = [r for r in results if r is not None]
     if failures:
         lines = "\n".join(f"  {f.describe()}\n    fix: {f.remedy}" for f in failures)
@@ -73,13 +87,15 @@ async def probe_all(
     timeout: float = 60,
     links: Mapping[str, AgentLink] | None = None,
     failures: dict[str, str] | None = None,
+    marks: StartMarks | None = None,
 ) -> dict[str, NodeFacts]:
     """Run the quick probe on every node in parallel. NodeNotReady when a node cannot answer,
     unless ``failures`` is given: then each such node's line goes there, by host.
 
     A node with an agent link open (``links``) is asked over it: one session a node, not
     two. Where the link cannot answer, the node is probed in a session of its own, whose
-    failure says why (no python, no torchherd, a failed setup)."""
+    failure says why (no python, no torchherd, a failed setup). ``marks``: when each node's
+    agent was ready and its answer came (the start's phases, startup.py)."""
 
     async def probe(node: NodeSpec) -> NodeFacts | str:
         port = port_on_first if node is cluster.rendezvous_node else None
@@ -88,8 +104,17 @@ async def probe_all(
             request = probe_request(workdir, port, full, entry)
             answer = await link.probe(request, min(timeout, LINK_PROBE_WAIT))
             if answer is not None:
+                if marks is not None:
+                    now = time.monotonic()
+                    found = marks.setdefault(node.host, {})
+                    found["probed"] = now
+                    if link.agent_for is not None:
+                        found["agent"] = now - link.agent_for
                 return facts_of(node, answer)
-        return await probe_node(cluster, transport, node, workdir, port, full, timeout, entry)
+        found = await probe_node(cluster, transport, node, workdir, port, full, timeout, entry)
+        if marks is not None:
+            marks.setdefault(node.host, {})["probed"] = time.monotonic()
+        return found
 
     results = await transport.each(cluster.nodes, probe)
     problems = [r for r in results if isinstance(r, str)]
@@ -216,6 +241,11 @@ class Prepared:
     meanwhile), by host; the attempt runs in them."""
     environment: str | None = None
     """With env_sync: the environment every node runs, and which nodes were synced for it."""
+    marks: StartMarks = field(default_factory=dict)
+    """A launch's start so far, per node (startup.py): the launcher's start, each node
+    connected, its agent ready, its probe answered (this launcher's monotonic clock)."""
+    origin: float | None = None
+    """When the command started (the launcher process), on the same clock."""
 
 
 async def prepare(
@@ -230,6 +260,8 @@ async def prepare(
     """Connect, probe and check every node, then make the plan. With ``prewarm``, each node's
     agent link is opened first: it starts importing torch at once, and answers the probe."""
     say = progress or (lambda _: None)
+    entered = time.monotonic()
+    origin = process_started(entered)
     secrets = read_env_file(cluster.env_file) if cluster.env_file else {}
     cluster = cluster.with_workdir().with_spares(job.spares)
     environment = None
@@ -238,8 +270,9 @@ async def prepare(
 
         environment = LaunchEnvironment.of(cluster)
         cluster = environment.cluster(cluster)
+    marks: StartMarks = {node.host: {"launcher": entered} for node in cluster.nodes}
     say(f"connecting to {len(cluster.nodes)} node(s)")
-    await connect_all(cluster, transport)
+    await connect_all(cluster, transport, marks)
     say("probing nodes")
     # With prewarm, the agents' sessions open first: each warms torchrun's wrapper at once
     # and answers the probe over its link.
@@ -256,6 +289,7 @@ async def prepare(
             port_on_first=cluster.rdzv_port or 0,
             links=links if opening is not None else None,
             failures=unanswered,
+            marks=marks,
         )
         if environment is not None:
             await sync_environment(
@@ -276,7 +310,16 @@ async def prepare(
             await close_links(await opening)  # the same dict as ``links``, as changed
         raise
     summary = environment.summary(list(cluster.nodes)) if environment is not None else None
-    return Prepared(cluster, facts, secrets, plan, links, summary)
+    return Prepared(
+        cluster,
+        facts,
+        secrets,
+        plan,
+        links,
+        summary,
+        marks=marks,
+        origin=origin or entered,
+    )
 
 
 async def sync_environment(

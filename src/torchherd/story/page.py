@@ -26,7 +26,8 @@ RANK_PREFIX = re.compile(r"^\[rank\d+\]:\s?", re.MULTILINE)
 # Attempt keys the table shows in columns of their own; any other key is listed as it is.
 KNOWN_KEYS = {
     "n", "started", "ended", "nodes", "world_size", "rdzv_endpoint", "how", "why", "outcome",
-    "noticed", "failure", "behind", "stacks_dir", "max_step", "phases",
+    "noticed", "failure", "behind", "stacks_dir", "max_step", "phases", "phases_slowest",
+    "start_seconds", "start_complete",
 }  # fmt: skip
 
 STYLE = """
@@ -307,21 +308,41 @@ def _rates(story: Story) -> str:
 
 def _phases(story: Story) -> str:
     """How each attempt's start was spent, where the record has it: an attempt's ``phases``,
-    {phase: seconds} in the order they ran (connect, probe, plan, rendezvous, ...)."""
+    {phase: seconds} in the order they ran (connect, probe, plan, rendezvous, ...), with
+    the slowest node of each (``phases_slowest``) and that node's own seconds in it."""
     rows = []
     for a in story.attempts:
         phases = a.get("phases")
         if not isinstance(phases, dict):
             continue
+        slowest = a.get("phases_slowest") if isinstance(a.get("phases_slowest"), dict) else {}
+        own = {
+            str(n.get("host")): n["phases"]
+            for n in a.get("nodes") or []
+            if isinstance(n, dict) and isinstance(n.get("phases"), dict)
+        }
         timed = {k: v for k, v in phases.items() if isinstance(v, int | float)}
         total = sum(timed.values())
         for name, seconds in timed.items():
             share = f"{100 * seconds / total:.0f} %" if total > 0 else "-"
-            rows.append([str(a.get("n", "-")), str(name), f"{seconds:.2f}", share])
-        rows.append([str(a.get("n", "-")), "total", f"{total:.2f}", "100 %"])
+            host = slowest.get(name)
+            mine = own.get(str(host), {}).get(name)
+            who = "-" if host is None else str(host)
+            if isinstance(mine, int | float):
+                who += f" ({mine:.2f} s)"
+            rows.append([str(a.get("n", "-")), str(name), f"{seconds:.2f}", share, who])
+        upto = "first step" if a.get("start_complete", True) else "as far as it got"
+        rows.append([str(a.get("n", "-")), f"total (to the {upto})", f"{total:.2f}", "100 %", ""])
     if not rows:
         return ""
-    return "<h2>Start of each attempt</h2>" + table(["attempt", "phase", "seconds", "share"], rows)
+    return (
+        "<h2>Start of each attempt</h2>"
+        + table(["attempt", "phase", "seconds", "share", "slowest node (its own)"], rows)
+        + "<p class=note>From the command (a restart: from the moment herd saw the attempt "
+        "before end) to the moment the last rank made its first step. A phase every node waits "
+        "through (plan, rendezvous) names the node that arrived last; the others, the node "
+        "that took longest in it.</p>"
+    )
 
 
 def _step_times(story: Story) -> str:
