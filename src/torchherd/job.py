@@ -27,7 +27,7 @@ from dataclasses import replace
 from typing import Any, TextIO
 
 from .attempt import LARGE_JOB_NODES, Attempt
-from .errors import EXIT_INTERRUPTED, EXIT_JOB_FAILED, EXIT_SAVED, HerdError
+from .errors import EXIT_INTERRUPTED, EXIT_JOB_FAILED, EXIT_NEVER_EXITED, EXIT_SAVED, HerdError
 from .jobs import JobRecord, attempt_entry, job_dir
 from .links import AgentLink
 from .logs import JobOutput, RunResult, render_summary
@@ -508,6 +508,10 @@ class JobRun:
         entry["failure"] = failure_record(result, self.secrets)
 
 
+# What a job (and its attempt) that finished with a rank that never exited is recorded as.
+NEVER_EXITED = "finished, a rank never exited"
+
+
 def outcome_of(result: RunResult) -> str:
     if result.exit_code == 0:
         return "succeeded"
@@ -515,6 +519,8 @@ def outcome_of(result: RunResult) -> str:
         return "saved"
     if result.exit_code == EXIT_INTERRUPTED:
         return "interrupted"
+    if result.exit_code == EXIT_NEVER_EXITED:
+        return NEVER_EXITED
     if result.hang:
         return "hung"
     if result.lost:
@@ -556,9 +562,12 @@ def job_policy(job: JobSpec, cluster: ClusterSpec) -> RestartPolicy:
 
 def finish_record(record: JobRecord, result: RunResult, secrets: list[str]) -> None:
     """The job record once the launcher is done: never left "running"."""
-    record.state = {0: "succeeded", EXIT_INTERRUPTED: "stopped", EXIT_SAVED: "saved"}.get(
-        result.exit_code, "failed"
-    )
+    record.state = {
+        0: "succeeded",
+        EXIT_INTERRUPTED: "stopped",
+        EXIT_SAVED: "saved",
+        EXIT_NEVER_EXITED: NEVER_EXITED,
+    }.get(result.exit_code, "failed")
     record.ended = time.time()
     record.exit_code = result.exit_code
     record.restarts = result.restarts

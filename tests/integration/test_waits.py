@@ -14,8 +14,9 @@ import time
 from pathlib import Path
 
 from tests.integration.herd_cli import one_worker_cluster as cluster
-from tests.integration.live import LiveHerd, job_id
+from tests.integration.live import LiveHerd, job_id, stacks_of
 from tests.testbed import Testbed
+from torchherd.errors import EXIT_NEVER_EXITED
 
 NODES = ["node1", "node2", "node3"]
 
@@ -66,17 +67,27 @@ def test_a_rank_that_never_exits_after_the_others_finished_is_named(
     testbed: Testbed, tmp_path: Path
 ) -> None:
     """Ranks 0 and 2 finish; rank 1's interpreter waits for ever on a non-daemon thread.
-    herd names it within 3 minutes, says the job finished, and ends it."""
+    herd names it within 3 minutes, takes its stacks, says the job finished and ends it with
+    the exit code that says so: the job's work is done, so nothing is restarted, even with
+    restarts allowed."""
     path, home = cluster(testbed, tmp_path, NODES)
-    herd = LiveHerd(["-c", str(path), "waits.py", "--never-exit"], home, testbed)
+    herd = LiveHerd(
+        ["-c", str(path), "--max-restarts", "1", "waits.py", "--never-exit"], home, testbed
+    )
     herd.wait_for(r"DONE rank=1", 180)
     done = time.monotonic()
     herd.wait_for(r"finished, but node2 rank 1 never exited", 180)
     assert time.monotonic() - done <= 180
     code = herd.finish(timeout=120)
     out = herd.output
-    assert code == 1, out
+    assert code == EXIT_NEVER_EXITED, out
     assert "herd: the job finished, but node2 rank 1 never exited" in out, out
+    assert "is hung" not in out and "restarting the job" not in out, out
+    assert "attempt 1" not in out, out
+    assert re.search(r"job \S+ finished in [\d.]+ s, but a rank never exited", out), out
+    stacks = stacks_of(home, job_id(home))
+    assert "threading" in stacks.get("node2-rank-1.txt", ""), (sorted(stacks), out)
+    assert herd.record()["state"] == "finished, a rank never exited", out
     herd.assert_clean(NODES)
 
 

@@ -99,7 +99,7 @@ def test_a_stopped_rank_is_a_hang_once_confirmed(name: str) -> None:
     looks = recorded(name)["looks"]
     # Not on the first look, and not before the rank has been stopped for CONFIRM seconds.
     assert index >= 1 and looks[index]["t"] - looks[0]["t"] >= CONFIRM - 0.5
-    assert "node1 rank 1 stopped" in hang.reason
+    assert "node1 rank 1 stopped" in hang.reason and not hang.finished
     assert len(hang.behind) == 1 and hang.behind[0].startswith("node1 rank 1: stopped")
 
 
@@ -568,7 +568,7 @@ def test_a_rank_that_never_exits_after_the_others_finished_is_named() -> None:
     )
     index, hang = first_hang(verdicts)
     assert index >= 2
-    assert hang.reason.startswith("finished, but node1 rank 1 never exited")
+    assert hang.reason.startswith("finished, but node1 rank 1 never exited") and hang.finished
     assert hang.behind[0].startswith("node1 rank 1: still running at _shutdown (threading.py")
 
 
@@ -622,3 +622,4 @@ def test_a_node_whose_ranks_all_left_marks_the_others_finish() -> None:
         watch.looked("b", event(look(1, 0, frames=("_shutdown (threading.py:1590)",))))
         found = watch.check()
     assert found is not None and found.reason.startswith("finished, but b rank 1 never exited")
+    assert found.finished

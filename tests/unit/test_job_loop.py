@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +21,7 @@ from torchherd.errors import (
     EXIT_CRASH_LOOP,
     EXIT_INTERRUPTED,
     EXIT_JOB_FAILED,
+    EXIT_NEVER_EXITED,
     EXIT_OK,
     EXIT_SAVED,
 )
@@ -182,6 +184,23 @@ def test_a_crash_loop_ends_the_job_with_exit_4(tmp_path: Path) -> None:
     assert result.exit_code == EXIT_CRASH_LOOP and len(loop.attempts) == 3
     assert "crash loop: 2 restart(s) in a row" in result.reason
     assert loop.record()["state"] == "failed" and loop.record()["exit_code"] == EXIT_CRASH_LOOP
+
+
+def test_a_rank_that_never_exited_ends_the_job_as_finished_without_a_restart(
+    tmp_path: Path,
+) -> None:
+    """The others finished and herd ended a rank that never exited: exit 6, recorded as such,
+    and no restart though restarts are allowed (the job's work is done)."""
+    loop = Loop(tmp_path, [Scripted(EXIT_NEVER_EXITED), Scripted(EXIT_OK)], max_restarts=3)
+    result = loop.go()
+    assert result.exit_code == EXIT_NEVER_EXITED and len(loop.attempts) == 1
+    assert "restarting" not in loop.out.getvalue()
+    assert re.search(
+        r"job job-loop finished in [\d.]+ s, but a rank never exited", loop.out.getvalue()
+    ), loop.out.getvalue()
+    record = loop.record()
+    assert record["state"] == "finished, a rank never exited" and record["exit_code"] == 6
+    assert record["attempts"][0]["outcome"] == "finished, a rank never exited"
 
 
 def test_the_budget_spent_ends_the_job_with_the_failure_and_says_so(tmp_path: Path) -> None:

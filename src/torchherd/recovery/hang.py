@@ -273,6 +273,9 @@ class Hang:
     behind: tuple[str, ...] = ()
     """One line per rank that holds the others up ("node2 rank 1: stopped at ...")."""
     silent_for: float = 0.0
+    finished: bool = False
+    """Rule 7: the job's work finished and only a rank's exit is missing (not a hang to
+    restart from: the job ends as finished)."""
 
     def describe(self) -> str:
         return self.reason
@@ -388,6 +391,7 @@ def judge(
                     f"{look.host} rank {r}: still running at {look.where} after the others finished"
                     for r, look in sorted(late)
                 ),
+                finished=True,
             )
         return None
     outside_long = [
@@ -662,7 +666,7 @@ class HangWatch:
         found = judge(self._tracks, self.world_size, now, self.limits(), self.finished_at)
         if found is None:
             return None
-        return Hang(found.reason, found.behind, silent)
+        return Hang(found.reason, found.behind, silent, found.finished)
 
     def _places(self) -> tuple[str, ...]:
         """Where each rank was at the last look (for a verdict of the plain limit)."""
