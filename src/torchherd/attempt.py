@@ -631,7 +631,7 @@ class Attempt:
             return
         self.output.note(f"herd: the job is hung: {self.hang_found}")
         self.cause = Failure(
-            host="",
+            host=hang.node or "",
             rank=None,
             exitcode=None,
             signal=None,

@@ -10,9 +10,11 @@ bench/recovery.py, not here: the bounds below are ones a loaded machine cannot e
 from __future__ import annotations
 
 import re
+import sys
 import time
 from pathlib import Path
 
+from tests.integration.herd_cli import SCRIPTS
 from tests.integration.herd_cli import one_worker_cluster as cluster
 from tests.integration.live import LiveHerd, job_id, stacks_of
 from tests.testbed import Testbed
@@ -88,6 +90,39 @@ def test_a_rank_that_never_exits_after_the_others_finished_is_named(
     stacks = stacks_of(home, job_id(home))
     assert "threading" in stacks.get("node2-rank-1.txt", ""), (sorted(stacks), out)
     assert herd.record()["state"] == "finished, a rank never exited", out
+    herd.assert_clean(NODES)
+
+
+def test_a_torchrun_frozen_before_it_starts_its_workers_is_named(
+    testbed: Testbed, tmp_path: Path
+) -> None:
+    """node3's torchrun is stopped (SIGSTOP) the moment it starts: its interpreter (node3's
+    python in herd.toml) stops itself before it runs torchrun, so node3 never starts a worker
+    and the other nodes wait for it in the rendezvous. herd names node3 and ends the job well
+    before torch's own timeouts (10 minutes), and before the start-up limit (5 minutes)."""
+    frozen = tmp_path / "frozen-python"
+    frozen.write_text(
+        "#!/bin/sh\n"
+        'case " $* " in *" torchherd.agent.elastic "*) kill -STOP $$ ;; esac\n'
+        f'exec {sys.executable} "$@"\n'
+    )
+    frozen.chmod(0o755)
+    home = tmp_path / "home"
+    nodes: list[str | dict[str, object]] = [{"host": h, "nproc": 1} for h in NODES]
+    nodes[2] = {"host": "node3", "nproc": 1, "python": str(frozen)}
+    path = testbed.write_cluster_file(
+        tmp_path / "herd.toml", nodes=nodes, workdir=str(SCRIPTS), env={"HERD_HOME": str(home)}
+    )
+    herd = LiveHerd(["-c", str(path), "waits.py"], home, testbed)
+    herd.wait_for(r"world size 3", 180)
+    launched = time.monotonic()
+    herd.wait_for(r"the job is hung: node3: torchrun stopped \(state T", 150)
+    assert time.monotonic() - launched <= 150
+    code = herd.finish(timeout=120)
+    out = herd.output
+    assert code == 1, out
+    assert re.search(r"first failure: node3: hung: node3: torchrun stopped", out), out
+    assert "node3: torchrun (pid " in out and "STEPPING" not in out, out
     herd.assert_clean(NODES)
 
 
