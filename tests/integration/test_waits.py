@@ -27,18 +27,16 @@ def test_waits_on_the_world_outside_the_job_are_not_hangs(testbed: Testbed, tmp_
     """Default settings, in silence: rank 0 downloads for 45 s from a server on its node's
     loopback that sends a byte a second while the others wait in a barrier; rank 1 sleeps
     30 s (a backoff) while the others wait in an all-reduce; rank 2 is blocked 40 s on a file
-    lock another process holds while the others wait in a barrier. None of it is a hang."""
+    lock another process holds while the others wait in a barrier; rank 1 is in state D (a
+    mount that hiccups) for 30 s while the others wait in a barrier. None of it is a hang."""
     path, home = cluster(testbed, tmp_path, NODES)
-    herd = LiveHerd(
-        ["-c", str(path), "waits.py", "--download", "45", "--backoff", "30", "--lock", "40"],
-        home,
-        testbed,
-    )
+    waits = ["--download", "45", "--backoff", "30", "--lock", "40", "--disk-wait", "30"]
+    herd = LiveHerd(["-c", str(path), "waits.py", *waits], home, testbed)
     code = herd.finish(timeout=420)
     out = herd.output
     assert code == 0, out
     assert len(re.findall(r"DONE rank=\d", out)) == 3, out
-    assert "hung" not in out, out
+    assert "WAITED disk" in out and "hung" not in out, out
     herd.assert_clean(NODES)
 
 
