@@ -61,7 +61,8 @@ stopped process does is slow work.
 
 A working rank keeps the job alive however long it works (a 10-minute compile, a 30-minute
 evaluation that prints nothing, a 5-minute save), even while the others wait for it. Where no
-frames can be taken (py-spy missing, ptrace not allowed), rules 1, 3 and 5 still hold.
+frames can be taken (py-spy missing, ptrace not allowed), rules 1, 3, 5, 7, 8 and 9
+still hold.
 
 ``--hang-timeout S`` adds a plain limit: S seconds without any progress signal, counted from
 the first one (start-up has its own timeouts), is a hang whatever the looks say, inside a
