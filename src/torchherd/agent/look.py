@@ -137,7 +137,7 @@ def look_event(
     of the attempt's torchrun, when it runs)."""
     started = time.time()
     ranks = look(job_id, node, attempt, progress_dir)
-    event = {
+    event: dict[str, Any] = {
         "e": "look",
         "host": node,
         "a": attempt,
