@@ -203,6 +203,39 @@ def test_a_rank_that_never_exited_ends_the_job_as_finished_without_a_restart(
     assert record["attempts"][0]["outcome"] == "finished, a rank never exited"
 
 
+def test_an_attempt_that_ended_a_rank_that_never_exited_says_finished(tmp_path: Path) -> None:
+    """The outcome of a real Attempt's ended state (no node) in which the others succeeded and
+    herd stopped the rank that never exited: exit 6, the rank named, the summary's words."""
+    import dataclasses
+
+    from torchherd.attempt import Attempt
+    from torchherd.logs import JobOutput, render_summary
+    from torchherd.outcome import result_of
+
+    loop = Loop(tmp_path, [])
+    plan = loop.run.prepared.plan
+    output = JobOutput(tmp_path / "logs2", list(HOSTS), plan.world_size, stream=io.StringIO())
+    attempt = Attempt(plan, cluster(), LocalTransport(cluster()), output, {}, number=0)
+    reason = "finished, but n2 rank 1 never exited (60 s after the first ranks finished)"
+    state = dataclasses.replace(
+        attempt.ended_state(),
+        states={"n1": "succeeded", "n2": "stopped", "n3": "succeeded"},
+        stopping=True,
+        never_exited=True,
+        hang_found=reason,
+        behind=("n2 rank 1: still running at _shutdown (threading.py:1590)",),
+        first_failure=Failure("", None, None, None, reason),
+    )
+    result = result_of(state, 70.0)
+    output.close()
+    assert result.exit_code == EXIT_NEVER_EXITED and result.hang is None
+    assert result.first_failure is not None
+    assert (result.first_failure.host, result.first_failure.rank) == ("n2", 1)
+    summary = render_summary(result)
+    assert summary.startswith(f"job {plan.job_id} finished in 70.0 s, but a rank never exited")
+    assert "n2 rank 1: finished, but n2 rank 1 never exited" in summary
+
+
 def test_the_budget_spent_ends_the_job_with_the_failure_and_says_so(tmp_path: Path) -> None:
     loop = Loop(tmp_path, [Scripted(max_step=s) for s in (1, 2, 3)], max_restarts=2)
     result = loop.go()
