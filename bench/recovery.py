@@ -17,19 +17,40 @@ the closest it has to --min-nodes:
   grow-back       node3's link down, then back once the job goes on with 2 nodes: seconds from
                   the link's return to the first step of the grown job (herd only)
 
+Faults that are judged by the hang watch and the agents (herd only; each a detection and
+whether herd named the right rank or node):
+
+  phase-deadlock  rank 1 deadlocks inside phase("saving") while the others wait in a barrier,
+                  with --hang-timeout 60 (waits.py): seconds from its last line to the verdict
+  never-exits     rank 1 never exits (a non-daemon thread) after the others finished
+                  (waits.py): seconds from its last line to "finished, but ... never exited"
+  torchrun-frozen node3's torchrun stopped (SIGSTOP) at its start, before it starts a worker (its
+                  interpreter stops itself): seconds from the job's banner to the verdict
+  link-cut        node3's link cut for up to 4 minutes while every rank prints 1000 lines a
+                  second (chatty.py: the link's buffers fill): seconds until node3's workers
+                  are gone, with launcher_silence 90 s (the default) and --grace 3
+
 detection = the first sign that the fault was noticed (herd: its own line; torchrun: any
 failure or restart line of a surviving node, or its exit); resumed = the first progress line
 after "resumed from". Both are capped at --cap seconds ("> cap s").
 
-Targets: frozen rank anywhere detected <= 60 s; node loss detected <= 15 s; node lost to the
-first resumed step <= 20 s; worker killed to the first resumed step no slower than torchrun's
-own restart (ratio herd/torchrun <= 1.0).
+Targets: frozen rank anywhere detected <= 60 s; a deadlock inside a phase with --hang-timeout
+60 <= 150 s; a rank that never exits <= 180 s; a frozen torchrun <= 60 s (as a frozen rank);
+a cut-off node's workers gone <= launcher_silence + grace (93 s); node loss detected <= 15 s;
+node lost to the first resumed step <= 20 s; worker killed to the first resumed step no slower
+than torchrun's own restart (ratio herd/torchrun <= 1.0).
 
 The false-alarm half runs one healthy job (tests/integration/scripts/phases.py) at default
 settings: 150 s of silent computing on every rank (herd is stopped for 30 s in the middle of
 it), 150 s of silent writing on rank 0 while rank 1 waits in a barrier, then Ctrl-C with a
 20-s SIGTERM handler on every rank (--grace 40). Every "hung", "stopped answering", "cutting
-it off", "lost contact" or stop by the agents is a false alarm (target 0). Needs root.
+it off", "lost contact" or stop by the agents is a false alarm (target 0). With the fault
+"waits" (herd only), one more healthy job per run waits on the world outside the job, one wait
+after another (waits.py, default settings): rank 0 downloads for 45 s from a server on its
+node's loopback that sends a byte a second while the others wait in a barrier; rank 1 sleeps
+30 s (a retry's backoff) while the others wait in an all-reduce; rank 2 is blocked 40 s on a
+file lock another process holds; rank 1 is in state D for 40 s (as on a hung mount). Each
+wait's row counts the false alarms said during it (target 0). Needs root.
 
     python bench/recovery.py [--runs 3] [--cap 180] [--faults worker-killed,...] [--no-alarms]
 """
@@ -74,9 +95,31 @@ FAULTS = (
     "hang-early",
     "node-lost-spare",
     "grow-back",
+    "phase-deadlock",
+    "never-exits",
+    "torchrun-frozen",
+    "link-cut",
+    "waits",
 )
-HERD_ONLY = ("hang", "hang-early", "node-lost-spare", "grow-back")
-DETECTION_ONLY = ("hang", "hang-early")
+WATCHED = ("phase-deadlock", "never-exits", "torchrun-frozen", "link-cut")
+HERD_ONLY = ("hang", "hang-early", "node-lost-spare", "grow-back", *WATCHED, "waits")
+DETECTION_ONLY = ("hang", "hang-early", *WATCHED)
+# The waits of the "waits" fault: (name in waits.py's WAIT lines, row, its option and seconds).
+WAITS = (
+    ("download", "rank 0 downloads 45 s (others in a barrier)", "--download", "45"),
+    ("backoff", "rank 1 backoff sleep 30 s", "--backoff", "30"),
+    ("lock", "rank 2 on a file lock 40 s", "--lock", "40"),
+    ("disk", "rank 1 in state D 40 s", "--disk-wait", "40"),
+)
+# Seconds the link-cut node's workers may outlive the cut: launcher_silence (default) + grace.
+LINK_CUT_LIMIT = 90 + 3
+# What herd must say for each watched fault (the right rank or node named), and its target.
+WATCHED_VERDICTS = {
+    "phase-deadlock": (r"the job is hung: .*set by --hang-timeout.*rank 1 in phase 'saving'", 150),
+    "never-exits": (r"the job finished, but node2 rank 1 never exited", 180),
+    "torchrun-frozen": (r"the job is hung: node3: torchrun stopped", 60),
+    "link-cut": (r"node3 stopped answering", LINK_CUT_LIMIT),
+}
 JOB_NODES = ("node1", "node2", "node3")
 
 
@@ -307,6 +350,158 @@ def measure(
             lines.write_trace(trace, injected)
 
 
+def herd_on(
+    bed: Testbed, work: Path, home: Path, tail: list[str], python: dict[str, str] | None = None
+) -> Lines:
+    """herd on the job's 3 nodes at default settings (``python``: a node's own interpreter)."""
+    nodes: list[str | dict[str, object]] = [
+        {"host": n, "nproc": 1, **({"python": python[n]} if python and n in python else {})}
+        for n in JOB_NODES
+    ]
+    cluster = bed.write_cluster_file(
+        work / "herd.toml", nodes=nodes, workdir=str(SCRIPTS), env={"HERD_HOME": str(home)}
+    )
+    argv = [sys.executable, "-m", "torchherd", "launch", "-c", str(cluster), *tail]
+    return Lines(
+        [
+            subprocess.Popen(
+                argv,
+                cwd=SCRIPTS,
+                env=dict(os.environ, HERD_HOME=str(home), PYTHONUNBUFFERED="1"),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        ]
+    )
+
+
+def wait_line(lines: Lines, pattern: str, timeout: float) -> float:
+    """When a line matching ``pattern`` came (waiting up to ``timeout`` s for it)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = lines.first(pattern, 0.0)
+        if found is not None:
+            return found
+        if time.monotonic() > deadline or all(p.poll() is not None for p in lines.processes):
+            raise RuntimeError(f"{pattern!r} never came")
+        time.sleep(0.1)
+
+
+def workers_on(bed: Testbed, job: str, node: str) -> list[int]:
+    found = []
+    for pid in bed.processes_with_env("HERD_JOB_ID", job):
+        try:
+            env = set(Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"))
+        except OSError:
+            continue
+        if f"HERD_NODE={node}".encode() in env and any(e.startswith(b"RANK=") for e in env):
+            found.append(pid)
+    return found
+
+
+def measure_watched(
+    bed: Testbed, fault: str, cap: float, scratch: Path, trace: Path | None = None
+) -> tuple[float | None, bool]:
+    """(seconds from the fault to herd's verdict, or to a cut-off node's workers being gone;
+    whether herd named the right rank or node) for a WATCHED fault; None past the cap."""
+    work = Path(tempfile.mkdtemp(dir=scratch))
+    home = work / "home"
+    pattern, _ = WATCHED_VERDICTS[fault]
+    python = None
+    if fault == "torchrun-frozen":
+        frozen = work / "frozen-python"
+        frozen.write_text(
+            "#!/bin/sh\n"
+            'case " $* " in *" torchherd.agent.elastic "*) kill -STOP $$ ;; esac\n'
+            f'exec {sys.executable} "$@"\n'
+        )
+        frozen.chmod(0o755)
+        python = {"node3": str(frozen)}
+        tail = ["waits.py"]
+    elif fault == "phase-deadlock":
+        tail = ["--hang-timeout", "60", "waits.py", "--deadlock-in-phase"]
+    elif fault == "never-exits":
+        tail = ["waits.py", "--never-exit"]
+    else:
+        tail = ["--grace", "3", "chatty.py", "--seconds", "900", "--rate", "1000"]
+    lines = herd_on(bed, work, home, tail, python)
+    tags: list[tuple[str, str]] = []
+    cut: list[str] = []
+    injected = time.monotonic()
+    try:
+        start = {
+            "torchrun-frozen": r"world size 3",
+            "phase-deadlock": r"STEPPING rank=1",
+            "never-exits": r"DONE rank=1",
+            "link-cut": r"rank 2 line \d+",
+        }[fault]
+        injected = wait_line(lines, start, 300)
+        tags = [("HERD_JOB_ID", job.name) for job in (home / "jobs").iterdir()]
+        if fault == "link-cut":
+            time.sleep(5)  # a few MB in flight
+            bed.partition("node3")
+            cut.append("node3")
+            injected = time.monotonic()
+            while time.monotonic() - injected < min(cap, 240):
+                if not workers_on(bed, tags[0][1], "node3"):
+                    return time.monotonic() - injected, lines.first(pattern, 0.0) is not None
+                time.sleep(0.5)
+            return None, lines.first(pattern, 0.0) is not None
+        while time.monotonic() - injected < cap:
+            found = lines.first(r"the job is hung|never exited|stopped answering", injected)
+            if found is not None:
+                return found - injected, lines.first(pattern, 0.0) is not None
+            if all(p.poll() is not None for p in lines.processes):
+                break
+            time.sleep(0.2)
+        return None, False
+    finally:
+        cleanup(bed, lines, tags, [], cut)
+        if trace is not None:
+            lines.write_trace(trace, injected)
+
+
+def waits_alarms(
+    bed: Testbed, scratch: Path, trace: Path | None = None
+) -> dict[str, tuple[int, bool]]:
+    """One healthy job that waits on the world outside it, one wait after another (WAITS):
+    for each wait, (false alarms said during it, whether every rank got past it)."""
+    work = Path(tempfile.mkdtemp(dir=scratch))
+    home = work / "home"
+    tail = ["waits.py", *[arg for _, _, option, value in WAITS for arg in (option, value)]]
+    lines = herd_on(bed, work, home, tail)
+    tags: list[tuple[str, str]] = []
+    try:
+        deadline = time.monotonic() + 600
+        while all(p.poll() is None for p in lines.processes) and time.monotonic() < deadline:
+            if not tags and (home / "jobs").is_dir():
+                tags = [("HERD_JOB_ID", job.name) for job in (home / "jobs").iterdir()]
+            time.sleep(0.5)
+    finally:
+        cleanup(bed, lines, tags, [], [])
+        if trace is not None:
+            lines.write_trace(trace, 0.0)
+    found: dict[str, tuple[int, bool]] = {}
+    with lines.lock:
+        said = [(t, line) for t, _, line in lines.lines]
+    alarm = re.compile(FALSE_ALARMS)
+    for name, _, _, _ in WAITS:
+        began = next((t for t, line in said if line.endswith(f"WAIT {name}")), None)
+        ended = next((t for t, line in said if line.endswith(f"WAITED {name}")), None)
+        if began is None:
+            found[name] = (0, False)
+            continue
+        during = [
+            line
+            for t, line in said
+            if t >= began and (ended is None or t <= ended) and alarm.search(line)
+        ]
+        found[name] = (len(during), ended is not None)
+    return found
+
+
 def grow_back(
     bed: Testbed, lines: Lines, cut_at: float, cut: list[str], cap: float
 ) -> tuple[float | None, float | None]:
@@ -410,12 +605,44 @@ def main() -> int:
         args.trace.mkdir(parents=True, exist_ok=True)
     results: dict[tuple[str, str], list[tuple[float | None, float | None]]] = {}
     alarms: tuple[int, list[str], int | None] | None = None
+    waited: dict[str, list[tuple[int, bool]]] = {}
+    """Per wait of the "waits" job: (false alarms, got past it) per run."""
+    names: dict[str, list[bool]] = {}
+    """Per watched fault: whether herd named the right rank or node, per run."""
     with Testbed(4) as bed, tempfile.TemporaryDirectory(prefix="herd-bench-") as scratch:
         for run in range(args.runs):
             for fault in faults:
                 runners = ["herd"]
                 if fault not in HERD_ONLY and not args.no_torchrun:
                     runners.append("torchrun")
+                if fault in WATCHED or fault == "waits":
+                    trace = None
+                    if args.trace is not None:
+                        trace = args.trace / f"{fault}-herd-run{run + 1}.txt"
+                    try:
+                        if fault == "waits":
+                            seen = waits_alarms(bed, Path(scratch), trace)
+                        else:
+                            watched = measure_watched(bed, fault, args.cap, Path(scratch), trace)
+                    except RuntimeError as exc:  # the job never reached the fault: say so
+                        say(f"run {run + 1}: {fault} (herd): not measured: {exc}")
+                        continue
+                    if fault == "waits":
+                        for name, (count, passed) in seen.items():
+                            waited.setdefault(name, []).append((count, passed))
+                            say(
+                                f"run {run + 1}: waits ({name}): {count} false alarm(s)"
+                                f"{'' if passed else ', never got past it'}"
+                            )
+                        continue
+                    seconds, named = watched
+                    results.setdefault((fault, "herd"), []).append((seconds, None))
+                    names.setdefault(fault, []).append(named)
+                    say(
+                        f"run {run + 1}: {fault} (herd): detected {shown(seconds, args.cap)}, "
+                        f"{'named' if named else 'NOT named'}"
+                    )
+                    continue
                 for runner in runners:
                     trace = None
                     if args.trace is not None:
@@ -436,6 +663,12 @@ def main() -> int:
         detected, resumed = medians[(fault, runner)]
         resumed_text = "-" if fault in DETECTION_ONLY else shown(resumed, args.cap)
         say(f"{fault + ' (' + runner + ')':<30} {shown(detected, args.cap):>10} {resumed_text:>20}")
+    for name, row, _, _ in WAITS:
+        if name in waited:
+            count = sum(c for c, _ in waited[name])
+            passed = sum(1 for _, p in waited[name] if p)
+            text = f"{count} alarm(s), past it in {passed} of {len(waited[name])} run(s)"
+            say(f"{'waits: ' + row:<48} {text}")
     say("\ntargets")
     for fault in ("hang", "hang-early"):
         if (fault, "herd") in medians:
@@ -471,6 +704,21 @@ def main() -> int:
                 f"  {fault}: herd/torchrun to first resumed step {ratio_text}{target}"
                 + (f" {verdict(met)}" if target else "")
             )
+    for fault in WATCHED:
+        if (fault, "herd") in medians:
+            detected = medians[(fault, "herd")][0]
+            _, target = WATCHED_VERDICTS[fault]
+            runs = names.get(fault, [])
+            met = detected is not None and detected <= target and all(runs)
+            say(
+                f"  {fault} detected <= {target} s, named: {shown(detected, args.cap)}, named "
+                f"in {sum(runs)} of {len(runs)} run(s) {verdict(met)}"
+            )
+    for name, row, _, _ in WAITS:
+        if name in waited:
+            count = sum(c for c, _ in waited[name])
+            met = count == 0 and all(p for _, p in waited[name])
+            say(f"  waits: {row}: false alarms (target 0): {count} {verdict(met)}")
     if alarms is not None:
         count, seen, code = alarms
         say(

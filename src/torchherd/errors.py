@@ -15,6 +15,9 @@ EXIT_CRASH_LOOP = 4
 """Restarts kept failing without any step progress; herd gave up early."""
 EXIT_SAVED = 5
 """The job saved a snapshot and stopped on request (a time limit or preemption): requeue it."""
+EXIT_NEVER_EXITED = 6
+"""The job's work finished (the other ranks exited 0), but a rank never exited: herd took its
+stacks and ended it. Nothing is restarted: the run is done, and a rerun would only redo it."""
 EXIT_INTERRUPTED = 130
 
 

@@ -17,6 +17,7 @@ from typing import IO, TextIO
 
 from .agent.protocol import readable_failure
 from .console import Console
+from .errors import EXIT_NEVER_EXITED
 from .files import open_private, private_dir
 from .noise import Chatter
 from .records import herd_home
@@ -266,6 +267,8 @@ def render_summary(result: RunResult) -> str:
         result.exit_code, "failed"
     )
     after = f" after {result.restarts} restart(s)" if result.restarts else ""
+    if result.exit_code == EXIT_NEVER_EXITED:
+        state, after = "finished", f"{after}, but a rank never exited"
     lines = [f"job {result.job_id} {state} in {result.duration:.1f} s{after}"]
     width = max((len(h) for h in result.node_status), default=0)
     for host, status in result.node_status.items():

@@ -28,7 +28,7 @@ def job_dir(job_id: str) -> Path:
 class JobRecord:
     id: str
     state: str
-    """running, succeeded, failed, stopped."""
+    """running, succeeded, failed, stopped, saved, "finished, a rank never exited"."""
     started: float
     source: str
     nodes: list[dict[str, Any]]
@@ -86,7 +86,8 @@ def attempt_entry(
 ) -> dict[str, Any]:
     """A new attempt's entry in ``JobRecord.attempts``. Keys filled while and after it runs:
 
-    ``outcome`` (running, succeeded, failed, hung, lost, stopped, saved, interrupted),
+    ``outcome`` (running, succeeded, failed, hung, lost, stopped, saved, interrupted,
+    "finished, a rank never exited"),
     ``ended`` (wall time), ``noticed`` (how herd noticed the fault: "a worker exited",
     "the hang watch", "the node went silent", "the agent's link ended", ...), ``failure``
     (host, rank, exitcode, signal, message, cause, remedy), ``behind`` (lines naming the ranks

@@ -38,6 +38,42 @@ def test_a_job_that_only_beats_outlives_its_limit(testbed: Testbed, tmp_path: Pa
     herd.assert_clean(["node1", "node2"])
 
 
+def test_a_quiet_link_does_not_lose_a_node_whose_ranks_still_step(
+    testbed: Testbed, tmp_path: Path
+) -> None:
+    """node2's agent is stopped (SIGSTOP) for about 16 s while its rank trains on: nothing
+    comes over its link for four times link_silence (4 s here), yet node1's rank keeps
+    stepping, which its all-reduces with node2's rank prove. node2 is not lost: herd says why
+    once, and the job ends as it would have."""
+    path, home = cluster(testbed, tmp_path, ["node1", "node2"], link_silence=4)
+    herd = LiveHerd(["-c", str(path), "steps.py", "--quiet", "--steps", "500"], home, testbed)
+    (found,) = herd.wait_for(r"STEPPING rank=1 pid=(\d+)", 180)
+    agent = _agent_of(int(found.group(1)))
+    os.kill(agent, signal.SIGSTOP)
+    try:
+        herd.wait_for(r"node2 has said nothing for \d+ s, but the other nodes' ranks still", 60)
+        time.sleep(12)
+    finally:
+        os.kill(agent, signal.SIGCONT)
+    code = herd.finish(timeout=180)
+    out = herd.output
+    assert code == 0, out
+    assert "not lost for a quiet link alone" in out, out
+    assert "stopped answering" not in out and "hung" not in out, out
+    herd.assert_clean(["node1", "node2"])
+
+
+def _agent_of(worker: int) -> int:
+    """The node agent above a worker (its torchrun's parent): `python -m torchherd.agent`."""
+    pid = worker
+    for _ in range(6):
+        pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        if b"torchherd.agent" in argv:
+            return pid
+    raise AssertionError(f"no agent above worker {worker}")
+
+
 def test_busy_quiet_and_slow_to_stop_is_never_hung_or_lost(
     testbed: Testbed, tmp_path: Path
 ) -> None:

@@ -10,12 +10,15 @@ bench/recovery.py, not here: the bounds below are ones a loaded machine cannot e
 from __future__ import annotations
 
 import re
+import sys
 import time
 from pathlib import Path
 
+from tests.integration.herd_cli import SCRIPTS
 from tests.integration.herd_cli import one_worker_cluster as cluster
-from tests.integration.live import LiveHerd, job_id
+from tests.integration.live import LiveHerd, job_id, stacks_of
 from tests.testbed import Testbed
+from torchherd.errors import EXIT_NEVER_EXITED
 
 NODES = ["node1", "node2", "node3"]
 
@@ -24,18 +27,16 @@ def test_waits_on_the_world_outside_the_job_are_not_hangs(testbed: Testbed, tmp_
     """Default settings, in silence: rank 0 downloads for 45 s from a server on its node's
     loopback that sends a byte a second while the others wait in a barrier; rank 1 sleeps
     30 s (a backoff) while the others wait in an all-reduce; rank 2 is blocked 40 s on a file
-    lock another process holds while the others wait in a barrier. None of it is a hang."""
+    lock another process holds while the others wait in a barrier; rank 1 is in state D (a
+    mount that hiccups) for 30 s while the others wait in a barrier. None of it is a hang."""
     path, home = cluster(testbed, tmp_path, NODES)
-    herd = LiveHerd(
-        ["-c", str(path), "waits.py", "--download", "45", "--backoff", "30", "--lock", "40"],
-        home,
-        testbed,
-    )
+    waits = ["--download", "45", "--backoff", "30", "--lock", "40", "--disk-wait", "30"]
+    herd = LiveHerd(["-c", str(path), "waits.py", *waits], home, testbed)
     code = herd.finish(timeout=420)
     out = herd.output
     assert code == 0, out
     assert len(re.findall(r"DONE rank=\d", out)) == 3, out
-    assert "hung" not in out, out
+    assert "WAITED disk" in out and "hung" not in out, out
     herd.assert_clean(NODES)
 
 
@@ -66,17 +67,60 @@ def test_a_rank_that_never_exits_after_the_others_finished_is_named(
     testbed: Testbed, tmp_path: Path
 ) -> None:
     """Ranks 0 and 2 finish; rank 1's interpreter waits for ever on a non-daemon thread.
-    herd names it within 3 minutes, says the job finished, and ends it."""
+    herd names it within 3 minutes, takes its stacks, says the job finished and ends it with
+    the exit code that says so: the job's work is done, so nothing is restarted, even with
+    restarts allowed."""
     path, home = cluster(testbed, tmp_path, NODES)
-    herd = LiveHerd(["-c", str(path), "waits.py", "--never-exit"], home, testbed)
+    herd = LiveHerd(
+        ["-c", str(path), "--max-restarts", "1", "waits.py", "--never-exit"], home, testbed
+    )
     herd.wait_for(r"DONE rank=1", 180)
     done = time.monotonic()
     herd.wait_for(r"finished, but node2 rank 1 never exited", 180)
     assert time.monotonic() - done <= 180
     code = herd.finish(timeout=120)
     out = herd.output
-    assert code == 1, out
+    assert code == EXIT_NEVER_EXITED, out
     assert "herd: the job finished, but node2 rank 1 never exited" in out, out
+    assert "is hung" not in out and "restarting the job" not in out, out
+    assert "attempt 1" not in out, out
+    assert re.search(r"job \S+ finished in [\d.]+ s, but a rank never exited", out), out
+    stacks = stacks_of(home, job_id(home))
+    assert "threading" in stacks.get("node2-rank-1.txt", ""), (sorted(stacks), out)
+    assert herd.record()["state"] == "finished, a rank never exited", out
+    herd.assert_clean(NODES)
+
+
+def test_a_torchrun_frozen_before_it_starts_its_workers_is_named(
+    testbed: Testbed, tmp_path: Path
+) -> None:
+    """node3's torchrun is stopped (SIGSTOP) the moment it starts: its interpreter (node3's
+    python in herd.toml) stops itself before it runs torchrun, so node3 never starts a worker
+    and the other nodes wait for it in the rendezvous. herd names node3 and ends the job well
+    before torch's own timeouts (10 minutes), and before the start-up limit (5 minutes)."""
+    frozen = tmp_path / "frozen-python"
+    frozen.write_text(
+        "#!/bin/sh\n"
+        'case " $* " in *" torchherd.agent.elastic "*) kill -STOP $$ ;; esac\n'
+        f'exec {sys.executable} "$@"\n'
+    )
+    frozen.chmod(0o755)
+    home = tmp_path / "home"
+    nodes: list[str | dict[str, object]] = [{"host": h, "nproc": 1} for h in NODES]
+    nodes[2] = {"host": "node3", "nproc": 1, "python": str(frozen)}
+    path = testbed.write_cluster_file(
+        tmp_path / "herd.toml", nodes=nodes, workdir=str(SCRIPTS), env={"HERD_HOME": str(home)}
+    )
+    herd = LiveHerd(["-c", str(path), "waits.py"], home, testbed)
+    herd.wait_for(r"world size 3", 180)
+    launched = time.monotonic()
+    herd.wait_for(r"the job is hung: node3: torchrun stopped \(state T", 150)
+    assert time.monotonic() - launched <= 150
+    code = herd.finish(timeout=120)
+    out = herd.output
+    assert code == 1, out
+    assert re.search(r"first failure: node3: hung: node3: torchrun stopped", out), out
+    assert "node3: torchrun (pid " in out and "STEPPING" not in out, out
     herd.assert_clean(NODES)
 
 

@@ -30,12 +30,14 @@ from torchherd.recovery.hang import (
     FINISH_GRACE,
     FIRST_COLLECTIVE,
     IDLE,
+    IO_MOVING,
     LOOK_AFTER,
     LOOK_EVERY,
     LOOK_EVERY_MAX,
     OUTSIDE,
     OUTSIDE_LIMIT,
     PHASE_LIMIT,
+    START_LIMIT,
     WAITING,
     HangWatch,
     RankLook,
@@ -99,7 +101,7 @@ def test_a_stopped_rank_is_a_hang_once_confirmed(name: str) -> None:
     looks = recorded(name)["looks"]
     # Not on the first look, and not before the rank has been stopped for CONFIRM seconds.
     assert index >= 1 and looks[index]["t"] - looks[0]["t"] >= CONFIRM - 0.5
-    assert "node1 rank 1 stopped" in hang.reason
+    assert "node1 rank 1 stopped" in hang.reason and not hang.finished
     assert len(hang.behind) == 1 and hang.behind[0].startswith("node1 rank 1: stopped")
 
 
@@ -568,7 +570,7 @@ def test_a_rank_that_never_exits_after_the_others_finished_is_named() -> None:
     )
     index, hang = first_hang(verdicts)
     assert index >= 2
-    assert hang.reason.startswith("finished, but node1 rank 1 never exited")
+    assert hang.reason.startswith("finished, but node1 rank 1 never exited") and hang.finished
     assert hang.behind[0].startswith("node1 rank 1: still running at _shutdown (threading.py")
 
 
@@ -622,3 +624,119 @@ def test_a_node_whose_ranks_all_left_marks_the_others_finish() -> None:
         watch.looked("b", event(look(1, 0, frames=("_shutdown (threading.py:1590)",))))
         found = watch.check()
     assert found is not None and found.reason.startswith("finished, but b rank 1 never exited")
+    assert found.finished
+
+
+# ---------------------------------------------------------------------------------------------
+# a node's torchrun before it has started its workers (its "torchrun" in a look)
+
+
+def torchrun(state: str = "S", cpu: int = 0, io: int = 0, pid: int = 50) -> dict[str, Any]:
+    """A look's ``torchrun`` entry, shaped as agent.look.look_at_torchrun gives it."""
+    return {"pid": pid, "state": state, "cpu": cpu, "io": io, "main": {}}
+
+
+def start_up(
+    nodes: dict[str, Any], seconds: float, ranks: dict[str, list[dict[str, Any]]] | None = None
+) -> tuple[Any, float]:
+    """Looks every LOOK_EVERY s, each node's torchrun given by ``nodes[host](elapsed)``; the
+    first verdict and when it came."""
+    clock = Clock()
+    watch = HangWatch(clock=clock, world_size=3)
+    watch.started()
+    clock.advance(LOOK_AFTER)
+    waited = 0.0
+    while waited <= seconds:
+        for host, entry in nodes.items():
+            watch.looked(host, {**event(*(ranks or {}).get(host, [])), "torchrun": entry(waited)})
+        found = watch.check()
+        if found is not None:
+            return found, waited
+        clock.advance(LOOK_EVERY)
+        waited += LOOK_EVERY
+    return None, waited
+
+
+def test_a_torchrun_stopped_before_it_starts_its_workers_is_named() -> None:
+    """node3's torchrun was stopped at its start; the others' torchruns wait for it."""
+    found, waited = start_up(
+        {
+            "node1": lambda t: torchrun(),
+            "node2": lambda t: torchrun(),
+            "node3": lambda t: torchrun("T"),
+        },
+        120,
+    )
+    assert found is not None and CONFIRM <= waited <= CONFIRM + LOOK_EVERY
+    assert found.reason.startswith("node3: torchrun stopped (state T") and not found.finished
+    assert found.behind == ("node3: torchrun (pid 50) stopped before starting its workers",)
+    assert found.node == "node3"
+
+
+def test_a_stopped_torchrun_is_named_while_the_other_nodes_ranks_wait_for_it() -> None:
+    """The others' workers started and wait in their first collective for node3's rank."""
+    waiting = ("init_process_group (torch/distributed/distributed_c10d.py:1)",)
+    found, _ = start_up(
+        {"node1": lambda t: torchrun(), "node3": lambda t: torchrun("T")},
+        120,
+        ranks={"node1": [look(0, 0, frames=waiting), look(1, 0, frames=waiting)]},
+    )
+    assert found is not None and found.reason.startswith("node3: torchrun stopped")
+
+
+def test_a_torchrun_that_works_at_start_up_is_never_judged() -> None:
+    """node3's torchrun imports torch from a slow filesystem for 10 minutes (CPU, I/O, state
+    D in turn) while the others' torchruns wait for it in the rendezvous: not a hang."""
+
+    def importing(t: float) -> dict[str, Any]:
+        phase = int(t / LOOK_EVERY) % 3
+        return torchrun("D" if phase == 2 else "R", cpu=int(t * 50), io=int(t) * IO_MOVING)
+
+    found, _ = start_up(
+        {"node1": lambda t: torchrun(), "node2": lambda t: torchrun(), "node3": importing},
+        600,
+    )
+    assert found is None
+
+
+def test_no_torchrun_starting_its_workers_and_none_working_is_a_hang_at_the_start_limit() -> None:
+    found, waited = start_up({h: lambda t: torchrun() for h in ("node1", "node2", "node3")}, 400)
+    assert found is not None and START_LIMIT <= waited <= START_LIMIT + 2 * LOOK_EVERY
+    assert "no node has started its workers" in found.reason
+    assert len(found.behind) == 3
+
+
+def test_a_node_whose_ranks_were_seen_is_no_longer_judged_by_its_torchrun() -> None:
+    """torchrun stopped after its worker started (the worker runs on): the ranks are judged."""
+    clock = Clock()
+    watch = HangWatch(clock=clock, world_size=1)
+    watch.started()
+    watch.seen("node1", 0)
+    clock.advance(LOOK_AFTER)
+    for _ in range(10):
+        watch.looked("node1", {**event(look(0, 0)), "torchrun": torchrun("T")})
+        assert watch.check() is None or "torchrun" not in watch.check().reason
+        clock.advance(LOOK_EVERY)
+
+
+def test_the_agent_reads_a_stopped_torchrun_as_stopped() -> None:
+    """agent.look.look_at_torchrun on a real stopped process."""
+    import signal
+    import subprocess
+    import time
+
+    from torchherd.agent.look import look_at_torchrun
+
+    process = subprocess.Popen(["sleep", "30"])
+    try:
+        assert look_at_torchrun(process.pid)["state"] in ("S", "R")
+        process.send_signal(signal.SIGSTOP)
+        deadline = time.monotonic() + 5
+        while look_at_torchrun(process.pid)["state"] != "T" and time.monotonic() < deadline:
+            time.sleep(0.05)
+        seen = look_at_torchrun(process.pid)
+        assert seen["state"] == "T" and seen["pid"] == process.pid
+        assert isinstance(seen["cpu"], int) and "main" in seen
+    finally:
+        process.kill()
+        process.wait()

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +21,7 @@ from torchherd.errors import (
     EXIT_CRASH_LOOP,
     EXIT_INTERRUPTED,
     EXIT_JOB_FAILED,
+    EXIT_NEVER_EXITED,
     EXIT_OK,
     EXIT_SAVED,
 )
@@ -182,6 +184,56 @@ def test_a_crash_loop_ends_the_job_with_exit_4(tmp_path: Path) -> None:
     assert result.exit_code == EXIT_CRASH_LOOP and len(loop.attempts) == 3
     assert "crash loop: 2 restart(s) in a row" in result.reason
     assert loop.record()["state"] == "failed" and loop.record()["exit_code"] == EXIT_CRASH_LOOP
+
+
+def test_a_rank_that_never_exited_ends_the_job_as_finished_without_a_restart(
+    tmp_path: Path,
+) -> None:
+    """The others finished and herd ended a rank that never exited: exit 6, recorded as such,
+    and no restart though restarts are allowed (the job's work is done)."""
+    loop = Loop(tmp_path, [Scripted(EXIT_NEVER_EXITED), Scripted(EXIT_OK)], max_restarts=3)
+    result = loop.go()
+    assert result.exit_code == EXIT_NEVER_EXITED and len(loop.attempts) == 1
+    assert "restarting" not in loop.out.getvalue()
+    assert re.search(
+        r"job job-loop finished in [\d.]+ s, but a rank never exited", loop.out.getvalue()
+    ), loop.out.getvalue()
+    record = loop.record()
+    assert record["state"] == "finished, a rank never exited" and record["exit_code"] == 6
+    assert record["attempts"][0]["outcome"] == "finished, a rank never exited"
+
+
+def test_an_attempt_that_ended_a_rank_that_never_exited_says_finished(tmp_path: Path) -> None:
+    """The outcome of a real Attempt's ended state (no node) in which the others succeeded and
+    herd stopped the rank that never exited: exit 6, the rank named, the summary's words."""
+    import dataclasses
+
+    from torchherd.launcher.attempt import Attempt
+    from torchherd.launcher.outcome import result_of
+    from torchherd.logs import JobOutput, render_summary
+
+    loop = Loop(tmp_path, [])
+    plan = loop.run.prepared.plan
+    output = JobOutput(tmp_path / "logs2", list(HOSTS), plan.world_size, stream=io.StringIO())
+    attempt = Attempt(plan, cluster(), LocalTransport(cluster()), output, {}, number=0)
+    reason = "finished, but n2 rank 1 never exited (60 s after the first ranks finished)"
+    state = dataclasses.replace(
+        attempt.ended_state(),
+        states={"n1": "succeeded", "n2": "stopped", "n3": "succeeded"},
+        stopping=True,
+        never_exited=True,
+        hang_found=reason,
+        behind=("n2 rank 1: still running at _shutdown (threading.py:1590)",),
+        first_failure=Failure("", None, None, None, reason),
+    )
+    result = result_of(state, 70.0)
+    output.close()
+    assert result.exit_code == EXIT_NEVER_EXITED and result.hang is None
+    assert result.first_failure is not None
+    assert (result.first_failure.host, result.first_failure.rank) == ("n2", 1)
+    summary = render_summary(result)
+    assert summary.startswith(f"job {plan.job_id} finished in 70.0 s, but a rank never exited")
+    assert "n2 rank 1: finished, but n2 rank 1 never exited" in summary
 
 
 def test_the_budget_spent_ends_the_job_with_the_failure_and_says_so(tmp_path: Path) -> None:

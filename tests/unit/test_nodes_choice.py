@@ -3,7 +3,13 @@ nodes, nodes back in the job; and how an attempt's end becomes an exit code (out
 
 from __future__ import annotations
 
-from torchherd.errors import EXIT_INTERRUPTED, EXIT_JOB_FAILED, EXIT_OK, EXIT_SAVED
+from torchherd.errors import (
+    EXIT_INTERRUPTED,
+    EXIT_JOB_FAILED,
+    EXIT_NEVER_EXITED,
+    EXIT_OK,
+    EXIT_SAVED,
+)
 from torchherd.launcher.outcome import exit_code_of
 from torchherd.recovery.nodes import choose_nodes
 
@@ -86,3 +92,8 @@ def test_the_exit_code_of_an_attempt() -> None:
     assert failed == EXIT_JOB_FAILED and "no snapshot was reported committed" in reason
     # The agents stopped the job for a silent launcher: a failure to restart, not a stop.
     assert code({"a": "stopped", "b": "stopped"}, stopped_by_agents=True) == EXIT_JOB_FAILED
+    # The others finished and herd ended a rank that never exited: the job finished (6);
+    # Ctrl-C meanwhile still says interrupted.
+    left = {"a": "succeeded", "b": "stopped"}
+    assert code(left, stopping=True, never_exited=True) == EXIT_NEVER_EXITED
+    assert code(left, stopping=True, interrupted=True, never_exited=True) == EXIT_INTERRUPTED

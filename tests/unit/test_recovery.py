@@ -162,3 +162,11 @@ def test_a_quiet_link_is_not_a_lost_node_while_the_others_step() -> None:
     assert not vouch(100.0, [], now=112.0, silence=10.0, limit=90.0)  # no one steps
     assert not vouch(100.0, [120.0], now=135.0, silence=10.0, limit=90.0)  # they stopped too
     assert not vouch(100.0, [189.0], now=191.0, silence=10.0, limit=90.0)  # past the cap
+
+
+def test_a_short_link_silence_leaves_room_for_the_others_steps() -> None:
+    """link_silence 4 s: the node is judged at 4 s of quiet, so the proof (a step of the
+    others after its last word, not one in flight) must be able to come within those 4 s."""
+    vouch = steps_vouch_for
+    assert vouch(100.0, [103.5], now=104.0, silence=4.0, limit=90.0)
+    assert not vouch(100.0, [101.5], now=104.0, silence=4.0, limit=90.0)  # a step in flight

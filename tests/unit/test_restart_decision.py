@@ -12,6 +12,7 @@ from torchherd.errors import (
     EXIT_CRASH_LOOP,
     EXIT_INTERRUPTED,
     EXIT_JOB_FAILED,
+    EXIT_NEVER_EXITED,
     EXIT_NODE_NOT_READY,
     EXIT_OK,
     EXIT_SAVED,
@@ -72,6 +73,12 @@ class Row:
 
 ROWS = [
     Row("a finished job stops with 0", ended(EXIT_OK), action=Action.STOP, exit_code=None),
+    Row(
+        "finished, but a rank never exited: stops (6), never restarted",
+        ended(EXIT_NEVER_EXITED),
+        action=Action.STOP,
+        exit_code=None,
+    ),
     Row(
         "a snapshot after the time limit's request: exit 5",
         ended(EXIT_SAVED),

@@ -18,6 +18,10 @@ When a job has gone quiet, the launcher asks every agent to look. For each rank 
                poll, a file lock, a sleep, disk wait), or None
     disk       how many of the rank's threads are in disk wait (state D)
 
+With the ranks, a look says how torchrun itself (the node's elastic agent) is: its state, the
+CPU ticks and I/O of that one process, and its main thread's wait (``torchrun``): before it
+has started its workers, it is the only thing on the node to judge.
+
 Counters are cumulative: the launcher judges the difference between two looks (recovery.hang).
 """
 
@@ -111,13 +115,29 @@ def look(
         return list(pool.map(observe, found))
 
 
+def look_at_torchrun(pid: int) -> dict[str, Any]:
+    """torchrun's own process (not its workers): state, CPU, I/O, its main thread's wait."""
+    return {
+        "pid": pid,
+        "state": procs.process_state(pid),
+        "cpu": procs.cpu_ticks([pid]),
+        "io": procs.io_bytes([pid]),
+        "main": procs.thread_wait(pid),
+    }
+
+
 def look_event(
-    job_id: str, node: str, attempt: str | None, progress_dir: str | None
+    job_id: str,
+    node: str,
+    attempt: str | None,
+    progress_dir: str | None,
+    torchrun: int | None = None,
 ) -> dict[str, Any]:
-    """The {"e": "look"} event an agent sends when the launcher asks."""
+    """The {"e": "look"} event an agent sends when the launcher asks (``torchrun``: the pid
+    of the attempt's torchrun, when it runs)."""
     started = time.time()
     ranks = look(job_id, node, attempt, progress_dir)
-    return {
+    event: dict[str, Any] = {
         "e": "look",
         "host": node,
         "a": attempt,
@@ -125,3 +145,6 @@ def look_event(
         "ticks": procs.CLOCK_TICKS,
         "ranks": ranks,
     }
+    if torchrun is not None:
+        event["torchrun"] = look_at_torchrun(torchrun)
+    return event

@@ -364,7 +364,11 @@ class Agent:
             self.emit({"e": "port", "port": check_port(0).get("port", 0)})
 
     def _look(self, attempt: NodeAttempt, look_id: object) -> None:
-        event = look_event(attempt.job_id, attempt.node, attempt.attempt, attempt.progress_dir)
+        process = attempt.process
+        running = process.pid if process is not None and process.poll() is None else None
+        event = look_event(
+            attempt.job_id, attempt.node, attempt.attempt, attempt.progress_dir, running
+        )
         if look_id is not None:
             event["id"] = look_id
         self.emit(event)

@@ -183,7 +183,7 @@ def launch_command(
     spellings of the options herd shares with it work too (--nproc-per-node, --max_restarts).
 
     Exit: 0 success, 1 job failed, 2 usage/config, 3 node not ready, 4 crash loop,
-    5 saved for a time limit, 130 interrupted.
+    5 saved for a time limit, 6 finished but a rank never exited, 130 interrupted.
     """
     # Here, not at the top: every herd command would pay for the launcher's imports.
     from ..launcher.launch import LaunchOptions, launch

@@ -142,6 +142,8 @@ class Attempt:
         self.cause: Failure | None = None
         """Set when herd itself found the cause (a lost node, a hang); wins over workers'."""
         self.hang_found: str | None = None
+        self.never_exited = False
+        """The job's work finished, but a rank never exited (herd ended it)."""
         self.behind: tuple[str, ...] = ()
         self.noticed: str | None = None
         """How herd noticed what ended the attempt early, in words (for the job's story)."""
@@ -669,12 +671,12 @@ class Attempt:
         self.hang_found = hang.describe()
         self.behind = hang.behind
         self.noticed = "the hang watch"
-        if self.hang_found.startswith("finished, but"):
-            self.output.note(f"herd: the job {self.hang_found}")  # its ranks' work is done
-        else:
-            self.output.note(f"herd: the job is hung: {self.hang_found}")
+        if hang.finished:
+            self._never_exited()
+            return
+        self.output.note(f"herd: the job is hung: {self.hang_found}")
         self.cause = Failure(
-            host="",
+            host=hang.node or "",
             rank=None,
             exitcode=None,
             signal=None,
@@ -682,6 +684,24 @@ class Attempt:
             remedy="see the stacks below for the rank that holds the others up; if the job is "
             "only quiet, have it print or call torchherd.progress.beat(step) (or wrap a long "
             "phase in torchherd.progress.phase(...)); --hang-timeout 0 turns the watch off",
+        )
+        self.end_with_evidence(gather=True)
+
+    def _never_exited(self) -> None:
+        """The others finished and a rank never exited: the job's work is done, so it ends as
+        finished (no restart would redo anything useful), after the rank's stacks are taken."""
+        self.never_exited = True
+        self.noticed = "the others finished; a rank never exited"
+        self.output.note(f"herd: the job {self.hang_found}")
+        self.cause = Failure(
+            host="",
+            rank=None,
+            exitcode=None,
+            signal=None,
+            message=self.hang_found or "finished, but a rank never exited",
+            remedy="its stacks show what its interpreter waits for at exit: join or make daemon "
+            "the threads it starts, end what its exit handlers wait on, and call "
+            "torch.distributed.destroy_process_group()",
         )
         self.end_with_evidence(gather=True)
 
@@ -766,6 +786,7 @@ class Attempt:
             stopped_for_silence=self.stopped_for_silence,
             first_failure=self.first_failure(),
             hang_found=self.hang_found,
+            never_exited=self.never_exited,
             behind=tuple(self.behind),
             evidence=self.evidence,
             steps=dict(self.hang.steps),

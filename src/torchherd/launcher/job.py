@@ -26,7 +26,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import replace
 from typing import Any, TextIO
 
-from ..errors import EXIT_INTERRUPTED, EXIT_JOB_FAILED, EXIT_SAVED, HerdError
+from ..errors import EXIT_INTERRUPTED, EXIT_JOB_FAILED, EXIT_NEVER_EXITED, EXIT_SAVED, HerdError
 from ..job_nodes import new_record
 from ..logs import JobOutput, render_summary
 from ..plan import JobSpec, LaunchPlan, NodePlan, make_plan, node_workers
@@ -575,6 +575,10 @@ class JobRun:
         entry["failure"] = failure_record(result, self.secrets)
 
 
+# What a job (and its attempt) that finished with a rank that never exited is recorded as.
+NEVER_EXITED = "finished, a rank never exited"
+
+
 def outcome_of(result: RunResult) -> str:
     if result.exit_code == 0:
         return "succeeded"
@@ -582,6 +586,8 @@ def outcome_of(result: RunResult) -> str:
         return "saved"
     if result.exit_code == EXIT_INTERRUPTED:
         return "interrupted"
+    if result.exit_code == EXIT_NEVER_EXITED:
+        return NEVER_EXITED
     if result.hang:
         return "hung"
     if result.lost:
@@ -623,9 +629,12 @@ def job_policy(job: JobSpec, cluster: ClusterSpec) -> RestartPolicy:
 
 def finish_record(record: JobRecord, result: RunResult, secrets: list[str]) -> None:
     """The job record once the launcher is done: never left "running"."""
-    record.state = {0: "succeeded", EXIT_INTERRUPTED: "stopped", EXIT_SAVED: "saved"}.get(
-        result.exit_code, "failed"
-    )
+    record.state = {
+        0: "succeeded",
+        EXIT_INTERRUPTED: "stopped",
+        EXIT_SAVED: "saved",
+        EXIT_NEVER_EXITED: NEVER_EXITED,
+    }.get(result.exit_code, "failed")
     record.ended = time.time()
     record.exit_code = result.exit_code
     record.restarts = result.restarts

@@ -10,7 +10,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import EXIT_INTERRUPTED, EXIT_JOB_FAILED, EXIT_NODE_NOT_READY, EXIT_OK, EXIT_SAVED
+from ..errors import (
+    EXIT_INTERRUPTED,
+    EXIT_JOB_FAILED,
+    EXIT_NEVER_EXITED,
+    EXIT_NODE_NOT_READY,
+    EXIT_OK,
+    EXIT_SAVED,
+)
 from ..recovery.evidence import Evidence, judge
 from ..recovery.failures import NodeState, first_named
 from ..results import Failure, RunResult
@@ -49,12 +56,14 @@ def exit_code_of(
     saving: bool,
     saved: bool,
     stopped_by_agents: bool,
+    never_exited: bool = False,
 ) -> tuple[int, str, bool]:
     """(exit code, the reason when it needs one, whether someone else stopped the job).
 
     Every node stopped on its own agent's request while this launcher stopped nothing:
     `herd stop` did it, from elsewhere (interrupted, nothing to blame). A time limit's save
-    counts only once a snapshot committed after the request was reported."""
+    counts only once a snapshot committed after the request was reported. ``never_exited``:
+    the other ranks finished and herd ended a rank that never exited (the job finished)."""
     stopped_elsewhere = (
         not stopping
         and not stopped_by_agents
@@ -67,6 +76,8 @@ def exit_code_of(
         return EXIT_OK, "", False
     if interrupted or stopped_elsewhere:
         return EXIT_INTERRUPTED, "", stopped_elsewhere
+    if never_exited:
+        return EXIT_NEVER_EXITED, "", False
     if any(state == NodeState.NOT_STARTED for state in states.values()):
         return EXIT_NODE_NOT_READY, "", False
     return EXIT_JOB_FAILED, NO_SNAPSHOT_AFTER_LIMIT if saving and not saved else "", False
@@ -91,6 +102,8 @@ class AttemptState:
     stopped_for_silence: bool
     first_failure: Failure | None
     hang_found: str | None
+    never_exited: bool
+    """The others finished and herd ended a rank that never exited."""
     behind: tuple[str, ...]
     """The ranks the looks named behind (empty: judged from the stacks here)."""
     evidence: Evidence
@@ -116,6 +129,7 @@ def result_of(ended: AttemptState, duration: float) -> AttemptResult:
         saving=ended.saving,
         saved=ended.saved_after_request,
         stopped_by_agents=stopped_by_agents,
+        never_exited=ended.never_exited,
     )
     failure = None
     if code not in (EXIT_OK, EXIT_SAVED) and not stopped_elsewhere:
@@ -135,7 +149,7 @@ def result_of(ended: AttemptState, duration: float) -> AttemptResult:
         behind=tuple(behind),
         stacks_dir=stacks_dir,
         evidence_problems=tuple(ended.evidence.problems),
-        hang=ended.hang_found,
+        hang=None if ended.never_exited else ended.hang_found,
         lost=tuple(h for h, s in states.items() if s == NodeState.LOST),
         max_step=ended.max_step,
         reason=reason,

@@ -45,6 +45,14 @@ The job is hung when, with no progress signal meanwhile:
        and another is still running FINISH_GRACE s later without working: the job finished,
        but that rank never exited (a non-daemon thread, a hung exit handler).
 
+Before a node has started its workers there is no rank to look at, and torchrun itself (the
+node's elastic agent) is judged from its own process (``torchrun`` in a look):
+
+    8. a node's torchrun has been stopped (state T) for CONFIRM s before starting its workers
+       (its peers wait for it in the rendezvous, for torch's own timeouts: 10 minutes);
+    9. no node has started its workers and no node's torchrun has worked (no CPU, no I/O, no
+       disk wait) for START_LIMIT s: every start-up waits, and nothing moves.
+
 The windows follow the job's own pace: the confirmation window is CONFIRM s or CONFIRM_STEPS
 steps, whichever is longer, and the all-waiting limit ALL_WAITING s or ALL_WAITING_STEPS steps;
 before the first step (communicators still being set up, which takes minutes on large jobs) it
@@ -53,7 +61,8 @@ stopped process does is slow work.
 
 A working rank keeps the job alive however long it works (a 10-minute compile, a 30-minute
 evaluation that prints nothing, a 5-minute save), even while the others wait for it. Where no
-frames can be taken (py-spy missing, ptrace not allowed), rules 1, 3 and 5 still hold.
+frames can be taken (py-spy missing, ptrace not allowed), rules 1, 3, 5, 7, 8 and 9
+still hold.
 
 ``--hang-timeout S`` adds a plain limit: S seconds without any progress signal, counted from
 the first one (start-up has its own timeouts), is a hang whatever the looks say, inside a
@@ -92,6 +101,9 @@ OUTSIDE_LIMIT = 600.0
 FINISH_GRACE = 60.0
 # Seconds every rank may stay at the same frames with no I/O, CPU or not, before a hang.
 ALL_STUCK = 300.0
+# Seconds torchrun may go without starting its workers while no node's torchrun works (no
+# CPU, no I/O, no disk wait): the start-up limit; as long as the first collective's floor.
+START_LIMIT = FIRST_COLLECTIVE
 # Share of one core above which a rank outside a collective counts as working.
 CPU_BUSY = 0.05
 # Bytes read or written between two looks that count as work (a save, a load, a download).
@@ -273,9 +285,100 @@ class Hang:
     behind: tuple[str, ...] = ()
     """One line per rank that holds the others up ("node2 rank 1: stopped at ...")."""
     silent_for: float = 0.0
+    finished: bool = False
+    """Rule 7: the job's work finished and only a rank's exit is missing (not a hang to
+    restart from: the job ends as finished)."""
+    node: str | None = None
+    """The one node the verdict names when it names no rank (its torchrun: rules 8 and 9)."""
 
     def describe(self) -> str:
         return self.reason
+
+
+@dataclass(frozen=True)
+class TorchrunLook:
+    """A node's torchrun as one look saw it, while it has no workers (see agent.look)."""
+
+    host: str
+    pid: int
+    at: float
+    state: str
+    cpu: int
+    io: int | None
+
+    @classmethod
+    def from_event(cls, host: str, event: Mapping[str, Any], at: float) -> TorchrunLook | None:
+        seen = event.get("torchrun")
+        if not isinstance(seen, Mapping):
+            return None
+        try:
+            return cls(
+                host=host,
+                pid=int(seen["pid"]),
+                at=at,
+                state=str(seen.get("state", "?")),
+                cpu=int(seen.get("cpu") or 0),
+                io=None if seen.get("io") is None else int(seen["io"]),
+            )
+        except (KeyError, TypeError, ValueError):
+            return None
+
+    @property
+    def stopped(self) -> bool:
+        return self.state in ("T", "t")
+
+    def worked_since(self, before: TorchrunLook, ticks: int = 100) -> bool:
+        """CPU, I/O or disk wait since ``before``: importing, loading, setting up."""
+        seconds = max(self.at - before.at, 1e-3)
+        busy = (self.cpu - before.cpu) / (ticks * seconds) >= CPU_BUSY
+        io = self.io is not None and before.io is not None and self.io - before.io >= IO_MOVING
+        return busy or io or self.state == "D"
+
+
+@dataclass
+class _StartTrack:
+    """A node's torchrun while no worker of it has been seen."""
+
+    last: TorchrunLook
+    stopped_since: float | None = None
+    still_since: float | None = None
+    """Start of the current run of looks in which it did not work."""
+
+
+def judge_start(starts: Mapping[str, _StartTrack], nodes_with_ranks: int) -> Hang | None:
+    """Rules 8 and 9: a node's torchrun before it has started its workers."""
+    if not starts:
+        return None
+    now = max(t.last.at for t in starts.values())
+    stopped = sorted(
+        (host, t)
+        for host, t in starts.items()
+        if t.stopped_since is not None and now - t.stopped_since >= CONFIRM
+    )
+    if stopped:
+        longest = max(now - t.stopped_since for _, t in stopped if t.stopped_since is not None)
+        return Hang(
+            f"{', '.join(h for h, _ in stopped)}: torchrun stopped (state T: SIGSTOP, a "
+            f"debugger, a frozen machine) before starting its workers, for {longest:.0f} s",
+            tuple(
+                f"{host}: torchrun (pid {t.last.pid}) stopped before starting its workers"
+                for host, t in stopped
+            ),
+            node=stopped[0][0] if len(stopped) == 1 else None,
+        )
+    still = [t.still_since for t in starts.values()]
+    if nodes_with_ranks == 0 and all(s is not None for s in still):
+        idle_for = now - max(s for s in still if s is not None)
+        if idle_for >= START_LIMIT:
+            return Hang(
+                f"no node has started its workers, and no torchrun has worked for "
+                f"{idle_for:.0f} s (limit {START_LIMIT:.0f} s)",
+                tuple(
+                    f"{host}: torchrun (pid {t.last.pid}) waits, no workers started"
+                    for host, t in sorted(starts.items())
+                ),
+            )
+    return None
 
 
 @dataclass
@@ -388,6 +491,7 @@ def judge(
                     f"{look.host} rank {r}: still running at {look.where} after the others finished"
                     for r, look in sorted(late)
                 ),
+                finished=True,
             )
         return None
     outside_long = [
@@ -504,6 +608,8 @@ class HangWatch:
         self.finished_at: float | None = None
         """When ranks were first seen to finish while others ran (this clock)."""
         self._seen_on: dict[str, set[int]] = {}
+        self._starts: dict[str, _StartTrack] = {}
+        """Nodes none of whose ranks has been seen yet: their torchrun, look by look."""
 
     @property
     def enabled(self) -> bool:
@@ -572,6 +678,7 @@ class HangWatch:
     def _reset(self, since: float) -> None:
         self._since = since
         self._tracks.clear()
+        self._starts.clear()
         self._interval = LOOK_EVERY
         self._next_look = since + LOOK_AFTER
 
@@ -602,6 +709,7 @@ class HangWatch:
             # other nodes at its exit barrier, for minutes: its node does not end yet).
             self.finished()
         self._seen_on[host] = self._seen_on.get(host, set()) | here
+        self._torchrun_looked(host, event)
         for look in looks:
             track = self._tracks.setdefault(look.rank, _RankTrack())
             previous = track.looks[-1] if track.looks else None
@@ -641,6 +749,27 @@ class HangWatch:
         calm = bool(kinds) and kinds == {WORKING}
         self._interval = min(self._interval * 2, LOOK_EVERY_MAX) if calm else LOOK_EVERY
 
+    def _torchrun_looked(self, host: str, event: Mapping[str, Any]) -> None:
+        """Follow a node's torchrun while none of its ranks has been seen (rules 8, 9)."""
+        seen = TorchrunLook.from_event(host, event, self._clock())
+        if self._seen_on.get(host) or seen is None:
+            self._starts.pop(host, None)
+            return
+        track = self._starts.get(host)
+        if track is None or track.last.pid != seen.pid:
+            self._starts[host] = _StartTrack(seen, seen.at if seen.stopped else None)
+            return
+        ticks = int(event.get("ticks") or 100)
+        if not seen.stopped:
+            track.stopped_since = None
+        elif track.stopped_since is None:
+            track.stopped_since = seen.at
+        if seen.stopped or not seen.worked_since(track.last, ticks):
+            track.still_since = track.last.at if track.still_since is None else track.still_since
+        else:
+            track.still_since = None
+        track.last = seen
+
     def check(self) -> Hang | None:
         """The hang, if the job is hung (see the module docstring)."""
         if not self.enabled or self._since is None:
@@ -656,13 +785,16 @@ class HangWatch:
                 self._places(),
                 silent_for=silent,
             )
+        started = judge_start(self._starts, sum(1 for ranks in self._seen_on.values() if ranks))
+        if started is not None:
+            return Hang(started.reason, started.behind, silent, node=started.node)
         now = max((t.looks[-1].at for t in self._tracks.values() if t.looks), default=None)
         if now is None:
             return None
         found = judge(self._tracks, self.world_size, now, self.limits(), self.finished_at)
         if found is None:
             return None
-        return Hang(found.reason, found.behind, silent)
+        return Hang(found.reason, found.behind, silent, found.finished)
 
     def _places(self) -> tuple[str, ...]:
         """Where each rank was at the last look (for a verdict of the plain limit)."""

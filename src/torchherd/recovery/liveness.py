@@ -106,8 +106,12 @@ class NodeLiveness:
 
 
 # Seconds after a quiet node's last word by which the others' steps show that its ranks still
-# take part in the collectives (not a step that was in flight, not a late beat).
+# take part in the collectives (not a step that was in flight, not a late beat)...
 QUIET_STEP_MARGIN = 5.0
+# ... or this share of the link's silence limit, when less: the proof must be able to come
+# before the node is called lost (a link_silence of 4 s leaves 1.6 s for it; beats come
+# every second).
+QUIET_STEP_SHARE = 0.6
 
 
 def steps_vouch_for(
@@ -119,4 +123,5 @@ def steps_vouch_for(
     ``limit`` seconds of quiet."""
     if now - heard > limit:
         return False
-    return any(t > heard + QUIET_STEP_MARGIN and now - t < silence for t in others_stepped)
+    margin = min(QUIET_STEP_MARGIN, QUIET_STEP_SHARE * silence)
+    return any(t > heard + margin and now - t < silence for t in others_stepped)

@@ -4,7 +4,9 @@ of what happened (``Ended``), the nodes at hand (``Bench``), what came before (`
 the signals herd received (``Signals``); the job loop (job.py) gathers these, acts on the
 ``Decision`` and keeps its ``history`` for the next one. The rules, in the order they apply:
 
-    finished     exit 0 -> stop, 0;  a snapshot committed after a time limit's request -> stop, 5
+    finished     exit 0 -> stop, 0;  a snapshot committed after a time limit's request -> stop, 5;
+                 the others finished and a rank never exited (herd ended it) -> stop, 6: the
+                 work is done, a restart would only redo it
     signals      Ctrl-C/SIGTERM -> stop, 130; a time limit that came between attempts -> stop,
                  5 when the job has a committed snapshot, else the attempt's own exit code
     grow back    the workers saved and stopped because left-out nodes came back -> restart with
@@ -36,7 +38,14 @@ import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
-from ..errors import EXIT_CRASH_LOOP, EXIT_INTERRUPTED, EXIT_JOB_FAILED, EXIT_OK, EXIT_SAVED
+from ..errors import (
+    EXIT_CRASH_LOOP,
+    EXIT_INTERRUPTED,
+    EXIT_JOB_FAILED,
+    EXIT_NEVER_EXITED,
+    EXIT_OK,
+    EXIT_SAVED,
+)
 from .nodes import NodeChoice, choose_nodes
 
 # An attempt without step information that ran this long counts as progress (a plain script
@@ -201,7 +210,9 @@ class RestartPolicy:
         ) -> Decision:
             return Decision(Action.STOP, history, exit_code, reason, fix, say)
 
-        if code == EXIT_OK or (code == EXIT_SAVED and not (ended.growing and not signals.any)):
+        if code in (EXIT_OK, EXIT_NEVER_EXITED) or (
+            code == EXIT_SAVED and not (ended.growing and not signals.any)
+        ):
             return stop()
         if signals.interrupted:
             return stop(EXIT_INTERRUPTED)

@@ -17,6 +17,7 @@ OUTCOME_COLOURS = {
     "stopped": "#8a8a8a",
     "interrupted": "#8a8a8a",
     "saved": "#3b7dd8",
+    "finished, a rank never exited": "#6a9d2a",
     "running": "#7fb8e6",
 }
 FALLBACK_COLOUR = "#b0b0b0"

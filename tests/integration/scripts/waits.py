@@ -7,15 +7,22 @@ is silent (no output, no beat):
 --backoff S    rank 1 sleeps S s (a retry's backoff) while the others wait in an all-reduce
 --lock S       the last rank blocks on a file lock that another process holds for S s, while
                the others wait in a barrier
+--disk-wait S  rank 1 is in state D (uninterruptible, as on a slow NFS or Lustre mount) for
+               S s, while the others wait in a barrier: its main thread clones a child that
+               shares its memory (CLONE_VM | CLONE_VFORK, as vfork) and sleeps; the kernel
+               holds the parent in a killable disk wait until the child exits
 --deadlock-in-phase
                rank 1 deadlocks (takes a lock it holds) inside phase("saving") while the
                others wait in a barrier
 --never-exit   rank 1 starts a non-daemon thread that waits for ever, then finishes its script:
                its interpreter never exits
-Prints `DONE rank=R` at the end.
+Rank 0 prints `WAIT <name>` before each of these waits and `WAITED <name>` once every rank
+is past it (for bench/recovery.py to tell which wait a verdict came in). Prints `DONE rank=R`
+at the end.
 """
 
 import argparse
+import ctypes
 import os
 import subprocess
 import sys
@@ -32,6 +39,7 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--download", type=float, default=0)
 parser.add_argument("--backoff", type=float, default=0)
 parser.add_argument("--lock", type=float, default=0)
+parser.add_argument("--disk-wait", type=int, default=0)
 parser.add_argument("--deadlock-in-phase", action="store_true")
 parser.add_argument("--never-exit", action="store_true")
 args = parser.parse_args()
@@ -57,6 +65,26 @@ print("held", flush=True)
 time.sleep(float(sys.argv[2]))
 """
 
+
+def disk_wait(seconds: int) -> None:
+    """This thread in state D for ``seconds`` (see --disk-wait)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    stack = ctypes.create_string_buffer(64 * 1024)
+    top = ctypes.c_void_p(ctypes.addressof(stack) + len(stack) - 64)
+    clone_vm, clone_vfork, sigchld = 0x100, 0x4000, 17
+    libc.clone.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]
+    sleep = ctypes.cast(libc.sleep, ctypes.c_void_p)
+    pid = libc.clone(sleep, top, clone_vm | clone_vfork | sigchld, ctypes.c_void_p(seconds))
+    if pid < 0:
+        raise OSError(ctypes.get_errno(), "clone")
+    os.waitpid(pid, 0)
+
+
+def mark(word: str, name: str) -> None:
+    if rank == 0:
+        print(f"{word} {name}", flush=True)
+
+
 dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
 value = torch.ones(1)
@@ -65,6 +93,7 @@ for _ in range(5):
 print(f"STEPPING rank={rank}", flush=True)
 
 if args.download:
+    mark("WAIT", "download")
     if rank == 0:
         import urllib.request
 
@@ -76,11 +105,15 @@ if args.download:
             answer.read()
         server.wait()
     dist.barrier()
+    mark("WAITED", "download")
 if args.backoff:
+    mark("WAIT", "backoff")
     if rank == 1:
         time.sleep(args.backoff)
     dist.all_reduce(value)
+    mark("WAITED", "backoff")
 if args.lock:
+    mark("WAIT", "lock")
     if rank == world - 1:
         import fcntl
 
@@ -94,6 +127,13 @@ if args.lock:
         holder.wait()
         os.unlink(path)
     dist.barrier()
+    mark("WAITED", "lock")
+if args.disk_wait:
+    mark("WAIT", "disk")
+    if rank == 1:
+        disk_wait(args.disk_wait)
+    dist.barrier()
+    mark("WAITED", "disk")
 if args.deadlock_in_phase:
     if rank == 1:
         with phase("saving"):
