@@ -9,7 +9,8 @@ travels as one event:
   {"e": "line", "r": global_rank|null, "l": local_rank|null, "s": "o"|"e", "t": text}
   {"e": "exit", "code": int, "signal": name|null, "failures": [...], "stopped": bool}
   {"e": "error", "message": ..., "remedy": ...}      (the agent could not start the job)
-  {"e": "beats", "b": [[rank, step, at, compute], ...]}  (each rank's newest progress beat)
+  {"e": "beats", "b": [[rank, step, at, compute, wait, cycle, data], ...]}  (each rank's
+                                                        newest progress beat)
   {"e": "alive"}                                      (only when the agent said nothing lately)
   {"e": "probe", "facts": {...}}   the quick probe, asked over the link before the job request
 """
