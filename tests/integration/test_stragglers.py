@@ -118,7 +118,7 @@ def test_a_node_slowed_by_a_quota_then_one_by_a_busy_process_are_named_with_thei
         )
         line = slow_line(herd, 2)
         assert line.startswith("node1 rank 0 is "), line
-        assert f"competing for its CPU: python3 (pid {competitor.pid}," in line, line
+        assert "competing for its CPU: " in line and f"(pid {competitor.pid}," in line, line
         assert "throttled by its cgroup" not in line, line
 
         top = subprocess.run(

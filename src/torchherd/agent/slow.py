@@ -10,8 +10,9 @@ is worse than none, so each cause needs its own evidence and nothing is said wit
     CPU        the rank's busiest thread was runnable but not running (/proc/PID/task/*/
                schedstat's run delay) for at least RUN_DELAY of the window beyond its
                throttling: another process wanted its CPU. The node's processes (those in
-               the rank's network namespace) outside the job that may run on the rank's CPUs
-               and used at least BUSY of a core meanwhile are named, with the node's CPU
+               the rank's network namespace) outside the job that used at least BUSY of a
+               core on the rank's CPUs meanwhile are named (CPU time counted by the share of
+               the rank's CPUs among those the process may use), with the node's CPU
                pressure (PSI)
     pressure   memory or I/O pressure on the node (PSI some avg10 of at least MEMORY_PSI /
                IO_PSI %), said only when no CPU cause shows (a process starved of CPU shows
@@ -253,13 +254,18 @@ def gather(job_id: str, node: str, attempt: str | None, rank: int) -> Evidence |
         return None
     worker = found[0]
     job = set(procs.descendants(worker.pid)) | {worker.pid, os.getpid()}
-    job |= set(procs.descendants(os.getpid()))
     for other in workers:
-        job |= set(other.tree)
+        job |= set(other.tree) | {procs.parent(other.pid)}  # torchrun, which waits
     groups = cgroup_dirs(worker.pid)
     cpus = _cpus(worker.pid)
-    others = [p for p in _node_processes(worker.pid) if p not in job]
-    others = [p for p in others if not cpus or _cpus(p) & cpus]
+    # The share of each process's CPU time spent on the rank's CPUs, were it spread evenly
+    # over the CPUs it may use: one pinned to the rank's CPU counts whole.
+    overlap = {}
+    for pid in _node_processes(worker.pid):
+        allowed = _cpus(pid)
+        if pid not in job and (not cpus or allowed & cpus):
+            overlap[pid] = len(allowed & cpus) / len(allowed) if cpus and allowed else 1.0
+    others = list(overlap)
     before_throttle = {d: throttled(d) for d in groups}
     before_delay = run_delay(worker.pid)
     before_cpu = {pid: procs.cpu_ticks([pid]) for pid in others}
@@ -270,7 +276,10 @@ def gather(job_id: str, node: str, attempt: str | None, rank: int) -> Evidence |
     window = time.monotonic() - started
     ticks = procs.CLOCK_TICKS * window
     used = sorted(
-        ((procs.cpu_ticks([pid]) - before, pid) for pid, before in before_cpu.items()),
+        (
+            ((procs.cpu_ticks([pid]) - before) * overlap[pid], pid)
+            for pid, before in before_cpu.items()
+        ),
         reverse=True,
     )
     throttled_for, limit = 0.0, None

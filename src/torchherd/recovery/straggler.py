@@ -8,7 +8,8 @@ slow rank hides in the others' waiting. herd sees it three ways, with no change 
               backward was done) and the seconds of the whole step (train._timing.WaitTimer).
               The rank everyone waits for waits least, wherever in the step its slowness
               lands: over the last WAIT_WINDOW beats of each rank (its first WARMUP beats of
-              an attempt left out, and no step after an evaluation or a snapshot), the rank
+              an attempt left out, and no step after an evaluation or a snapshot; means
+              without the highest and lowest tenth), the rank
               that waited least, while the others' median wait is at least MIN_GAP more and
               its work (step minus wait) at least LAG x theirs, in CONFIRM_WAIT checks in a
               row, is slow ("1.2x slower than the median rank: the others wait 21 ms a step
@@ -132,6 +133,13 @@ def slow_by_compute(
     )
 
 
+def trimmed(values: list[float]) -> float:
+    """The mean without the highest and the lowest tenth: one beat that carries a save or a
+    collection on one rank (the others waited for it once) is not a slow rank."""
+    cut = len(values) // 10
+    return statistics.fmean(sorted(values)[cut : len(values) - cut])
+
+
 def slow_by_waits(
     timings: Mapping[tuple[str, int], Iterable[StepTiming]],
 ) -> Slow | None:
@@ -142,9 +150,9 @@ def slow_by_waits(
         kept = list(values)
         if len(kept) >= FEWEST_WAITS:
             means[key] = StepTiming(
-                statistics.fmean(t.wait for t in kept),
-                statistics.fmean(t.cycle for t in kept),
-                statistics.fmean(t.data for t in kept),
+                trimmed([t.wait for t in kept]),
+                trimmed([t.cycle for t in kept]),
+                trimmed([t.data for t in kept]),
             )
     if len(means) < 2:
         return None
