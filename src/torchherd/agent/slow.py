@@ -39,7 +39,7 @@ WINDOW = 2.0
 # Shares of the window: throttled by the cgroup, runnable but not running; share of a core a
 # process outside the job must use to be named as competing.
 THROTTLED = 0.02
-RUN_DELAY = 0.08
+RUN_DELAY = 0.05
 BUSY = 0.08
 # PSI "some" avg10 (percent) from which memory or I/O pressure is named.
 MEMORY_PSI = 10.0
