@@ -1,16 +1,16 @@
 """Slow ranks: seconds to name a node slowed for real, the cause herd gives, and false names on
 a balanced job per node-hour.
 
-On 2 testbed nodes (one worker each, OMP_NUM_THREADS=1), herd runs
+On 2 testbed nodes (one worker each, OMP_NUM_THREADS=1, 512 samples a step), herd runs
 tests/integration/scripts/heavy.py, a compute-bound data-parallel job: by default the Trainer
 of torchherd.train (which reports each rank's wait on the others per step), with --plain a
 hand-written DDP loop (herd then looks at the ranks). Once the job trains, one node's worker is
 slowed s times by each cause in turn, the victims alternating between the nodes (herd names a
 rank again only after another one), with RECOVER seconds of calm between rows:
 
-    quota     a real cgroup CPU quota of 1/s of a CPU on the worker's threads
-    busy      processes on the worker's node, on its CPU: one that runs a share 1 - 1/s of
-              every 100 ms below 2x, s - 1 busy ones (each its own session) from 2x
+    quota     a real cgroup CPU quota on the worker's threads of 1/s of the CPU it used
+    busy      a busy process on the worker's node and CPU (each worker has a CPU of its own),
+              in a session of its own, niced so that its weight is s - 1 times the worker's
 
 For each row: the seconds until herd names the slowed rank (or "not named" within --cap), the
 ratio herd reports, and the cause: right (the quota; the competing process by pid), unknown
@@ -61,6 +61,7 @@ class Job:
             env={"HERD_HOME": str(home), "OMP_NUM_THREADS": "1"},
         )
         script = ["heavy.py", "--plain"] if plain else ["heavy.py", "--run-dir", str(work / "run")]
+        script += ["--batch-size", "512"]  # about 150 ms of work a step, 30 ms of all-reduce
         self.process = subprocess.Popen(
             [sys.executable, "-m", "torchherd", "launch", "-c", str(cluster), *script],
             cwd=SCRIPTS,
@@ -131,34 +132,54 @@ class Quota:
         self.path.rmdir()
 
 
-class Busy:
-    """Processes on the victim's node and CPU that take 1 - 1/s of it."""
+# The kernel's weight for each nice value (sched_prio_to_weight), -5 to 19.
+WEIGHTS = {
+    -5: 3121, -4: 2501, -3: 1991, -2: 1586, -1: 1277, 0: 1024, 1: 820, 2: 655, 3: 526,
+    4: 423, 5: 335, 6: 272, 7: 215, 8: 172, 9: 137, 10: 110, 11: 87, 12: 70, 13: 56,
+    14: 45, 15: 36, 16: 29, 17: 23, 18: 18, 19: 15,
+}  # fmt: skip
 
-    def __init__(self, bed: Testbed, node: str, pid: int, slowdown: float) -> None:
-        cpu = str(sorted(os.sched_getaffinity(pid))[-1])
-        subprocess.run(
-            ["taskset", "-a", "-p", "-c", cpu, str(pid)], check=True, capture_output=True
+
+def cpu_share(pid: int, seconds: float = 5.0) -> float:
+    """The share of a CPU the process used over ``seconds``."""
+
+    def ticks() -> int:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return int(fields[11]) + int(fields[12])
+
+    before = ticks()
+    time.sleep(seconds)
+    return (ticks() - before) / os.sysconf("SC_CLK_TCK") / seconds
+
+
+def pin(pid: int, cpu: int) -> None:
+    subprocess.run(
+        ["taskset", "-a", "-p", "-c", str(cpu), str(pid)], check=True, capture_output=True
+    )
+
+
+class Busy:
+    """A busy process on the victim's node and CPU, in a session of its own, niced so that it
+    takes 1 - 1/s of the CPU whenever the worker wants it (its weight (s - 1) x the worker's)."""
+
+    def __init__(self, bed: Testbed, node: str, cpu: int, slowdown: float) -> None:
+        wanted = 1024 * (slowdown - 1)
+        nice = min(WEIGHTS, key=lambda n: abs(WEIGHTS[n] - wanted))
+        self.process = bed.ns_popen(
+            node,
+            ["setsid", "nice", "-n", str(nice), "taskset", "-c", str(cpu), sys.executable, "-c"]
+            + ["while True: pass"],
         )
-        if slowdown < 2:
-            busy = (1 - 1 / slowdown) * PERIOD
-            code = (
-                "import time\nwhile True:\n"
-                f"    end = time.perf_counter() + {busy}\n"
-                "    while time.perf_counter() < end:\n        pass\n"
-                f"    time.sleep({PERIOD - busy})\n"
-            )
-            count = 1
-        else:
-            code, count = "while True:\n    pass\n", round(slowdown - 1)
-        self.processes = [
-            bed.ns_popen(node, ["setsid", "taskset", "-c", cpu, sys.executable, "-c", code])
-            for _ in range(count)
-        ]
+        time.sleep(0.5)
+        try:
+            Path(f"/proc/{self.process.pid}/autogroup").write_text(str(nice))
+        except OSError:
+            pass
+        self.processes = [self.process]
 
     def release(self) -> None:
-        for process in self.processes:
-            process.kill()
-            process.wait()
+        self.process.kill()
+        self.process.wait()
 
 
 def verdict(line: str, cause: str, culprits: list[int]) -> str:
@@ -181,6 +202,8 @@ def slow_rows(
     rows = []
     try:
         workers = job.workers(2)
+        for rank, pid in workers.items():  # a CPU each: balanced on a two-core machine
+            pin(pid, rank)
         time.sleep(30)  # the job's rhythm settles
         victim = 1
         for cause in causes:
@@ -188,7 +211,9 @@ def slow_rows(
                 node, pid = bed.nodes[victim].name, workers[victim]
                 started = time.monotonic()
                 harm: Quota | Busy = (
-                    Quota(pid, 1 / slowdown) if cause == "quota" else Busy(bed, node, pid, slowdown)
+                    Quota(pid, cpu_share(pid) / slowdown)
+                    if cause == "quota"
+                    else Busy(bed, node, victim, slowdown)
                 )
                 culprits = [p.pid for p in harm.processes] if isinstance(harm, Busy) else []
                 seconds, ratio, judged = None, "", "-"
