@@ -7,14 +7,14 @@ slow rank hides in the others' waiting. herd sees it three ways, with no change 
               rank was blocked on the others (the gradients' all-reduce after its own
               backward was done) and the seconds of the whole step (train._timing.WaitTimer).
               The rank everyone waits for waits least, wherever in the step its slowness
-              lands: over the last WAIT_WINDOW beats of each rank (its first WARMUP beats of
-              an attempt left out, and no step after an evaluation or a snapshot; means
-              without the highest and lowest tenth), the rank
-              that waited least, while the others' median wait is at least MIN_GAP more and
-              its work (step minus wait) at least LAG x theirs, in CONFIRM_WAIT checks in a
-              row, is slow ("1.2x slower than the median rank: the others wait 21 ms a step
-              for it"); if it also waited for its data loader for at least half that lag more
-              than the others did, the data loader is named as the likely cause
+              lands. Over the last WAIT_WINDOW beats of each rank (its first WARMUP beats of
+              an attempt left out, no step after an evaluation or a snapshot, means without
+              the highest and lowest tenth), the rank that waited least, while the others'
+              median wait is at least MIN_GAP more and its work (step minus wait) at least
+              LAG x theirs, in CONFIRM_WAIT checks in a row, is slow ("1.22x slower than the
+              median rank: the others wait 31 ms of every 186 ms step for it"); if it also
+              waited for its data loader for at least half that lag more than the others
+              did, its data loader is named as the likely cause
     compute   on a GPU, the Trainer beats each step with the seconds the rank spent
               on its own forward passes (``progress.beat(step, compute=...)``; each beat herd
               reads is the mean of the steps since the one before): a rank whose

@@ -1,4 +1,5 @@
-"""Each rank's own compute time per step, for herd's slow-rank watch (recovery.straggler).
+"""Each rank's timings per step, for herd's slow-rank watch (recovery.straggler): its forward
+passes (ForwardTimer, any device) and, on a CPU, its wait on the others (WaitTimer).
 
 A step's wall time is the same on every rank (the gradients' all-reduce waits for the
 slowest), so herd compares what each rank spends on its own: its forward passes, in which DDP
