@@ -9,8 +9,8 @@ slowed s times by each cause in turn, the victims alternating between the nodes 
 rank again only after another one), with RECOVER seconds of calm between rows:
 
     quota     a real cgroup CPU quota on the worker's threads of 1/s of the CPU it used
-    busy      a busy process on the worker's node and CPU (each worker has a CPU of its own),
-              in a session of its own, niced so that its weight is s - 1 times the worker's
+    busy      a busy process on the worker's node that shares its CPU cgroup and its CPU,
+              niced so that its weight is s - 1 times the worker's
 
 For each row: the seconds until herd names the slowed rank (or "not named" within --cap), the
 ratio herd reports, and the cause: right (the quota; the competing process by pid), unknown
@@ -106,21 +106,26 @@ class Job:
 
 
 class Quota:
-    """A CPU cgroup holding one process's threads to a share of a CPU."""
+    """A CPU cgroup holding one process's threads to a share of a CPU (None: no quota)."""
 
-    def __init__(self, pid: int, share: float) -> None:
+    def __init__(self, pid: int, share: float | None) -> None:
         name = f"herd-bench-{os.getpid()}-{uuid.uuid4().hex[:4]}"
         v1 = Path("/sys/fs/cgroup/cpu")
         self.path = (v1 if (v1 / "cpu.cfs_quota_us").exists() else Path("/sys/fs/cgroup")) / name
         self.path.mkdir()
-        if (self.path / "cpu.cfs_quota_us").exists():
+        if share is None:
+            pass
+        elif (self.path / "cpu.cfs_quota_us").exists():
             (self.path / "cpu.cfs_period_us").write_text("100000")
             (self.path / "cpu.cfs_quota_us").write_text(str(int(share * 100000)))
         else:
             (self.path / "cpu.max").write_text(f"{int(share * 100000)} 100000")
         self.tasks = "tasks" if (self.path / "tasks").exists() else "cgroup.procs"
         for task in os.listdir(f"/proc/{pid}/task"):
-            (self.path / self.tasks).write_text(task)
+            self.join(int(task))
+
+    def join(self, task: int) -> None:
+        (self.path / self.tasks).write_text(str(task))
 
     def release(self) -> None:
         for _ in range(3):
@@ -152,34 +157,37 @@ def cpu_share(pid: int, seconds: float = 5.0) -> float:
     return (ticks() - before) / os.sysconf("SC_CLK_TCK") / seconds
 
 
-def pin(pid: int, cpu: int) -> None:
+def pin(pid: int, cpu: int | str) -> None:
     subprocess.run(
         ["taskset", "-a", "-p", "-c", str(cpu), str(pid)], check=True, capture_output=True
     )
 
 
 class Busy:
-    """A busy process on the victim's node and CPU, in a session of its own, niced so that it
-    takes 1 - 1/s of the CPU whenever the worker wants it (its weight (s - 1) x the worker's)."""
+    """A busy process on the victim's node that shares its CPU cgroup and CPU, niced so that
+    its weight is (s - 1) x the worker's: whenever both want the CPU the worker gets 1/s of
+    what the group gets, however busy the rest of the machine is."""
 
-    def __init__(self, bed: Testbed, node: str, cpu: int, slowdown: float) -> None:
+    def __init__(self, bed: Testbed, node: str, pid: int, slowdown: float) -> None:
         wanted = 1024 * (slowdown - 1)
         nice = min(WEIGHTS, key=lambda n: abs(WEIGHTS[n] - wanted))
+        self.pid, self.cpus = pid, os.sched_getaffinity(pid)
+        cpu = sorted(self.cpus)[0]
+        pin(pid, cpu)
         self.process = bed.ns_popen(
             node,
-            ["setsid", "nice", "-n", str(nice), "taskset", "-c", str(cpu), sys.executable, "-c"]
+            ["nice", "-n", str(nice), "taskset", "-c", str(cpu), sys.executable, "-c"]
             + ["while True: pass"],
         )
-        time.sleep(0.5)
-        try:
-            Path(f"/proc/{self.process.pid}/autogroup").write_text(str(nice))
-        except OSError:
-            pass
         self.processes = [self.process]
+        self.group = Quota(pid, None)
+        self.group.join(self.process.pid)
 
     def release(self) -> None:
         self.process.kill()
         self.process.wait()
+        self.group.release()
+        pin(self.pid, ",".join(str(c) for c in sorted(self.cpus)))
 
 
 def verdict(line: str, cause: str, culprits: list[int]) -> str:
@@ -202,8 +210,6 @@ def slow_rows(
     rows = []
     try:
         workers = job.workers(2)
-        for rank, pid in workers.items():  # a CPU each: balanced on a two-core machine
-            pin(pid, rank)
         time.sleep(30)  # the job's rhythm settles
         victim = 1
         for cause in causes:
@@ -213,7 +219,7 @@ def slow_rows(
                 harm: Quota | Busy = (
                     Quota(pid, cpu_share(pid) / slowdown)
                     if cause == "quota"
-                    else Busy(bed, node, victim, slowdown)
+                    else Busy(bed, node, pid, slowdown)
                 )
                 culprits = [p.pid for p in harm.processes] if isinstance(harm, Busy) else []
                 seconds, ratio, judged = None, "", "-"
