@@ -134,7 +134,12 @@ CASES = [
     # on the node is also there to blame.
     ("a quota, nobody else", QUOTA_BITES, ["CPU throttled by its cgroup"]),
     ("a quota that rarely bites", Evidence(window=2.0, throttled=0.02, quota="90% of a CPU"), []),
-    ("a little run delay", Evidence(window=2.0, run_delay=0.1), []),
+    ("a little run delay", Evidence(window=2.0, run_delay=0.15), []),
+    (
+        "a little run delay, a process to name",
+        Evidence(window=2.0, run_delay=0.15, competitors=(Competitor("yes", 7, 0.5),)),
+        ["waiting for a CPU 8% of the time; competing for its CPU: yes (pid 7, 50% of a core)"],
+    ),
     ("nothing", Evidence(window=2.0), []),
     (
         "memory pressure and nothing else",

@@ -13,7 +13,7 @@ is worse than none, so each cause needs its own evidence and nothing is said wit
                the rank's network namespace) outside the job that used at least BUSY of a
                core on the rank's CPUs meanwhile are named (CPU time counted by the share of
                the rank's CPUs among those the process may use), with the node's CPU
-               pressure (PSI)
+               pressure (PSI); with no such process, twice RUN_DELAY is needed
     pressure   memory or I/O pressure on the node (PSI some avg10 of at least MEMORY_PSI /
                IO_PSI %), said only when no CPU cause shows (a process starved of CPU shows
                pressure everywhere)
@@ -81,7 +81,9 @@ def judge(seen: Evidence) -> list[str]:
         limit = f" (quota {seen.quota})" if seen.quota else ""
         causes.append(f"CPU throttled by its cgroup{limit}")
     waited = (seen.run_delay - seen.throttled) / seen.window
-    if waited >= RUN_DELAY and (seen.competitors or throttled < THROTTLED):
+    # Without a process to name, a CPU cause needs twice the evidence.
+    enough = RUN_DELAY if seen.competitors else 2 * RUN_DELAY
+    if waited >= enough and (seen.competitors or throttled < THROTTLED):
         text = f"waiting for a CPU {100 * waited:.0f}% of the time"
         if "cpu" in seen.pressure:
             text += f" (CPU pressure {seen.pressure['cpu']:.0f}%)"
