@@ -257,7 +257,10 @@ def gather(job_id: str, node: str, attempt: str | None, rank: int) -> Evidence |
     worker = found[0]
     job = set(procs.descendants(worker.pid)) | {worker.pid, os.getpid()}
     for other in workers:
-        job |= set(other.tree) | {procs.parent(other.pid)}  # torchrun, which waits
+        job |= set(other.tree)
+        launcher = procs.parent(other.pid)  # torchrun, which waits
+        if launcher is not None:
+            job.add(launcher)
     groups = cgroup_dirs(worker.pid)
     cpus = _cpus(worker.pid)
     # The share of each process's CPU time spent on the rank's CPUs, were it spread evenly
