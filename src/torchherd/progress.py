@@ -18,8 +18,9 @@ storage (a runtime directory or tmpfs, never a shared home: a stalled NFS home m
 training inside ``beat()``), new for every attempt, so an earlier attempt's beats are never
 taken for fresh progress:
 
-    rank-R          "<step or -> <wall time> [compute s]"   beat(), replaced atomically
-                    (compute: the mean of the steps since the last write)
+    rank-R          "<step or -> <wall time> [compute wait cycle data]"   beat(), replaced
+                    atomically (each the mean seconds per step of the steps since the last
+                    write that reported it, "-" where none did)
     rank-R.phase    "<wall time> <name>" [+ "\n<limit s>"]   while a phase runs; removed at
                                                        its end
     rank-R.saved    "<step> <wall time> <where>"       the last committed snapshot
@@ -61,9 +62,9 @@ LOOK_EVERY = 1.0
 
 _last_beat = 0.0
 _last_step: int | None = None
-# Compute seconds of the steps beaten since the last write, summed, and how many steps.
-_compute_sum = 0.0
-_compute_steps = 0
+# The step timings beaten since the last write (see beat()): name -> [sum of seconds, steps].
+TIMINGS = ("compute", "wait", "cycle", "data")
+_timing_sums: dict[str, list[float]] = {}
 _last_look = 0.0
 _save_seen = False
 _phases: list[str] = []
@@ -92,18 +93,32 @@ def _replace(path: str, text: str) -> None:
             pass
 
 
-def beat(step: int | None = None, compute: float | None = None, now: bool = False) -> None:
-    """Tell herd this rank made progress (optionally at ``step``; ``compute``: seconds this
-    rank computed in its last step, without waiting for others, which herd compares across
-    ranks to name a slow one). A beat without a step keeps the last step given: a phase's
-    end must not hide how far the rank got. Beats are written at most every ``BEAT_EVERY``
-    seconds unless ``now`` (the end of a phase, which is rare). No-op outside herd.
+def beat(
+    step: int | None = None,
+    compute: float | None = None,
+    now: bool = False,
+    *,
+    wait: float | None = None,
+    cycle: float | None = None,
+    data: float | None = None,
+) -> None:
+    """Tell herd this rank made progress (optionally at ``step``). A beat without a step
+    keeps the last step given: a phase's end must not hide how far the rank got. Beats are
+    written at most every ``BEAT_EVERY`` seconds unless ``now`` (the end of a phase, which is
+    rare). No-op outside herd.
 
-    The file carries the mean compute of every step since the last write, not the last
-    step's alone: a rank slowed in bursts (a CPU quota pauses it for 70 ms of every 100 ms,
+    What the rank's last step took, for herd's slow-rank watch (each optional, in seconds):
+    ``compute`` its forward passes, in which it waits for no one; ``wait`` the time it was
+    blocked on the other ranks (the gradients' all-reduce after its own backward was done);
+    ``cycle`` the whole step, from the end of one step's all-reduce to the next; ``data``
+    the time it waited for its data loader. The rank the others wait for is the one that
+    waits least.
+
+    The file carries the mean of every step since the last write, not the last step's
+    alone: a rank slowed in bursts (a CPU quota pauses it for 70 ms of every 100 ms,
     wherever in the step it happens to be) shows in the mean of its steps, while one step
     in five lands on a pause only by chance."""
-    global _last_beat, _last_step, _compute_sum, _compute_steps, _first_beat_marked
+    global _last_beat, _last_step, _first_beat_marked
     if step is not None and not _first_beat_marked:
         # The end of the start (startup.py): the first beat with a step (a phase's end beats
         # without one, and may come before any step).
@@ -111,9 +126,11 @@ def beat(step: int | None = None, compute: float | None = None, now: bool = Fals
         mark("first-step")
     if step is not None:
         _last_step = int(step)
-    if compute is not None:
-        _compute_sum += compute
-        _compute_steps += 1
+    for name, seconds in (("compute", compute), ("wait", wait), ("cycle", cycle), ("data", data)):
+        if seconds is not None:
+            total = _timing_sums.setdefault(name, [0.0, 0])
+            total[0] += seconds
+            total[1] += 1
     moment = time.monotonic()
     if not now and moment - _last_beat < BEAT_EVERY:
         return
@@ -121,8 +138,11 @@ def beat(step: int | None = None, compute: float | None = None, now: bool = Fals
     if path is None:
         return
     _last_beat = moment
-    work = "" if not _compute_steps else f" {_compute_sum / _compute_steps:.6f}"
-    _compute_sum, _compute_steps = 0.0, 0
+    work = ""
+    if _timing_sums:
+        means = [_timing_sums.get(name) for name in TIMINGS]
+        work = "".join(" -" if m is None else f" {m[0] / m[1]:.6f}" for m in means)
+        _timing_sums.clear()
     _replace(path, f"{'-' if _last_step is None else _last_step} {time.time():.3f}{work}\n")
 
 
@@ -242,6 +262,12 @@ class RankProgress:
     """Wall-clock time of the last beat (None: never beat)."""
     compute: float | None = None
     """Seconds the rank computed in the step it last beat for, when it said."""
+    wait: float | None = None
+    """Seconds per step it was blocked on the other ranks, when it said (see beat())."""
+    cycle: float | None = None
+    """Seconds per whole step, when it said."""
+    data: float | None = None
+    """Seconds per step it waited for its data loader, when it said."""
     phase: str | None = None
     phase_since: float | None = None
     phase_limit: float | None = None
@@ -273,7 +299,8 @@ def read_progress(directory: str) -> dict[int, RankProgress]:
                 step_text, when, *work = text.split()
                 fields["step"] = None if step_text == "-" else int(step_text)
                 fields["beat_at"] = float(when)
-                fields["compute"] = float(work[0]) if work else None
+                for name, value in zip(TIMINGS, work, strict=False):
+                    fields[name] = None if value == "-" else float(value)
             elif "." + suffix == PHASE_SUFFIX:
                 head, _, bound = text.partition("\n")
                 since, _, label = head.partition(" ")

@@ -1,6 +1,8 @@
-"""The slow node, named while the job runs: a testbed node's worker held to a fraction of a
-CPU by a real cgroup quota is named, with the likely cause, within two minutes; the same job
-balanced names nobody over as long."""
+"""The slow node at 1.2x, named while the job runs, with its cause: one Trainer job on two
+testbed nodes, first balanced (nobody is named), then node2's worker held by a real cgroup quota
+to 1/1.2 of the CPU it used: named within two minutes, with the quota as the cause and no
+other. (A busy process competing on a node is named by pid in tests/unit/test_slow_causes.py;
+its time to name is bench/straggler.py's.)"""
 
 from __future__ import annotations
 
@@ -17,7 +19,24 @@ from tests.integration.herd_cli import SCRIPTS
 from tests.integration.live import LiveHerd, pids
 from tests.testbed import Testbed
 
-BALANCED_FOR = 120.0
+# Seconds of the balanced job watched: the watch's first judgement comes after its warm-up
+# and window (about 15 s of beats) and half a minute of checks in a row.
+BALANCED_FOR = 60.0
+# The bound on naming a rank slowed 1.2x (the target), with no margin taken off it.
+NAMED_WITHIN = 120.0
+SLOWDOWN = 1.2
+
+
+def cpu_share(pid: int, seconds: float = 5.0) -> float:
+    """The share of a CPU the process used over ``seconds``."""
+
+    def ticks() -> int:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return int(fields[11]) + int(fields[12])
+
+    before = ticks()
+    time.sleep(seconds)
+    return (ticks() - before) / os.sysconf("SC_CLK_TCK") / seconds
 
 
 def cpu_cgroup() -> Path:
@@ -30,27 +49,36 @@ def cpu_cgroup() -> Path:
 
 def hold_to(group: Path, pid: int, share: float) -> None:
     group.mkdir()
+    share = max(share, 0.01)
     if (group / "cpu.cfs_quota_us").exists():
         (group / "cpu.cfs_period_us").write_text("100000")
         (group / "cpu.cfs_quota_us").write_text(str(int(share * 100000)))
     else:
         (group / "cpu.max").write_text(f"{int(share * 100000)} 100000")
-    (group / "cgroup.procs").write_text(str(pid))
+    for task in os.listdir(f"/proc/{pid}/task"):  # every thread (v1 moves one at a time)
+        (group / "tasks" if (group / "tasks").exists() else group / "cgroup.procs").write_text(task)
 
 
 def release(group: Path) -> None:
     if not group.exists():
         return
-    parent_procs = group.parent / "cgroup.procs"
-    for pid in (group / "cgroup.procs").read_text().split():
-        try:
-            parent_procs.write_text(pid)
-        except OSError:
-            pass
+    parent = group.parent / ("tasks" if (group / "tasks").exists() else "cgroup.procs")
+    for _ in range(3):
+        inside = group / ("tasks" if (group / "tasks").exists() else "cgroup.procs")
+        for pid in inside.read_text().split():
+            try:
+                parent.write_text(pid)
+            except OSError:
+                pass
     group.rmdir()
 
 
-def test_a_throttled_node_is_named_and_a_balanced_job_is_not(
+def slow_line(herd: LiveHerd, count: int) -> str:
+    found = herd.wait_for(r"herd: slow rank: (node\S+ rank \d+ .*)", NAMED_WITHIN, count=count)
+    return found[count - 1].group(1)
+
+
+def test_a_node_slowed_by_a_quota_is_named_with_its_cause_and_a_balanced_job_is_not(
     testbed: Testbed, tmp_path: Path
 ) -> None:
     home = tmp_path / "home"
@@ -62,22 +90,25 @@ def test_a_throttled_node_is_named_and_a_balanced_job_is_not(
         env={"HERD_HOME": str(home), "OMP_NUM_THREADS": "1"},
     )
     run_dir = str(tmp_path / "run")
-    herd = LiveHerd(["-c", str(path), "heavy.py", "--run-dir", run_dir], home, testbed)
+    # 512 samples a step: about 150 ms of work against 30 ms of all-reduce.
+    herd = LiveHerd(
+        ["-c", str(path), "heavy.py", "--run-dir", run_dir, "--batch-size", "512"], home, testbed
+    )
     group = cpu_cgroup()
     try:
         found = herd.wait_for(r"HEAVY rank=(?P<rank>\d) pid=(?P<pid>\d+)", 180, count=2)
-        victim = pids(next(m for m in found if m.group("rank") == "1"))
+        workers = {int(m.group("rank")): pids(m) for m in found}
         time.sleep(BALANCED_FOR)
         assert "slow rank" not in herd.output, herd.output  # balanced: nobody named
-        hold_to(group, victim, 0.3)
-        # Named in about a minute alone (the slow window refilled, then six checks in a row);
-        # once, in a full CI run, not within 120 s: the bound keeps a loaded machine's margin.
-        named = herd.wait_for(r"herd: slow rank: (node\S+ rank \d+ .*)", 210)[0]
-        line = named.group(1)
+
+        # The quota takes a sixth of what the worker used: its work takes 1.2x as long.
+        hold_to(group, workers[1], cpu_share(workers[1]) / SLOWDOWN)
+        line = slow_line(herd, 1)
         assert line.startswith("node2 rank 1 is "), line
-        ratio = float(re.search(r"is (\d+\.\d)x slower", line).group(1))  # type: ignore[union-attr]
-        assert ratio >= 1.3, line
-        assert "likely: CPU throttled by its cgroup (quota 30% of a CPU)" in line, line
+        ratio = float(re.search(r"is (\d+\.\d+)x slower", line).group(1))  # type: ignore[union-attr]
+        assert ratio >= 1.1, line
+        assert "likely: CPU throttled by its cgroup (quota " in line, line
+        assert "competing for its CPU" not in line, line
         top = subprocess.run(
             [sys.executable, "-m", "torchherd", "top", "--once", "-c", str(path)],
             env=dict(os.environ, HERD_HOME=str(home)),

@@ -22,10 +22,12 @@ from torchherd.agent import runner
 from torchherd.agent.attempt import NodeAttempt
 
 
-def beat_as(rank: int, step: int, monkeypatch: pytest.MonkeyPatch, compute: float) -> None:
+def beat_as(
+    rank: int, step: int, monkeypatch: pytest.MonkeyPatch, compute: float, **waits: float
+) -> None:
     """A worker of ``rank`` beats (a fresh progress module: a process of its own)."""
     monkeypatch.setenv("RANK", str(rank))
-    importlib.reload(progress).beat(step, compute=compute)
+    importlib.reload(progress).beat(step, compute=compute, **waits)
 
 
 @pytest.fixture
@@ -55,10 +57,11 @@ def test_every_ranks_new_beat_goes_in_one_event(node_attempt, monkeypatch) -> No
     attempt._send_progress(sent)  # nothing new beaten: nothing sent
     assert [e for e in events if e["e"] == "beats"] == []
 
-    beat_as(3, 6, monkeypatch, compute=0.5)
+    beat_as(3, 6, monkeypatch, compute=0.5, wait=0.02, cycle=0.1, data=0.003)
     attempt._send_progress(sent)
     [again] = [e["b"] for e in events if e["e"] == "beats"]
-    assert [(rank, step, compute) for rank, step, _, compute in again] == [(3, 6, 0.5)]
+    # [rank, step, at, compute, wait, cycle, data]
+    assert [(item[:2], item[3:]) for item in again] == [([3, 6], [0.5, 0.02, 0.1, 0.003])]
 
 
 def test_the_launcher_takes_each_rank_of_a_beats_event(tmp_path: Path) -> None:
@@ -66,12 +69,14 @@ def test_the_launcher_takes_each_rank_of_a_beats_event(tmp_path: Path) -> None:
     node = attempt.nodes["n1"]
     attempt._handle(node, {"e": "beats", "b": [[0, 7, 100.0, 0.2], [1, 9, 100.0, None]]})
     attempt._handle(node, {"e": "beats", "b": [[0, 12, 102.0, 0.2], "junk", [None, 1, 2, 3]]})
+    attempt._handle(node, {"e": "beats", "b": [[1, 13, 103.0, None, 0.03, 0.2, 0.004]]})
     output.close()
-    assert attempt.hang.steps == {0: 12, 1: 9}
-    assert attempt.step_rates()["n1"] == (12, pytest.approx(2.5))
+    assert attempt.hang.steps == {0: 12, 1: 13}
+    assert attempt.step_rates()["n1"] == (13, pytest.approx(2.0))
     assert attempt.slow.watch.reports_compute  # rank 0's compute times reached the watch
     assert list(attempt.slow.watch.times[("n1", 0)]) == [0.2, 0.2]
     assert ("n1", 1) not in attempt.slow.watch.times  # no compute reported: none counted
+    assert attempt.slow.watch.beats_seen == {("n1", 1): 1}  # its wait, in the warm-up
 
 
 class Stdout:

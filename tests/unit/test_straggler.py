@@ -1,18 +1,27 @@
-"""The slow-rank watch (recovery.straggler) on compute times and on looks at the ranks."""
+"""The slow-rank watch (recovery.straggler) on waits, on compute times and on looks at the
+ranks: tables of cases, balanced jobs among them."""
 
 from __future__ import annotations
 
 import random
 
+import pytest
+
 from torchherd.recovery.hang import RankLook
 from torchherd.recovery.straggler import (
     CONFIRM,
+    CONFIRM_WAIT,
     FEWEST,
+    FEWEST_WAITS,
     HOLDS,
     SAMPLES,
+    WAIT_WINDOW,
+    WARMUP,
+    StepTiming,
     StragglerWatch,
     slow_by_compute,
     slow_by_samples,
+    slow_by_waits,
 )
 
 
@@ -90,3 +99,132 @@ def test_looks_of_a_balanced_job_name_nobody() -> None:
     assert slow_by_samples(rounds) is None
     few = [[look("n1", 0, WAITS), look("n2", 1, WORKS)] for _ in range(HOLDS - 1)]
     assert slow_by_samples(few) is None  # not enough looks yet
+
+
+# ------------------------------------------------ waits: the rank everyone waits for waits least
+
+
+def beats(
+    wait_ms: float,
+    cycle_ms: float,
+    data_ms: float = 2.0,
+    spread: float = 0.15,
+    seed: int = 0,
+    count: int = WAIT_WINDOW,
+) -> list[StepTiming]:
+    """A rank's beats: mean wait, step and data time per step, each beat off by up to
+    ``spread`` of the wait (what a shared machine does to a balanced job)."""
+    rng = random.Random(seed)
+    return [
+        StepTiming(
+            max(0.0, wait_ms * (1 + rng.uniform(-spread, spread))) / 1000,
+            cycle_ms * (1 + rng.uniform(-0.05, 0.05)) / 1000,
+            data_ms / 1000,
+        )
+        for _ in range(count)
+    ]
+
+
+# Beats a balanced two-rank Trainer job on one CPU each wrote (the all-reduce of 9 MB of
+# gradients takes about 25 ms of a 100 ms step on both): wait, step, data.
+BALANCED = [
+    (0.0338, 0.0965, 0.0016),
+    (0.0374, 0.1163, 0.0039),
+    (0.0248, 0.0948, 0.0032),
+    (0.0271, 0.1170, 0.0065),
+    (0.0292, 0.1114, 0.0024),
+]
+BALANCED_TOO = [
+    (0.0260, 0.0949, 0.0009),
+    (0.0297, 0.1155, 0.0065),
+    (0.0241, 0.0939, 0.0055),
+    (0.0617, 0.1317, 0.0011),
+    (0.0324, 0.1120, 0.0009),
+]
+
+WAIT_CASES = [
+    # (name, {rank: beats}, named rank or None, what the line says)
+    (
+        "balanced, as recorded",
+        {0: [StepTiming(*b) for b in BALANCED * 4], 1: [StepTiming(*b) for b in BALANCED_TOO * 4]},
+        None,
+        (),
+    ),
+    (
+        "balanced, eight ranks",
+        {r: beats(25, 100, seed=r) for r in range(8)},
+        None,
+        (),
+    ),
+    # 1.2x: 75 ms of work against the others' 62.5 ms; they wait 12.5 ms more for it.
+    ("1.2x of two", {0: beats(37.5, 100, seed=1), 1: beats(25, 100, seed=2)}, 1, (1.1, 1.3)),
+    (
+        "1.2x of four",
+        {
+            0: beats(38, 100, seed=1),
+            1: beats(25, 100, seed=2),
+            2: beats(37, 100, seed=3),
+            3: beats(38, 100, seed=4),
+        },
+        1,
+        (1.1, 1.3),
+    ),
+    ("3x", {0: beats(100, 150, seed=1), 1: beats(0, 150, seed=2)}, 1, (2.7, 3.3)),
+    ("1.05x: not enough", {0: beats(29, 100, seed=1), 1: beats(25, 100, seed=2)}, None, ()),
+    ("too few beats yet", {0: beats(40, 100, count=5), 1: beats(20, 100, count=5)}, None, ()),
+    ("a difference of 2 ms", {0: beats(3, 8, seed=1), 1: beats(1, 8, seed=2)}, None, ()),
+]
+
+
+@pytest.mark.parametrize(
+    "by_rank, named, ratio", [c[1:] for c in WAIT_CASES], ids=[c[0] for c in WAIT_CASES]
+)
+def test_the_rank_that_waits_least_is_named_when_the_others_wait_for_it(
+    by_rank: dict[int, list[StepTiming]], named: int | None, ratio: tuple[float, float]
+) -> None:
+    found = slow_by_waits({("n", r): b for r, b in by_rank.items()})
+    if named is None:
+        assert found is None, found
+        return
+    assert found is not None and found.rank == named
+    assert found.ratio is not None and ratio[0] <= found.ratio <= ratio[1], found.detail
+    assert f"is {found.ratio:.2f}x slower" in found.detail, found.detail
+    assert "the others wait" in found.detail, found.detail
+    assert found.causes == ()  # its data loader kept it no longer than the others
+
+
+def test_a_data_loader_that_keeps_the_rank_waiting_is_named_as_the_cause() -> None:
+    found = slow_by_waits(
+        {("n1", 0): beats(40, 100, data_ms=2), ("n2", 1): beats(25, 100, data_ms=16)}
+    )
+    assert found is not None and found.rank == 1
+    assert found.causes and found.causes[0].startswith("its data loader: it waited 16 ms")
+
+
+def test_waits_name_a_rank_only_past_the_warm_up_and_after_checks_in_a_row() -> None:
+    watch = StragglerWatch()
+    found = []
+    slow, fast = beats(25, 100, count=200), beats(40, 100, count=200)
+    for check in range(FEWEST_WAITS + CONFIRM_WAIT + 5):
+        # The first beats of an attempt: the slow one looks fast (warm-up), and the judge
+        # must not have them.
+        watch.timed("n1", 0, fast[check] if check >= WARMUP else slow[check])
+        watch.timed("n2", 1, slow[check] if check >= WARMUP else fast[check])
+        found.append(watch.check(world_size=2))
+    named = [(i, f) for i, f in enumerate(found) if f is not None]
+    assert len(named) == 1, named
+    index, first = named[0]
+    assert (first.host, first.rank) == ("n2", 1)
+    assert index == WARMUP + FEWEST_WAITS + CONFIRM_WAIT - 2  # not one check earlier
+
+
+def test_one_long_step_among_balanced_ones_names_nobody() -> None:
+    # A save or a collection on one rank: the others wait 400 ms once, in one beat.
+    watch = StragglerWatch()
+    one, other = beats(25, 100, seed=1, count=60), beats(25, 100, seed=2, count=60)
+    other[30] = StepTiming(0.0, 0.5, 0.0)
+    one[30] = StepTiming(0.4, 0.5, 0.0)
+    for index in range(60):
+        watch.timed("n1", 0, one[index])
+        watch.timed("n2", 1, other[index])
+        assert watch.check(world_size=2) is None

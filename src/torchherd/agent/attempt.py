@@ -401,7 +401,9 @@ class NodeAttempt:
         for rank, seen in ranks.items():
             if seen.beat_at is not None and sent.get((rank, "beat")) != seen.beat_at:
                 sent[(rank, "beat")] = seen.beat_at
-                beats.append([rank, seen.step, seen.beat_at, seen.compute])
+                beats.append(
+                    [rank, seen.step, seen.beat_at, seen.compute, seen.wait, seen.cycle, seen.data]
+                )
         if beats:
             self.emit({"e": "beats", "b": beats})
         for rank, seen in ranks.items():

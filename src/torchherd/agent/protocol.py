@@ -36,7 +36,8 @@ in them. "a" is the attempt, "r" a global rank, "host" the node:
     {"e": "line", "r", "l", "s": "o"|"e", "t"}    one worker line (older agents; detach files)
     {"e": "spoke", "r": [ranks]}                  ranks whose lines the node kept (not sent)
     {"e": "dropped", "n": count}                  events dropped while the link was full
-    {"e": "beats", "b": [[r, step, at, compute], ...]}  each rank's newest progress beat
+    {"e": "beats", "b": [[r, step, at, compute, wait, cycle, data], ...]}
+                                                  each rank's newest progress beat
     {"e": "phase", "r", "name", "since", "limit"} a rank entered (or left) a declared phase
     {"e": "saved", "r", "step", "at", "where"}    a rank committed a snapshot
     {"e": "save-requested", "a", "host"}          the workers were asked to save and stop

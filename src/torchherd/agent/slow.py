@@ -1,14 +1,26 @@
 """Why a rank on this node is slow, as far as the node can tell (stdlib only).
 
-Asked by the launcher once it has named a slow rank, the agent looks for the usual causes over
-a second or two, and says what it found (nothing, when it finds nothing):
+Asked by the launcher once it has named a slow rank, the agent reads the node twice, WINDOW
+seconds apart (``gather``), and a pure function judges what it read (``judge``); a wrong cause
+is worse than none, so each cause needs its own evidence and nothing is said without it:
 
-    cgroup     the rank's CPU cgroup throttled it meanwhile (a CPU quota: cpu.max in cgroup
-               v2, cpu.cfs_quota_us in v1), with the quota
-    stopped    the rank was stopped (state T) at one of the looks: SIGSTOP, a debugger
-    busy node  the node's run queue is longer than its cores, and the processes that are
-               not the job's that used the most CPU meanwhile
+    stopped    the rank was stopped (state T) at one of the reads: SIGSTOP, a debugger
+    cgroup     the rank's CPU cgroup throttled it for at least THROTTLED of the window
+               (cpu.stat's throttled_usec in cgroup v2, throttled_time in v1), with the quota
+    CPU        the rank's busiest thread was runnable but not running (/proc/PID/task/*/
+               schedstat's run delay) for at least RUN_DELAY of the window beyond its
+               throttling: another process wanted its CPU. The node's processes (those in
+               the rank's network namespace) outside the job that used at least BUSY of a
+               core on the rank's CPUs meanwhile are named (CPU time counted by the share of
+               the rank's CPUs among those the process may use), with the node's CPU
+               pressure (PSI); with no such process, twice RUN_DELAY is needed
+    pressure   memory or I/O pressure on the node (PSI some avg10 of at least MEMORY_PSI /
+               IO_PSI %), said only when no CPU cause shows (a process starved of CPU shows
+               pressure everywhere)
     gpu        the GPU clocks are throttled (nvidia-smi's active throttle reasons)
+
+The launcher adds what the rank's own beats show (a data loader it waited for), and says
+"unknown" itself when nothing shows.
 """
 
 from __future__ import annotations
@@ -17,14 +29,79 @@ import os
 import shutil
 import subprocess
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 from . import workers as procs
 
-# Seconds between the two looks a cause is judged on.
-WINDOW = 1.5
-# Share of a core a process not of the job must use to be named.
-BUSY = 0.3
+# Seconds between the two reads a cause is judged on.
+WINDOW = 2.0
+# Shares of the window: throttled by the cgroup, runnable but not running; share of a core a
+# process outside the job must use to be named as competing.
+THROTTLED = 0.02
+RUN_DELAY = 0.05
+BUSY = 0.08
+# PSI "some" avg10 (percent) from which memory or I/O pressure is named.
+MEMORY_PSI = 10.0
+IO_PSI = 20.0
+
+
+@dataclass(frozen=True)
+class Competitor:
+    name: str
+    pid: int
+    share: float
+    """Share of a core it used over the window."""
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """What the node showed about one rank over ``window`` seconds."""
+
+    window: float
+    stopped: bool = False
+    throttled: float = 0.0
+    """Seconds the rank's CPU cgroup was throttled."""
+    quota: str | None = None
+    run_delay: float = 0.0
+    """Seconds the rank's busiest thread was runnable but not running."""
+    competitors: tuple[Competitor, ...] = ()
+    pressure: dict[str, float] = field(default_factory=dict)
+    """PSI "some" avg10 by resource (cpu, memory, io), percent."""
+    gpu: str | None = None
+
+
+def judge(seen: Evidence) -> list[str]:
+    """The likely causes the evidence supports (see the module docstring); [] when none."""
+    causes = []
+    if seen.stopped:
+        causes.append("it was stopped (state T: SIGSTOP, a debugger)")
+    throttled = seen.throttled / seen.window
+    if throttled >= THROTTLED:
+        limit = f" (quota {seen.quota})" if seen.quota else ""
+        causes.append(f"CPU throttled by its cgroup{limit}")
+    waited = (seen.run_delay - seen.throttled) / seen.window
+    # Without a process to name, a CPU cause needs twice the evidence.
+    enough = RUN_DELAY if seen.competitors else 2 * RUN_DELAY
+    if waited >= enough and (seen.competitors or throttled < THROTTLED):
+        text = f"waiting for a CPU {100 * waited:.0f}% of the time"
+        if "cpu" in seen.pressure:
+            text += f" (CPU pressure {seen.pressure['cpu']:.0f}%)"
+        if seen.competitors:
+            text += "; competing for its CPU: " + ", ".join(
+                f"{c.name} (pid {c.pid}, {100 * c.share:.0f}% of a core)" for c in seen.competitors
+            )
+        else:
+            text += "; no process on the node stands out"
+        causes.append(text)
+    if not causes:
+        if seen.pressure.get("memory", 0.0) >= MEMORY_PSI:
+            causes.append(f"memory pressure on the node ({seen.pressure['memory']:.0f}%)")
+        if seen.pressure.get("io", 0.0) >= IO_PSI:
+            causes.append(f"I/O pressure on the node ({seen.pressure['io']:.0f}%)")
+    if seen.gpu:
+        causes.append(seen.gpu)
+    return causes
 
 
 def cgroup_dirs(pid: int) -> list[str]:
@@ -46,14 +123,16 @@ def cgroup_dirs(pid: int) -> list[str]:
     return [d for d in found if os.path.isfile(os.path.join(d, "cpu.stat"))]
 
 
-def throttled(directory: str) -> int:
-    """Times (v1: periods; v2: microseconds) the cgroup was throttled so far."""
+def throttled(directory: str) -> float:
+    """Seconds the cgroup was throttled so far (v2: throttled_usec; v1: throttled_time, ns)."""
     try:
         with open(os.path.join(directory, "cpu.stat")) as handle:
             stats = dict(line.split() for line in handle if line.strip())
     except (OSError, ValueError):
-        return 0
-    return int(stats.get("throttled_usec") or stats.get("nr_throttled") or 0)
+        return 0.0
+    if "throttled_usec" in stats:
+        return int(stats["throttled_usec"]) / 1e6
+    return int(stats.get("throttled_time") or 0) / 1e9
 
 
 def quota(directory: str) -> str | None:
@@ -74,12 +153,67 @@ def quota(directory: str) -> str | None:
     return f"{100 * int(limit) / int(period):.0f}% of a CPU"
 
 
-def _cpu_of_all() -> dict[int, int]:
+def run_delay(pid: int) -> float:
+    """Seconds the process's most delayed thread has waited runnable but not running."""
+    most = 0.0
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return 0.0
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as handle:
+                most = max(most, int(handle.read().split()[1]) / 1e9)
+        except (OSError, ValueError, IndexError):
+            continue
+    return most
+
+
+def pressure() -> dict[str, float]:
+    """PSI "some" avg10 per resource (percent), where the kernel keeps it."""
     found = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            found[int(entry)] = procs.cpu_ticks([int(entry)])
+    for resource in ("cpu", "memory", "io"):
+        try:
+            with open(f"/proc/pressure/{resource}") as handle:
+                first = handle.readline().split()
+        except OSError:
+            continue
+        fields = dict(item.split("=", 1) for item in first[1:] if "=" in item)
+        if "avg10" in fields:
+            found[resource] = float(fields["avg10"])
     return found
+
+
+def _namespace(pid: int) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/net")
+    except OSError:
+        return None
+
+
+def _cpus(pid: int) -> set[int]:
+    """The CPUs the process may run on (Cpus_allowed_list)."""
+    try:
+        with open(f"/proc/{pid}/status") as handle:
+            line = next(x for x in handle if x.startswith("Cpus_allowed_list:"))
+    except (OSError, StopIteration):
+        return set()
+    found: set[int] = set()
+    for part in line.split(":", 1)[1].strip().split(","):
+        low, _, high = part.partition("-")
+        if low.isdigit():
+            found.update(range(int(low), int(high or low) + 1))
+    return found
+
+
+def _node_processes(near: int) -> list[int]:
+    """The processes in ``near``'s network namespace: the node, as its agent sees it."""
+    mine = _namespace(near)
+    return [
+        int(entry)
+        for entry in os.listdir("/proc")
+        if entry.isdigit() and _namespace(int(entry)) == mine
+    ]
 
 
 def _name(pid: int) -> str:
@@ -114,51 +248,69 @@ def gpu_throttling() -> str | None:
     return f"GPU clocks throttled on GPU {', '.join(busy)} (nvidia-smi)" if busy else None
 
 
-def likely_causes(job_id: str, node: str, attempt: str | None, rank: int) -> list[str]:
-    """What this node can tell about why ``rank`` is slow (see the module docstring)."""
-    found = [w for w in procs.find_workers(job_id, node, attempt) if w.rank == rank]
+def gather(job_id: str, node: str, attempt: str | None, rank: int) -> Evidence | None:
+    """Read the node twice, WINDOW s apart, about ``rank`` (None: no such rank here)."""
+    workers = procs.find_workers(job_id, node, attempt)
+    found = [w for w in workers if w.rank == rank]
     if not found:
-        return []
+        return None
     worker = found[0]
-    job = set(procs.descendants(worker.pid)) | {worker.pid}
-    for other in procs.find_workers(job_id, node, attempt):
+    job = set(procs.descendants(worker.pid)) | {worker.pid, os.getpid()}
+    for other in workers:
         job |= set(other.tree)
+        launcher = procs.parent(other.pid)  # torchrun, which waits
+        if launcher is not None:
+            job.add(launcher)
     groups = cgroup_dirs(worker.pid)
+    cpus = _cpus(worker.pid)
+    # The share of each process's CPU time spent on the rank's CPUs, were it spread evenly
+    # over the CPUs it may use: one pinned to the rank's CPU counts whole.
+    overlap = {}
+    for pid in _node_processes(worker.pid):
+        allowed = _cpus(pid)
+        if pid not in job and (not cpus or allowed & cpus):
+            overlap[pid] = len(allowed & cpus) / len(allowed) if cpus and allowed else 1.0
+    others = list(overlap)
     before_throttle = {d: throttled(d) for d in groups}
-    before_cpu = _cpu_of_all()
+    before_delay = run_delay(worker.pid)
+    before_cpu = {pid: procs.cpu_ticks([pid]) for pid in others}
     states = {procs.process_state(worker.pid)}
+    started = time.monotonic()
     time.sleep(WINDOW)
     states.add(procs.process_state(worker.pid))
-    after_cpu = _cpu_of_all()
-    causes = []
-    for directory, before in before_throttle.items():
-        if throttled(directory) > before:
-            limit = quota(directory)
-            causes.append(f"CPU throttled by its cgroup{f' (quota {limit})' if limit else ''}")
-            break
-    if states & {"T", "t"}:
-        causes.append("it was stopped (state T: SIGSTOP, a debugger)")
-    cores = os.cpu_count() or 1
-    load = os.getloadavg()[0]
-    hungry = sorted(
+    window = time.monotonic() - started
+    ticks = procs.CLOCK_TICKS * window
+    used = sorted(
         (
-            (after_cpu[pid] - before_cpu.get(pid, after_cpu[pid]), pid)
-            for pid in after_cpu
-            if pid not in job and pid != os.getpid()
+            ((procs.cpu_ticks([pid]) - before) * overlap[pid], pid)
+            for pid, before in before_cpu.items()
         ),
         reverse=True,
     )
-    ticks = procs.CLOCK_TICKS * WINDOW
-    others = [f"{_name(pid)} (pid {pid})" for used, pid in hungry[:3] if used >= BUSY * ticks]
-    if others and load > cores:
-        causes.append(
-            f"the node is busy: load {load:.1f} on {cores} core(s); using CPU besides the job: "
-            + ", ".join(others)
-        )
-    gpu = gpu_throttling()
-    if gpu:
-        causes.append(gpu)
-    return causes
+    throttled_for, limit = 0.0, None
+    for directory, before in before_throttle.items():
+        if throttled(directory) - before > throttled_for:
+            throttled_for, limit = throttled(directory) - before, quota(directory)
+    return Evidence(
+        window=window,
+        stopped=bool(states & {"T", "t"}),
+        throttled=throttled_for,
+        quota=limit,
+        run_delay=run_delay(worker.pid) - before_delay,
+        competitors=tuple(
+            Competitor(_name(pid), pid, ticks_used / ticks)
+            for ticks_used, pid in used[:3]
+            if ticks_used >= BUSY * ticks
+        ),
+        pressure=pressure(),
+        gpu=gpu_throttling(),
+    )
+
+
+def likely_causes(job_id: str, node: str, attempt: str | None, rank: int) -> list[str]:
+    """What this node can tell about why ``rank`` is slow (see the module docstring)."""
+    seen = gather(job_id, node, attempt, rank)
+    return [] if seen is None else judge(seen)
 
 
 def why_slow_event(job_id: str, node: str, attempt: str | None, rank: int) -> dict[str, Any]:

@@ -424,16 +424,17 @@ class Attempt:
 
     def _beats(self, host: str, beats: list[Any]) -> None:
         """A node's newest beat of each rank that beat since its last report:
-        [rank, step, at, compute seconds or None]."""
+        [rank, step, at, compute, wait, cycle, data] (seconds per step, or None)."""
         for item in beats:
-            if not isinstance(item, list) or len(item) != 4:
+            if not isinstance(item, list) or len(item) < 4:
                 continue
-            rank, step, at, compute = item
+            rank, step, at, compute, *timings = item
             if not isinstance(rank, int):
                 continue
             self.hang.seen(host, rank)
             self.hang.signal(rank, step if isinstance(step, int) else None)
             self.slow.computed(host, rank, compute)
+            self.slow.timed(host, rank, *(timings + [None, None, None])[:3])
             self._stepped(host, step, at)
 
     def _stepped(self, host: str, step: object, at: object) -> None:

@@ -1,6 +1,6 @@
 """The slow-rank watch of one attempt: feeds recovery.straggler and says what it finds.
 
-Compute times come with the Trainer's beats; jobs that report none are looked at every
+Waits and compute times come with the Trainer's beats; jobs that report none are looked at every
 SAMPLE_EVERY seconds while they make progress (a silent job is the hang watch's). Every
 CHECK_EVERY seconds the watch judges; a rank newly named slow is announced once its node has
 said what it can about why (agent.slow: a CPU quota, a busy node, a stopped process, GPU
@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..recovery.hang import LOOK_AFTER, RankLook
-from ..recovery.straggler import CHECK_EVERY, SAMPLE_EVERY, Slow, StragglerWatch
+from ..recovery.straggler import CHECK_EVERY, SAMPLE_EVERY, Slow, StepTiming, StragglerWatch
 from .links import AgentLink
 
 # Seconds the announcement waits for the node's word on the likely cause.
@@ -51,6 +51,12 @@ class SlowRanks:
         """A rank's compute seconds for its latest step, from its beat (None: not reported)."""
         if isinstance(rank, int) and isinstance(seconds, int | float):
             self.watch.computed(host, rank, float(seconds))
+
+    def timed(self, host: str, rank: int, wait: object, cycle: object, data: object) -> None:
+        """A rank's waits for its latest steps, from its beat (None: not reported)."""
+        if isinstance(wait, int | float) and isinstance(cycle, int | float):
+            spent = float(data) if isinstance(data, int | float) else 0.0
+            self.watch.timed(host, rank, StepTiming(float(wait), float(cycle), spent))
 
     def looked(self, host: str, event: Mapping[str, Any], at: float) -> None:
         """A look event; only the ones this watch asked for count as samples."""
@@ -96,7 +102,7 @@ class SlowRanks:
                 causes = await asyncio.wait_for(waiting, WHY_WAIT)
             except TimeoutError:
                 causes = []
-        named = Slow(found.host, found.rank, found.detail, found.ratio, tuple(causes))
+        named = Slow(found.host, found.rank, found.detail, found.ratio, (*found.causes, *causes))
         self.named.append(named)
         self.say(f"herd: slow rank: {named.line()}")
         if self.on_slow is not None:

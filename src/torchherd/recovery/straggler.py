@@ -1,9 +1,21 @@
 """Slow ranks, named while the job runs: the rank that holds the others back.
 
 A step's wall time is the same on every rank (each collective waits for the slowest), so a
-slow rank hides in the others' waiting. herd sees it two ways, with no change to the script:
+slow rank hides in the others' waiting. herd sees it three ways, with no change to the script:
 
-    compute   the Trainer of torchherd.train beats each step with the seconds the rank spent
+    waiting   the Trainer of torchherd.train on a CPU beats each step with the seconds the
+              rank was blocked on the others (the gradients' all-reduce after its own
+              backward was done) and the seconds of the whole step (train._timing.WaitTimer).
+              The rank everyone waits for waits least, wherever in the step its slowness
+              lands. Over the last WAIT_WINDOW beats of each rank (its first WARMUP beats of
+              an attempt left out, no step after an evaluation or a snapshot, means without
+              the highest and lowest tenth), the rank that waited least, while the others'
+              median wait is at least MIN_GAP more and its work (step minus wait) at least
+              LAG x theirs, in CONFIRM_WAIT checks in a row, is slow ("1.22x slower than the
+              median rank: the others wait 31 ms of every 186 ms step for it"); if it also
+              waited for its data loader for at least half that lag more than the others
+              did, its data loader is named as the likely cause
+    compute   on a GPU, the Trainer beats each step with the seconds the rank spent
               on its own forward passes (``progress.beat(step, compute=...)``; each beat herd
               reads is the mean of the steps since the one before): a rank whose
               typical time over its last WINDOW beats (a mean without the slowest tenth) is
@@ -36,14 +48,36 @@ FEWEST = 5
 # minute) would be named.
 SLOW = 1.4
 MIN_GAP = 0.005
-# Checks in a row (one every CHECK_EVERY s) a rank must stay slow before it is named: a minute.
-CONFIRM = 6
-CHECK_EVERY = 10.0
+# Checks in a row (one every CHECK_EVERY s) a rank must stay slow by compute before it is
+# named: a minute.
+CONFIRM = 12
+CHECK_EVERY = 5.0
+# Waits kept per rank (one a beat report, about a second of steps each), the first beats of
+# an attempt left out (the first steps run at their own pace: allocation, warm caches), and
+# the fewest a rank needs before it is judged.
+WAIT_WINDOW = 20
+WARMUP = 5
+FEWEST_WAITS = 10
+# How much more work per step than the median rank a rank does, at least, to be named on
+# waits: 1.1x names a rank 1.2x slow on a loaded shared machine and no balanced job there.
+LAG = 1.1
+# Checks in a row a rank must stay slow by waits: half a minute.
+CONFIRM_WAIT = 6
 # Looks at the ranks for jobs that report no compute time: every SAMPLE_EVERY s; a rank that
 # held the others up in HOLDS of the last SAMPLES is slow.
 SAMPLE_EVERY = 10.0
 SAMPLES = 6
 HOLDS = 5
+
+
+@dataclass(frozen=True)
+class StepTiming:
+    """One beat of a rank: mean seconds per step blocked on the others, of the whole step,
+    and waiting for its data loader."""
+
+    wait: float
+    cycle: float
+    data: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -99,6 +133,57 @@ def slow_by_compute(
     )
 
 
+def trimmed(values: list[float]) -> float:
+    """The mean without the highest and the lowest tenth: one beat that carries a save or a
+    collection on one rank (the others waited for it once) is not a slow rank."""
+    cut = len(values) // 10
+    return statistics.fmean(sorted(values)[cut : len(values) - cut])
+
+
+def slow_by_waits(
+    timings: Mapping[tuple[str, int], Iterable[StepTiming]],
+) -> Slow | None:
+    """The rank the others wait for, by who waits least, if one is (see the module
+    docstring)."""
+    means: dict[tuple[str, int], StepTiming] = {}
+    for key, values in timings.items():
+        kept = list(values)
+        if len(kept) >= FEWEST_WAITS:
+            means[key] = StepTiming(
+                trimmed([t.wait for t in kept]),
+                trimmed([t.cycle for t in kept]),
+                trimmed([t.data for t in kept]),
+            )
+    if len(means) < 2:
+        return None
+    holder = min(means, key=lambda key: means[key].wait)
+    others = [m for k, m in means.items() if k != holder]
+    mine = means[holder]
+    their_wait = statistics.median(m.wait for m in others)
+    cycle = statistics.median(m.cycle for m in means.values())
+    lag = their_wait - mine.wait
+    their_work = cycle - their_wait
+    if lag < MIN_GAP or their_work <= 0 or (cycle - mine.wait) < LAG * their_work:
+        return None
+    ratio = (cycle - mine.wait) / their_work
+    causes: tuple[str, ...] = ()
+    their_data = statistics.median(m.data for m in others)
+    if mine.data - their_data >= lag / 2:
+        causes = (
+            f"its data loader: it waited {mine.data * 1000:.0f} ms a step for batches vs "
+            f"{their_data * 1000:.0f} ms on the others",
+        )
+    host, rank = holder
+    return Slow(
+        host,
+        rank,
+        f"is {ratio:.2f}x slower than the median rank: the others wait {lag * 1000:.0f} ms "
+        f"of every {cycle * 1000:.0f} ms step for it",
+        ratio,
+        causes,
+    )
+
+
 def waiting(look: RankLook) -> bool:
     """Whether a rank waits for the others at this look (in a collective, or idle where DDP
     waits for its all-reduce)."""
@@ -149,6 +234,8 @@ class StragglerWatch:
     """Compute times and looks in; ``check()`` names a slow rank, once."""
 
     times: dict[tuple[str, int], deque[float]] = field(default_factory=dict)
+    waits: dict[tuple[str, int], deque[StepTiming]] = field(default_factory=dict)
+    beats_seen: dict[tuple[str, int], int] = field(default_factory=dict)
     rounds: dict[int, list[RankLook]] = field(default_factory=dict)
     named: Slow | None = None
     _candidate: tuple[str, int] | None = None
@@ -157,9 +244,16 @@ class StragglerWatch:
     def computed(self, host: str, rank: int, seconds: float) -> None:
         self.times.setdefault((host, rank), deque(maxlen=WINDOW)).append(seconds)
 
+    def timed(self, host: str, rank: int, timing: StepTiming) -> None:
+        """A rank's beat with its waits (its first WARMUP beats are left out)."""
+        key = (host, rank)
+        self.beats_seen[key] = self.beats_seen.get(key, 0) + 1
+        if self.beats_seen[key] > WARMUP:
+            self.waits.setdefault(key, deque(maxlen=WAIT_WINDOW)).append(timing)
+
     @property
     def reports_compute(self) -> bool:
-        return bool(self.times)
+        return bool(self.times) or bool(self.beats_seen)
 
     def sampled(self, round_id: int, looks: Iterable[RankLook]) -> None:
         """One node's answer to the sample look ``round_id``."""
@@ -170,11 +264,12 @@ class StragglerWatch:
     def check(self, world_size: int) -> Slow | None:
         """A newly named slow rank, if there is one now."""
         if self.reports_compute:
-            found = slow_by_compute(self.times)
+            waits = bool(self.beats_seen)
+            found = slow_by_waits(self.waits) if waits else slow_by_compute(self.times)
             key = None if found is None else (found.host, found.rank)
             self._streak = self._streak + 1 if key is not None and key == self._candidate else 1
             self._candidate = key
-            if found is None or self._streak < CONFIRM:
+            if found is None or self._streak < (CONFIRM_WAIT if waits else CONFIRM):
                 return None
         else:
             complete = [

@@ -1,4 +1,5 @@
-"""Each rank's own compute time per step, for herd's slow-rank watch (recovery.straggler).
+"""Each rank's timings per step, for herd's slow-rank watch (recovery.straggler): its forward
+passes (ForwardTimer, any device) and, on a CPU, its wait on the others (WaitTimer).
 
 A step's wall time is the same on every rank (the gradients' all-reduce waits for the
 slowest), so herd compares what each rank spends on its own: its forward passes, in which DDP
@@ -53,3 +54,75 @@ class ForwardTimer:
             self.last = sum(begin.elapsed_time(end) for begin, end in self._pending) / 1000.0
         self._pending, self._events = self._events, []
         return self.last
+
+
+class WaitTimer:
+    """How long this rank waits for the others each step, and how long a step takes.
+
+    In a synchronous job the rank everyone waits for is the one that waits least, wherever in
+    the step its slowness lands (forward, backward, optimizer, data loading). DDP hands each
+    bucket of gradients to a communication hook the moment this rank's backward has made it;
+    the wrapped hook (DDP's own all-reduce, unchanged) notes that moment, and the time from
+    the last bucket's to the end of ``backward()`` is what this rank spent blocked on the
+    others. ``cycle`` is the time from one step's all-reduce to the next: the same on every
+    rank, so a rank's work is ``cycle - wait``.
+
+    Only on a CPU (Gloo): on a GPU the end of ``backward()`` is not when the all-reduce ends
+    (NCCL runs on its own stream), and the forward timer speaks instead. A step after an
+    evaluation or a snapshot (or the first after a start) reports nothing: whoever saved was
+    slow for a reason. Forward-pass buffer broadcasts (models with buffers) are not counted
+    as waiting.
+    """
+
+    def __init__(self, model: Any, device: torch.device) -> None:
+        from torch.nn.parallel import DistributedDataParallel
+
+        self.enabled = isinstance(model, DistributedDataParallel) and device.type == "cpu"
+        self._ready: float | None = None
+        self._synced: float | None = None
+        self._data = 0.0
+        self._clean = False
+        if self.enabled:
+            from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+            # Unannotated: DDP checks a hook's annotations, and this module's are strings.
+            def noting_ready(state, bucket):  # type: ignore[no-untyped-def]
+                self._ready = time.perf_counter()
+                return default_hooks.allreduce_hook(state, bucket)
+
+            model.register_comm_hook(None, noting_ready)
+
+    def fetching(self) -> Any:
+        """A context around the wait for the step's batches."""
+        return _Stopwatch(self)
+
+    def synced(self) -> tuple[float | None, float | None, float | None]:
+        """The step's gradients were all-reduced (``backward()`` of its last micro-batch
+        returned): (wait, cycle, data) seconds, each None where unknown."""
+        if not self.enabled:
+            return None, None, None
+        now = time.perf_counter()
+        clean = self._clean and self._ready is not None and self._synced is not None
+        result = (
+            (now - self._ready, now - self._synced, self._data)  # type: ignore[operator]
+            if clean
+            else (None, None, None)
+        )
+        self._synced, self._ready, self._data, self._clean = now, None, 0.0, True
+        return result
+
+    def interrupted(self) -> None:
+        """An evaluation or a snapshot ran between steps: the next step is not compared."""
+        self._clean = False
+
+
+class _Stopwatch:
+    def __init__(self, timer: WaitTimer) -> None:
+        self.timer = timer
+        self.started = 0.0
+
+    def __enter__(self) -> None:
+        self.started = time.perf_counter()
+
+    def __exit__(self, *exc: object) -> None:
+        self.timer._data += time.perf_counter() - self.started

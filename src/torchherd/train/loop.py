@@ -33,7 +33,7 @@ from torch.utils.data import DataLoader, Dataset
 from torchherd import progress
 from torchherd.train import _state
 from torchherd.train._batches import batch_len, to_device
-from torchherd.train._timing import ForwardTimer
+from torchherd.train._timing import ForwardTimer, WaitTimer
 from torchherd.train.config import TrainerConfig
 from torchherd.train.data import ResumableSampler
 from torchherd.train.dist import Context, setup
@@ -116,6 +116,8 @@ class Trainer:
         self.loss_fn = loss_fn
         self.parallel = self._choose_parallel(config.parallel)
         self.model = self._wrap(model.to(self.ctx.device))
+        self._waits = WaitTimer(self.model, self.ctx.device)
+        self._timings: tuple[float | None, float | None, float | None] = (None, None, None)
         self.optimizer = self._build_optimizer(optimizer)
         self.scheduler = scheduler(self.optimizer) if callable(scheduler) else scheduler
         self.scaler = (
@@ -277,7 +279,8 @@ class Trainer:
             batches = iter(self.loader)
             while left > 0 and not self._done():
                 count = min(self.config.grad_accum_steps, left)
-                micro = [next(batches) for _ in range(count)]
+                with self._waits.fetching():
+                    micro = [next(batches) for _ in range(count)]
                 left -= count
                 self._train_step(micro)
                 if left == 0:
@@ -330,6 +333,8 @@ class Trainer:
                     self._forward.stop()
                 scaled = loss / len(micro)
                 (self.scaler.scale(scaled) if self.scaler else scaled).backward()
+            if index == len(micro) - 1:
+                self._timings = self._waits.synced()
             detached = loss.detach().float()
             total = detached if total is None else total + detached
         record: dict[str, Any] = {"step": self.step + 1, "epoch": self.epoch}
@@ -358,7 +363,10 @@ class Trainer:
     def _after_step(self) -> None:
         cfg = self.config
         # herd's hang watch: this rank is advancing; its slow-rank watch: what it computed.
-        progress.beat(self.step, compute=self._forward.step_done())
+        wait, cycle, data = self._timings
+        progress.beat(
+            self.step, compute=self._forward.step_done(), wait=wait, cycle=cycle, data=data
+        )
         last = self._done()
         snapshot_due = cfg.snapshot_every > 0 and self.step % cfg.snapshot_every == 0
         eval_due = (
@@ -382,6 +390,8 @@ class Trainer:
             self.evaluate()
         if snapshot_due:
             self.save_snapshot()
+        if eval_due or snapshot_due or self.stopped_for_save:
+            self._waits.interrupted()  # the next step carries the others' wait for this one
 
     def _flush_metrics(self, show: bool = True, settle: bool = True) -> bool:
         """Start reducing pending losses across ranks (one collective); write what earlier
