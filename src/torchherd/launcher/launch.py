@@ -220,6 +220,21 @@ async def _supervise(
     loop: asyncio.AbstractEventLoop,
 ) -> RunResult:
     """Run the job (a sequence of attempts) with the signals wired to it."""
+    if job.replica_groups:
+        from .groups import GroupsRun
+
+        groups = GroupsRun(
+            prepared,
+            job,
+            transport,
+            stream=stream,
+            log_dir=options.log_dir,
+            color=options.color,
+            hang_timeout=options.hang_timeout,
+        )
+        _on_signals(loop, groups.interrupt)
+        _on_save_signal(loop, groups.save_and_stop)
+        return await groups.run()
     run = JobRun(
         prepared,
         job,
