@@ -26,10 +26,12 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, TextIO
 
 from ..errors import EXIT_INTERRUPTED, EXIT_JOB_FAILED, NodeNotReady, NodesUnreachable
+from ..facts import NodeFacts
 from ..job_nodes import new_record
 from ..plan import JobSpec
 from ..records import job_dir
@@ -136,14 +138,10 @@ def lighthouse_job(job: JobSpec, port: int) -> JobSpec:
     )
 
 
-def check_torchft(prepared: Prepared) -> None:
+def check_torchft(facts: Mapping[str, NodeFacts], hosts: list[str]) -> None:
     """Every node of a replica-group job must have torchft (the probe reads its version from
     the installed metadata): said before anything starts, with how to install it."""
-    missing = [
-        host
-        for host, facts in prepared.facts.items()
-        if host in {n.host for n in prepared.plan.nodes} and not facts.extra.get("torchft_version")
-    ]
+    missing = [h for h in hosts if not facts[h].extra.get("torchft_version")]
     if missing:
         raise NodeNotReady(
             f"--replica-groups needs torchft, which is not installed on {', '.join(missing)}",
@@ -196,7 +194,7 @@ class GroupsRun:
                 group.run.save_and_stop()
 
     async def run(self) -> RunResult:
-        check_torchft(self.prepared)
+        check_torchft(self.prepared.facts, [n.host for n in self.prepared.plan.nodes])
         started = time.monotonic()
         plan = self.prepared.plan
         first = plan.nodes[0]
