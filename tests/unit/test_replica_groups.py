@@ -24,7 +24,7 @@ def test_a_group_gets_the_lighthouse_its_number_and_its_routable_address() -> No
 
 def test_the_lighthouse_is_a_module_job_of_its_own_that_restarts_without_end() -> None:
     job = JobSpec(entry=("train.py", "--x"), max_restarts=2, job_id="0101-000000-abcd")
-    light = lighthouse_job(job, 29555)
+    light = lighthouse_job(job, 29555, "[::]")
     assert light.module and light.nproc == 1 and light.kind == "lighthouse"
     assert light.entry[0] == "torchherd.train.lighthouse"
     assert "--bind=[::]:29555" in light.entry

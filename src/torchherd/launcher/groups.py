@@ -39,7 +39,7 @@ from ..recovery import RestartPolicy
 from ..results import RunResult
 from ..transport import Transport
 from .job import JobRun, finish_record
-from .prepare import Prepared, replan
+from .prepare import Prepared, close_links, replan
 
 # The lighthouse drops a group it has not heard from for this long; the others then commit
 # their next step without it. torchft's default is 5 s; 3 s keeps a loaded node's late
@@ -119,13 +119,13 @@ def group_env(job: JobSpec, index: int, groups: int, lighthouse: str, addr: str 
     return env
 
 
-def lighthouse_job(job: JobSpec, port: int) -> JobSpec:
+def lighthouse_job(job: JobSpec, port: int, bind: str = "0.0.0.0") -> JobSpec:
     return replace(
         job,
         entry=(
             "torchherd.train.lighthouse",
             "--min_replicas=1",
-            f"--bind=[::]:{port}",
+            f"--bind={bind}:{port}",
             f"--heartbeat_timeout_ms={HEARTBEAT_MS}",
         ),
         module=True,
@@ -198,15 +198,23 @@ class GroupsRun:
         started = time.monotonic()
         plan = self.prepared.plan
         first = plan.nodes[0]
+        # The port the probe found free on the first node, which the job's own store would
+        # have used: each group plans a store of its own.
         port = int((plan.rdzv_endpoint or ":29510").rsplit(":", 1)[1])
-        lighthouse = f"http://{first.local_addr}:{port}"
+        addr = first.local_addr or "127.0.0.1"
+        lighthouse = f"http://[{addr}]:{port}" if ":" in addr else f"http://{addr}:{port}"
         self.note(
             f"job {plan.job_id}: {len(self.groups)} replica group(s) "
             f"[{', '.join(g.host for g in self.groups)}], lighthouse on {first.host} at "
             f"{lighthouse}"
         )
         self.record.save()
-        keeper = asyncio.create_task(self._keep_lighthouse(port))
+        # The links prepare() opened were warmed for the job's own id; each group and the
+        # lighthouse opens its own (one attempt at a time per link).
+        await close_links(self.prepared.links)
+        keeper = asyncio.create_task(
+            self._keep_lighthouse(port, "[::]" if ":" in addr else "0.0.0.0")
+        )
         watcher = asyncio.create_task(self._watch())
         try:
             await asyncio.gather(*(self._keep_group(g, lighthouse) for g in self.groups))
@@ -220,8 +228,8 @@ class GroupsRun:
         self._write_record(result)
         return result
 
-    async def _keep_lighthouse(self, port: int) -> None:
-        job = lighthouse_job(self.job, port)
+    async def _keep_lighthouse(self, port: int, bind: str) -> None:
+        job = lighthouse_job(self.job, port, bind)
         first = self.prepared.plan.nodes[0].host
         prepared = await replan(self.prepared, job, self.transport, nodes=[first], links={})
         self.lighthouse = JobRun(
@@ -278,11 +286,8 @@ class GroupsRun:
             self.note(f"group {group.index} on {group.host} ended: {group.result.reason}")
 
     async def _group_plan(self, group: Group, lighthouse: str) -> Prepared:
-        links = {k: v for k, v in self.prepared.links.items() if k == group.host}
-        if group.runs:
-            links = {}  # the first run's link ended with it
         job = replace(self.job, job_id=f"{self.job.job_id}-g{group.index}", attempt=group.runs)
-        prepared = await replan(self.prepared, job, self.transport, nodes=[group.host], links=links)
+        prepared = await replan(self.prepared, job, self.transport, nodes=[group.host], links={})
         node = prepared.plan.nodes[0]
         env = dict(node.env) | group_env(
             self.job, group.index, len(self.groups), lighthouse, node.local_addr

@@ -1,6 +1,7 @@
 """examples/minimal.py run as replica groups (herd launch --replica-groups): every step slowed
 by 50 ms so a test can kill a group mid-run; at the end each group writes its weights to
-<run-dir>/weights-<group>.json, so a test can compare the groups' weights."""
+<run-dir>/weights-<group>.json (weights-<rank>.json without groups), so a test can compare
+the groups' weights; it also runs as a plain job (bench/train_through.py's baseline)."""
 
 import json
 import os
@@ -30,7 +31,7 @@ def slow_supervised(loss):  # type: ignore[no-untyped-def]
 
 def fit_and_write(self):  # type: ignore[no-untyped-def]
     result = fit(self)
-    group = os.environ["HERD_REPLICA_GROUP"]
+    group = os.environ.get("HERD_REPLICA_GROUP", os.environ.get("RANK", "0"))
     weights = [p.detach().flatten().tolist() for p in self.module.parameters()]
     out = Path(self.config.run_dir) / f"weights-{group}.json"
     out.write_text(json.dumps({"step": self.step, "weights": weights}))
