@@ -50,6 +50,7 @@ HEARTBEAT_MS = 3000
 # group within a moment of the lighthouse).
 CONNECT_TIMEOUT_S = 120
 QUORUM_RETRIES = 100
+COLLECTIVE_TIMEOUT_S = 3
 # A dead lighthouse is restarted this many times; it reports no steps, so herd's crash-loop
 # rule (restarts without progress) must not end it.
 LIGHTHOUSE_RESTARTS = 1000
@@ -112,6 +113,14 @@ def group_env(job: JobSpec, index: int, groups: int, lighthouse: str, addr: str 
         "HERD_REPLICA_GROUPS": str(groups),
         "REPLICA_GROUP_ID": str(index),
         "NUM_REPLICA_GROUPS": str(groups),
+        # torchft's Rust side logs every quorum and commit at INFO (about 1.4 KB per step per
+        # group); warnings and errors still come.
+        "RUST_LOG": "warn",
+        # Seconds a collective waits: after a loss the next quorum may still hold the dead
+        # group (until the lighthouse's heartbeat timeout), and setting up its process group
+        # waits this long for it. torchft's 60 s would stall the survivors that long. The
+        # weights a rejoining group copies keep the Trainer's own, longer limit.
+        "TORCHFT_TIMEOUT_SEC": str(COLLECTIVE_TIMEOUT_S),
     }
     if addr:
         env["HERD_GROUP_ADDR"] = addr
@@ -254,19 +263,12 @@ class GroupsRun:
         budget = max(1, self.job.max_restarts + 1)
         while not self.interrupted and group.runs < budget:
             try:
-                prepared = await self._group_plan(group, lighthouse)
+                prepared, job = await self._group_plan(group, lighthouse)
             except NodesUnreachable:
                 if self._others_done(group):
                     return  # the others finished: nothing to rejoin
                 await asyncio.sleep(NODE_RETRY_EVERY)
                 continue
-            job = replace(
-                self.job,
-                job_id=f"{self.job.job_id}-g{group.index}",
-                kind="replica-group",
-                attempt=group.runs,
-                min_nodes=1,
-            )
             group.runs += 1
             group.result = None
             group.run = JobRun(
@@ -285,15 +287,25 @@ class GroupsRun:
                 return
             self.note(f"group {group.index} on {group.host} ended: {group.result.reason}")
 
-    async def _group_plan(self, group: Group, lighthouse: str) -> Prepared:
-        job = replace(self.job, job_id=f"{self.job.job_id}-g{group.index}", attempt=group.runs)
-        prepared = await replan(self.prepared, job, self.transport, nodes=[group.host], links={})
-        node = prepared.plan.nodes[0]
-        env = dict(node.env) | group_env(
-            self.job, group.index, len(self.groups), lighthouse, node.local_addr
+    def _group_job(self, group: Group, lighthouse: str, addr: str | None = None) -> JobSpec:
+        """The group's own job. Its variables travel in the job's env, so that every plan
+        of it (a restart in place is planned again) carries them."""
+        env = group_env(self.job, group.index, len(self.groups), lighthouse, addr)
+        return replace(
+            self.job,
+            job_id=f"{self.job.job_id}-g{group.index}",
+            kind="replica-group",
+            attempt=group.runs,
+            min_nodes=1,
+            env=env,
         )
-        plan = replace(prepared.plan, nodes=(replace(node, env=env),))
-        return replace(prepared, plan=plan)
+
+    async def _group_plan(self, group: Group, lighthouse: str) -> tuple[Prepared, JobSpec]:
+        # The address the launch's plan found for the node, advertised to the other groups.
+        addr = self.prepared.plan.nodes[group.index].local_addr
+        job = self._group_job(group, lighthouse, addr)
+        prepared = await replan(self.prepared, job, self.transport, nodes=[group.host], links={})
+        return prepared, job
 
     def _others_done(self, group: Group) -> bool:
         return all(g.result is not None for g in self.groups if g is not group)
@@ -313,7 +325,9 @@ class GroupsRun:
                 failed = group.result is not None and group.result.exit_code != 0
                 replaced = attempt is not None and attempt is not group.seen_attempt
                 if group.seen_attempt is not None and (replaced or failed) and not self.interrupted:
-                    self._down(group)
+                    # The others' step now, not when the group was last seen: a step they
+                    # report after this was committed after the loss (their reports lag).
+                    self._down(group, max(others, default=group.others_then))
                     group.seen_attempt = None
                 if attempt is not None:
                     group.seen_attempt = attempt
@@ -321,8 +335,8 @@ class GroupsRun:
                     group.others_then = max(others, default=0)
                 self._progress(group, now, steps[group.index], others, attempt)
 
-    def _down(self, group: Group) -> None:
-        outage = Outage(group.index, group.host, group.alive_at, group.others_then)
+    def _down(self, group: Group, steps: int) -> None:
+        outage = Outage(group.index, group.host, group.alive_at, steps)
         group.outages.append(outage)
         self.note(
             f"replica group {group.index} on {group.host} went down at step "
@@ -337,6 +351,7 @@ class GroupsRun:
             return
         outage = group.outages[-1]
         if outage.next_commit_s is None and others and max(others) > outage.steps_before:
+            # (the others' step reports come about once a second: this is an upper bound)
             outage.next_commit_s = round(now - outage.down_at, 2)
             self.note(
                 f"group {group.index} is out; the other groups committed step {max(others)} "

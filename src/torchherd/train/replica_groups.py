@@ -2,7 +2,7 @@
 
 Under ``herd launch --replica-groups`` every node runs its own group (its own torchrun, its own
 store) and the groups keep each other's weights equal through torchft: each step starts a
-quorum with the live groups (a group that is behind heals first, by copying a live peer's
+quorum with the live groups (a group that is behind heals, by copying a live peer's
 state), the gradients are averaged over the groups that take part, and a step is committed
 only where every all-reduce of it succeeded. A group that dies mid-step makes the survivors
 drop that one step and go on without it; nothing restarts.
@@ -96,14 +96,22 @@ class ReplicaGroups:
             )
         self.where = where
         extra = {"hostname": where.addr} if where.addr else {}
+        # Collectives wait TORCHFT_TIMEOUT_SEC (herd sets a short one: a quorum formed just
+        # after a loss may still name the dead group, and setting up its process group waits
+        # that long); the weights a rejoining group copies keep ``timeout``.
+        collective = timedelta(
+            seconds=float(os.environ.get("TORCHFT_TIMEOUT_SEC", timeout.total_seconds()))
+        )
         self.manager = Manager(
-            pg=ProcessGroupGloo(timeout=timeout),
+            pg=ProcessGroupGloo(timeout=collective),
             load_state_dict=load_state_dict,
             state_dict=state_dict,
             min_replica_size=1,
-            # Synchronous quorum: a group that is behind heals before its forward pass, so the
-            # step it then computes starts from the live groups' weights.
-            use_async_quorum=False,
+            # Asynchronous quorum (torchft's default): a group that is behind copies a live
+            # group's state in the background, takes part in that step's all-reduce with zeros,
+            # and loads the state at should_commit. A synchronous heal would wait for the live
+            # groups' state while they wait for it in the all-reduce, until the timeout.
+            use_async_quorum=True,
             timeout=timeout,
             replica_id=f"group{where.group}",
             **extra,
@@ -115,7 +123,7 @@ class ReplicaGroups:
         self.manager.load_state_dict({"step": step, "batches_committed": 0})
 
     def begin(self) -> None:
-        """Join this step's quorum (healing first when this group is behind)."""
+        """Join this step's quorum (a group that is behind heals during the step)."""
         self.manager.start_quorum()
 
     def commit(self, params: Iterable[torch.nn.Parameter]) -> bool:
