@@ -165,6 +165,8 @@ class Trainer:
         self.stopped_for_save = False
         """True when fit() ended early because herd asked for a snapshot (a time limit)."""
         self._completed = False
+        self._dropped_at: float | None = None
+        """When a replica group's loss dropped a step (till the next one is committed)."""
         self.groups = self._replica_groups()
         """torchft's replica groups when herd runs the job as such (--replica-groups)."""
 
@@ -378,6 +380,9 @@ class Trainer:
             # (its batch is not trained on again), and the live groups go on.
             self.optimizer.zero_grad(set_to_none=True)
             self.sampler.advance(samples)
+            if self._dropped_at is None:
+                self._dropped_at = time.monotonic()
+                self.metrics.message(f"step {self.step + 1} dropped: a replica group was lost")
             return
         if self.scaler is not None:
             self.scaler.step(self.optimizer)
@@ -390,6 +395,10 @@ class Trainer:
             self.scheduler.step()
         self.sampler.advance(samples)
         self.step = self.groups.step if self.groups is not None else self.step + 1
+        if self._dropped_at is not None:
+            took = time.monotonic() - self._dropped_at
+            self._dropped_at = None
+            self.metrics.message(f"step {self.step} committed {took:.1f} s after the dropped step")
         assert total is not None  # micro holds at least one batch
         record["_loss"] = total / len(micro) if len(micro) > 1 else total
         record["_samples"] = samples
