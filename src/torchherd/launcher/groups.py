@@ -231,7 +231,8 @@ class GroupsRun:
             watcher.cancel()
             if self.lighthouse is not None:
                 self.lighthouse.interrupt()
-            keeper.cancel() if self.lighthouse is None else None
+            else:
+                keeper.cancel()  # still planning it
             await asyncio.gather(keeper, return_exceptions=True)
         result = self._result(time.monotonic() - started)
         self._write_record(result)
