@@ -70,7 +70,8 @@ def one_run(bed: Testbed, groups: bool, kill_at: int | None, args: argparse.Name
     kill_step = 0
     try:
         if kill_at is not None:
-            herd.wait_for(rf"node3:0\b.*\bstep {kill_at}/", 300)
+            # Rank 0 logs (node1:0): a whole job's rank on node3 is 2, and silent.
+            herd.wait_for(rf"node1:0\b.*\bstep {kill_at}/", 300)
             jobs = [d.name for d in (home / "jobs").iterdir()]
             job = next(j for j in jobs if j.endswith("-g2")) if groups else jobs[0]
             pid = worker_on(job, "node3", bed)
