@@ -79,6 +79,9 @@ class JobSpec:
     """Set for the workers on every node (``--env K=V``); wins over [cluster] env."""
     name: str | None = None
     """The user's name for the job (``--name``), shown by ps and matched by logs/stop."""
+    replica_groups: bool = False
+    """Run every node as its own torchft replica group (--replica-groups): a lost node costs
+    one group, which rejoins and heals, never the job (launcher/groups.py)."""
     kind: str = "job"
     """"job" for what a user launched; herd's own jobs (the doctor's all-reduce, the
     benchmarks) say what they are, and `herd ps` lists them only with --all."""

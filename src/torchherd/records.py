@@ -64,6 +64,9 @@ class JobRecord:
     kind: str = "job"
     """"job" for a user's job; herd's own jobs (the doctor's all-reduce, benchmarks) say what
     they are, and `herd ps` lists them only with --all."""
+    groups: list[dict[str, Any]] = field(default_factory=list)
+    """A job run as replica groups (--replica-groups): each group's node, runs and outages
+    (launcher/groups.py), the others' time to their next commit and the group's to heal."""
 
     def text(self) -> str:
         """The record as job.json holds it (taken where the record changes, then written)."""

@@ -51,6 +51,8 @@ def collect(request: dict[str, Any]) -> dict[str, Any]:
         "python_version": ".".join(str(v) for v in sys.version_info[:3]),
         "torch_version": _version("torch"),
         "torchherd_version": _version("torchherd"),
+        # Replica groups (herd launch --replica-groups) need it; read from metadata, no import.
+        "torchft_version": _version("torchft"),
         "gpu_count": gpu_count(),
         "cpu_count": _cpu_count(),
         "env": {

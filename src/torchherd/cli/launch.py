@@ -107,6 +107,15 @@ def launch_command(
         help="The last N hosts of the cluster (a hostfile, -H, an allocation) are hot spares: "
         "checked and warmed, no rank; a lost node's place goes to one, the world size stays.",
     ),
+    replica_groups: bool = typer.Option(
+        False,
+        "--replica-groups",
+        help="Train through a lost node: every node runs as its own torchft replica group "
+        "(needs pip install 'torchherd\\[ft]' on the nodes). herd runs torchft's lighthouse "
+        "on the first node and restarts it if it dies; a group that dies is restarted alone, "
+        "on its node once it answers, and heals from the live groups while they go on "
+        "stepping. --max-restarts counts per group. See README, When things fail.",
+    ),
     crash_loop: int = typer.Option(
         3,
         "--crash-loop",
@@ -200,6 +209,12 @@ def launch_command(
             "drop --detach (run herd in tmux or screen to survive a closed terminal), "
             "or drop --max-restarts",
         )
+    if detach and replica_groups:
+        raise UsageError(
+            "--replica-groups needs an attached launcher: herd restarts the lighthouse and "
+            "each group that dies",
+            "drop --detach (run herd in tmux or screen), or drop --replica-groups",
+        )
     if as_json and not dry_run:
         raise UsageError(
             "--json goes with --dry-run (the plan)",
@@ -249,6 +264,7 @@ def launch_command(
         spares=spares,
         env=worker_env,
         name=check_name(name),
+        replica_groups=replica_groups,
     )
     options = LaunchOptions(
         dry_run=dry_run,

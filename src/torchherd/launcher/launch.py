@@ -225,6 +225,21 @@ async def _supervise(
     loop: asyncio.AbstractEventLoop,
 ) -> RunResult:
     """Run the job (a sequence of attempts) with the signals wired to it."""
+    if job.replica_groups:
+        from .groups import GroupsRun
+
+        groups = GroupsRun(
+            prepared,
+            job,
+            transport,
+            stream=stream,
+            log_dir=options.log_dir,
+            color=options.color,
+            hang_timeout=options.hang_timeout,
+        )
+        _on_signals(loop, groups.interrupt)
+        _on_save_signal(loop, groups.save_and_stop)
+        return await groups.run()
     # Imported once the nodes are prepared: the job's machinery is not needed before, and
     # its import then overlaps the nodes' torchrun wrappers importing torch (startup.py's
     # "wrapper warm") instead of delaying the ssh connects ("launcher start").

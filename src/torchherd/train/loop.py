@@ -39,6 +39,7 @@ from torchherd.train.data import ResumableSampler
 from torchherd.train.dist import Context, setup
 from torchherd.train.errors import ConfigInvalid, SnapshotMismatch, TrainError
 from torchherd.train.metrics import MetricsLogger
+from torchherd.train.replica_groups import ReplicaGroups, group_env
 from torchherd.train.rng import get_rng_state, seed_everything, set_rng_state
 from torchherd.train.snapshot import Snapshotter
 from torchherd.train.trackers import check_installed, parse_trackers
@@ -137,8 +138,10 @@ class Trainer:
             ctx=self.ctx,
         )
         raw = _state.unwrap(self.model)
+        where = group_env()
         self.metrics = MetricsLogger(
-            config.run_dir,
+            # Replica groups all have a rank 0: each keeps its own metrics.
+            f"{config.run_dir}/group-{where.group}" if where else config.run_dir,
             enabled=self.ctx.is_main,
             world_size=self.ctx.world_size,
             device=self.ctx.device,
@@ -164,6 +167,35 @@ class Trainer:
         self.stopped_for_save = False
         """True when fit() ended early because herd asked for a snapshot (a time limit)."""
         self._completed = False
+        self._dropped_at: float | None = None
+        """When a replica group's loss dropped a step (till the next one is committed)."""
+        self.groups = self._replica_groups()
+        """torchft's replica groups when herd runs the job as such (--replica-groups)."""
+
+    def _replica_groups(self) -> ReplicaGroups | None:
+        where = group_env()
+        if where is None:
+            return None
+        return ReplicaGroups(where, self._heal_state, self._load_heal_state)
+
+    def _heal_state(self) -> dict[str, Any]:
+        """What a group that is behind copies from a live one (replica_groups)."""
+        return {
+            "model": self.module.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
+            "progress": {"step": self.step, "epoch": self.epoch},
+            "sampler": self.sampler.state_dict(),
+        }
+
+    def _load_heal_state(self, state: dict[str, Any]) -> None:
+        self.module.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        _load_optional(self.scheduler, state.get("scheduler"), "scheduler")
+        self.step = int(state["progress"]["step"])
+        self.epoch = int(state["progress"]["epoch"])
+        self.sampler.load_state_dict(state["sampler"])
+        self.metrics.message(f"healed from a live replica group at step {self.step}")
 
     @property
     def module(self) -> nn.Module:
@@ -215,13 +247,15 @@ class Trainer:
         return optimizer(self.model.parameters())
 
     def _sampler(self, dataset: Any, shuffle: bool, drop_last: bool) -> ResumableSampler:
+        # Replica groups: each group (one worker) keeps to its own shard of the data.
+        where = group_env()
         return ResumableSampler(
             dataset,
             shuffle=shuffle,
             seed=self.config.seed,
             drop_last=drop_last,
-            rank=self.ctx.rank,
-            world_size=self.ctx.world_size,
+            rank=where.group if where else self.ctx.rank,
+            world_size=where.groups if where else self.ctx.world_size,
         )
 
     def _loader(
@@ -321,6 +355,8 @@ class Trainer:
     def _train_step(self, micro: list[Any]) -> None:
         if not self.model.training:  # train() walks every module: only when needed
             self.model.train()
+        if self.groups is not None:
+            self.groups.begin()
         total: torch.Tensor | None = None
         samples = 0
         for index, batch in enumerate(micro):
@@ -344,6 +380,15 @@ class Trainer:
             record["_grad_norm"] = nn.utils.clip_grad_norm_(
                 self.model.parameters(), self.config.max_grad_norm
             ).detach()
+        if self.groups is not None and not self.groups.commit(self.model.parameters()):
+            # A replica group died during this step: the step is dropped everywhere it ran
+            # (its batch is not trained on again), and the live groups go on.
+            self.optimizer.zero_grad(set_to_none=True)
+            self.sampler.advance(samples)
+            if self._dropped_at is None:
+                self._dropped_at = time.monotonic()
+                self.metrics.message(f"step {self.step + 1} dropped: a replica group was lost")
+            return
         if self.scaler is not None:
             self.scaler.step(self.optimizer)
             self.scaler.update()
@@ -354,7 +399,11 @@ class Trainer:
         if self.scheduler is not None:
             self.scheduler.step()
         self.sampler.advance(samples)
-        self.step += 1
+        self.step = self.groups.step if self.groups is not None else self.step + 1
+        if self._dropped_at is not None:
+            took = time.monotonic() - self._dropped_at
+            self._dropped_at = None
+            self.metrics.message(f"step {self.step} committed {took:.1f} s after the dropped step")
         assert total is not None  # micro holds at least one batch
         record["_loss"] = total / len(micro) if len(micro) > 1 else total
         record["_samples"] = samples
@@ -550,6 +599,8 @@ class Trainer:
     def save_snapshot(self) -> None:
         """Save a snapshot of the current step now (a collective). With ``snapshot_async``
         this returns once the state is copied to host memory; the write goes on behind."""
+        if self.groups is not None and not self.groups.takes_snapshots():
+            return  # one live group writes the snapshots
         with progress.phase("saving snapshot"):
             state = self.state_dict()
             meta = {"epoch": self.epoch}
@@ -576,6 +627,8 @@ class Trainer:
             step, state = found
             self.load_state_dict(state)
             del found, state  # the file's pages are let go
+            if self.groups is not None:
+                self.groups.resume_at(step)
         self.resumed_from = step
         self._snapshot_step = step
         self.metrics.truncate_after(step)
@@ -594,6 +647,8 @@ class Trainer:
             self.snapshotter.close()
         finally:
             self.metrics.close(finished=self._completed)
+            if self.groups is not None:
+                self.groups.close()
 
     def __enter__(self) -> Trainer:
         return self

@@ -1,0 +1,63 @@
+"""Replica groups' pure parts: the variables a group gets, the lighthouse's job, the torchft
+check before a launch, and how a training script reads herd's variables."""
+
+from __future__ import annotations
+
+import pytest
+
+from torchherd.errors import NodeNotReady
+from torchherd.facts import NodeFacts
+from torchherd.launcher.groups import HEARTBEAT_MS, check_torchft, group_env, lighthouse_job
+from torchherd.plan import JobSpec
+
+
+def test_a_group_gets_the_lighthouse_its_number_and_its_routable_address() -> None:
+    job = JobSpec(entry=("train.py",), env={"TORCHFT_QUORUM_RETRIES": "7"})
+    env = group_env(job, 2, 3, "http://10.0.0.1:29500", "10.0.0.3")
+    assert env["TORCHFT_LIGHTHOUSE"] == "http://10.0.0.1:29500"
+    assert (env["HERD_REPLICA_GROUP"], env["HERD_REPLICA_GROUPS"]) == ("2", "3")
+    assert (env["REPLICA_GROUP_ID"], env["NUM_REPLICA_GROUPS"]) == ("2", "3")
+    assert env["HERD_GROUP_ADDR"] == "10.0.0.3"
+    assert env["TORCHFT_QUORUM_RETRIES"] == "7"  # --env wins over herd's default
+    assert "HERD_GROUP_ADDR" not in group_env(JobSpec(entry=("t.py",)), 0, 1, "http://a:1", None)
+
+
+def test_the_lighthouse_is_a_module_job_of_its_own_that_restarts_without_end() -> None:
+    job = JobSpec(entry=("train.py", "--x"), max_restarts=2, job_id="0101-000000-abcd")
+    light = lighthouse_job(job, 29555, "[::]")
+    assert light.module and light.nproc == 1 and light.kind == "lighthouse"
+    assert light.entry[0] == "torchherd.train.lighthouse"
+    assert "--bind=[::]:29555" in light.entry
+    assert f"--heartbeat_timeout_ms={HEARTBEAT_MS}" in light.entry
+    assert light.job_id == "0101-000000-abcd-lighthouse"
+    assert light.max_restarts >= 100 and light.crash_loop >= 100
+
+
+def test_nodes_without_torchft_are_named_with_how_to_install_it() -> None:
+    facts = {
+        "a": NodeFacts.from_probe("a", {"torchft_version": "0.2.0"}),
+        "b": NodeFacts.from_probe("b", {"torchft_version": None}),
+    }
+    check_torchft(facts, ["a"])
+    with pytest.raises(NodeNotReady) as raised:
+        check_torchft(facts, ["a", "b"])
+    assert "not installed on b" in raised.value.message
+    assert "torchherd[ft]" in raised.value.remedy
+    assert raised.value.hosts == ("b",)
+
+
+def test_a_script_reads_its_group_from_herds_variables() -> None:
+    pytest.importorskip("torch")
+    from torchherd.train.replica_groups import group_env as read
+
+    assert read({}) is None
+    where = read(
+        {
+            "HERD_REPLICA_GROUPS": "3",
+            "HERD_REPLICA_GROUP": "1",
+            "TORCHFT_LIGHTHOUSE": "http://h:1",
+            "HERD_GROUP_ADDR": "10.0.0.2",
+        }
+    )
+    assert where is not None
+    assert (where.group, where.groups, where.addr) == (1, 3, "10.0.0.2")
