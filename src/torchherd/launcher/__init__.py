@@ -13,6 +13,7 @@ Read it in the order the data flows:
     links.py     one agent session per node (ssh, srun or local), JSON lines both ways
     slow_ranks.py  the attempt's slow-rank watch (the judge is recovery.straggler)
     detach.py, dry_run.py  `--detach` and `--dry-run`
+    groups.py    `--replica-groups`: torchft's lighthouse and one job (JobRun) per group
 
 Borders: the launcher never imports torch; it sits above the checks (preflight/), the judges
 (recovery/), the plan, the transports and the records, and shares nothing with the job-control
