@@ -197,6 +197,17 @@ def herd_process(
     nodes: list[str | dict[str, object]] = [{"host": name, "nproc": 1} for name in JOB_NODES]
     if spare:
         nodes.append({"host": "node4", "nproc": 1, "spare": True})
+    return launch_on(bed, work, home, nodes, argv_tail)
+
+
+def launch_on(
+    bed: Testbed,
+    work: Path,
+    home: Path,
+    nodes: list[str | dict[str, object]],
+    argv_tail: list[str],
+) -> subprocess.Popen[str]:
+    """`herd launch` on ``nodes`` from a cluster file written in ``work``, output merged."""
     cluster = bed.write_cluster_file(
         work / "herd.toml",
         nodes=nodes,
@@ -358,23 +369,7 @@ def herd_on(
         {"host": n, "nproc": 1, **({"python": python[n]} if python and n in python else {})}
         for n in JOB_NODES
     ]
-    cluster = bed.write_cluster_file(
-        work / "herd.toml", nodes=nodes, workdir=str(SCRIPTS), env={"HERD_HOME": str(home)}
-    )
-    argv = [sys.executable, "-m", "torchherd", "launch", "-c", str(cluster), *tail]
-    return Lines(
-        [
-            subprocess.Popen(
-                argv,
-                cwd=SCRIPTS,
-                env=dict(os.environ, HERD_HOME=str(home), PYTHONUNBUFFERED="1"),
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-            )
-        ]
-    )
+    return Lines([launch_on(bed, work, home, nodes, tail)])
 
 
 def wait_line(lines: Lines, pattern: str, timeout: float) -> float:
