@@ -225,10 +225,15 @@ async def _supervise(
     loop: asyncio.AbstractEventLoop,
 ) -> RunResult:
     """Run the job (a sequence of attempts) with the signals wired to it."""
-    if job.replica_groups:
-        from .groups import GroupsRun
+    # Imported once the nodes are prepared: the job's machinery is not needed before, and
+    # its import then overlaps the nodes' torchrun wrappers importing torch (startup.py's
+    # "wrapper warm") instead of delaying the ssh connects ("launcher start").
+    from .groups import GroupsRun
+    from .job import JobRun
 
-        groups = GroupsRun(
+    run: GroupsRun | JobRun
+    if job.replica_groups:
+        run = GroupsRun(
             prepared,
             job,
             transport,
@@ -237,27 +242,20 @@ async def _supervise(
             color=options.color,
             hang_timeout=options.hang_timeout,
         )
-        _on_signals(loop, groups.interrupt)
-        _on_save_signal(loop, groups.save_and_stop)
-        return await groups.run()
-    # Imported once the nodes are prepared: the job's machinery is not needed before, and
-    # its import then overlaps the nodes' torchrun wrappers importing torch (startup.py's
-    # "wrapper warm") instead of delaying the ssh connects ("launcher start").
-    from .job import JobRun
-
-    run = JobRun(
-        prepared,
-        job,
-        transport,
-        stream=stream,
-        hang_timeout=options.hang_timeout,
-        save_within=options.save_within,
-        log_dir=options.log_dir,
-        color=options.color,
-        ranks=options.ranks,
-        every_rank=options.every_rank,
-        verbose=options.verbose,
-    )
+    else:
+        run = JobRun(
+            prepared,
+            job,
+            transport,
+            stream=stream,
+            hang_timeout=options.hang_timeout,
+            save_within=options.save_within,
+            log_dir=options.log_dir,
+            color=options.color,
+            ranks=options.ranks,
+            every_rank=options.every_rank,
+            verbose=options.verbose,
+        )
     _on_signals(loop, run.interrupt)
     _on_save_signal(loop, run.save_and_stop)
     return await run.run()
