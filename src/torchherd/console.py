@@ -38,6 +38,8 @@ class Console:
         self._waiting = 0
         """Worker lines queued and not yet written."""
         self._lock = threading.Lock()
+        self._written = 0
+        """Items written so far (close() waits while this grows)."""
         self.gone = False
         """True once the console could not be written (a closed pipe): it is not used again."""
         self._thread = threading.Thread(target=self._write, name="herd-console", daemon=True)
@@ -75,10 +77,14 @@ class Console:
             self._queue.put(None)
 
     def close(self, timeout: float = 5.0) -> None:
-        """Write what waits (for at most ``timeout`` s: a console that never reads again must
-        not keep herd from exiting), then stop the writer."""
+        """Write what waits, then stop the writer. A console that reads slowly gets every line
+        (or its count); one that has taken nothing for ``timeout`` s is given up on: a console
+        that never reads again must not keep herd from exiting."""
         self._queue.put(_STOP)
-        self._thread.join(timeout)
+        written = -1
+        while self._thread.is_alive() and self._written != written:
+            written = self._written
+            self._thread.join(timeout)
 
     def _write(self) -> None:
         shown = False  # a status line is on the screen
@@ -87,6 +93,8 @@ class Console:
             if item is _STOP:
                 if shown:
                     self._safely(lambda: self.stream.write(CLEAR_LINE))
+                # Lines left out after the last line written are counted too.
+                self._say_dropped()
                 self._safely(self.stream.flush)
                 return
             if self.gone:
@@ -99,15 +107,7 @@ class Console:
             if shown and item is not None:
                 self._safely(lambda: self.stream.write(CLEAR_LINE))
                 shown = False
-            with self._lock:
-                dropped, self._dropped = self._dropped, 0
-            if dropped:
-                self._safely(
-                    lambda d=dropped: self.stream.write(
-                        f"[herd: {d} line(s) not shown: the console did not keep up; "
-                        "every line is in the job's output.log]\n"
-                    )
-                )
+            self._say_dropped()
             text: str | None
             if isinstance(item, list):
                 with self._lock:
@@ -117,8 +117,23 @@ class Console:
                 text = item if isinstance(item, str) else None  # a note, or a flush
             if text is not None:
                 self._safely(lambda t=text: self.stream.write(f"{t}\n"))
+                self._written += 1
             if item is None or self._queue.empty():
                 self._safely(self.stream.flush)
+
+    def _say_dropped(self) -> None:
+        """The note for the worker lines left out since the last one (if any)."""
+        if self.gone:
+            return
+        with self._lock:
+            dropped, self._dropped = self._dropped, 0
+        if dropped:
+            self._safely(
+                lambda: self.stream.write(
+                    f"[herd: {dropped} line(s) not shown: the console did not keep up; "
+                    "every line is in the job's output.log]\n"
+                )
+            )
 
     def _safely(self, action: object) -> None:
         try:

@@ -10,6 +10,8 @@ pyproject.toml).
 
 from __future__ import annotations
 
+import fcntl
+import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -59,5 +61,16 @@ def uninterrupted_losses(
     testbed: Testbed, tmp_path_factory: pytest.TempPathFactory
 ) -> list[tuple[int, float]]:
     """(step, loss) of the slowed Trainer job never interrupted (tests/integration/training.py),
-    computed once for every recovery test that must end with the same losses."""
-    return run_uninterrupted(testbed, tmp_path_factory.mktemp("uninterrupted"))
+    computed once for every recovery test that must end with the same losses: once per run,
+    even when the tests run on several processes (pytest-xdist), which share the base of
+    their temporary directories; the first to get there computes it, the others read it."""
+    shared = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = shared.parent  # the base every worker's own directory sits in
+    saved = shared / "uninterrupted-losses.json"
+    with open(shared / "uninterrupted-losses.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # the others wait for the first one's run
+        if not saved.exists():
+            losses = run_uninterrupted(testbed, tmp_path_factory.mktemp("uninterrupted"))
+            saved.write_text(json.dumps(losses))
+    return [(int(step), float(loss)) for step, loss in json.loads(saved.read_text())]

@@ -21,6 +21,9 @@ import pytest
 from tests.integration.herd_cli import herd
 from tests.testbed import Testbed
 
+# Runs alone (scripts/test): it measures links and all-reduce times and compares them.
+pytestmark = pytest.mark.serial
+
 NODES = ["node1", "node2", "node3"]
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 

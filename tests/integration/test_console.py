@@ -43,7 +43,7 @@ def test_a_console_that_stops_reading_does_not_stop_the_job(
 ) -> None:
     path, home = cluster(testbed, tmp_path, ["node1", "node2", "node3"])
     process = subprocess.Popen(
-        herd_argv("-c", str(path), "chatty.py", "--seconds", "50", "--rate", "250"),
+        herd_argv("-c", str(path), "chatty.py", "--seconds", "25", "--rate", "400"),
         cwd=SCRIPTS,
         env=dict(os.environ, HERD_HOME=str(home)),
         stdin=subprocess.DEVNULL,
@@ -60,10 +60,11 @@ def test_a_console_that_stops_reading_does_not_stop_the_job(
             line = process.stdout.readline()
             assert line, "herd ended before its workers spoke"
             seen += line
-        # Nobody reads for longer than any silence limit the agents ever had (30 s, now 10 s):
-        # the pipe fills at once, and a launcher that writes to it on its event loop stalls.
-        # Meanwhile the workers print more lines than the console's queue holds.
-        time.sleep(40)
+        # Nobody reads for longer than the launcher's limit on a node's silence (10 s) and
+        # half as long again: the pipe fills at once, and a launcher that writes to it on its
+        # event loop stalls. Meanwhile the workers print more lines (3 x 400 a second) than
+        # the console's queue holds (10,000).
+        time.sleep(15)
         assert process.poll() is None, "herd ended while its console was not read"
         out = seen.decode() + process.communicate(timeout=180)[0].decode(errors="replace")
     finally:

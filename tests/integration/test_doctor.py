@@ -20,6 +20,9 @@ import torchherd
 from tests.testbed import Testbed
 from torchherd.cli import main
 
+# Its fixture is built once per module: xdist keeps the module's tests on one worker.
+pytestmark = pytest.mark.xdist_group("doctor")
+
 SRC = Path(torchherd.__file__).resolve().parents[1]
 
 

@@ -20,6 +20,9 @@ from tests.integration.conftest import require_testbed
 from tests.integration.herd_cli import herd
 from tests.testbed import Testbed
 
+# Its fixture is built once per module: xdist keeps the module's tests on one worker.
+pytestmark = pytest.mark.xdist_group("ops_sync")
+
 
 def make_project(root: Path) -> Path:
     src = root / "src"

@@ -26,6 +26,9 @@ from tests.integration.live import LiveHerd
 from tests.integration.training import worker_on
 from tests.testbed import Testbed
 
+# Runs alone (scripts/test): the survivors' next commit is bounded at 6 s.
+pytestmark = pytest.mark.serial
+
 pytest.importorskip("torchft", reason="replica groups need torchft (pip install -e '.[dev]')")
 
 NODES = ["node1", "node2", "node3"]

@@ -31,6 +31,9 @@ import pytest
 from tests.integration.herd_cli import SCRIPTS
 from tests.testbed import Testbed
 
+# Runs alone (scripts/test): the start phases must sum to the script's own clock within 5 %.
+pytestmark = pytest.mark.serial
+
 CHROMIUM_FLAGS = [
     "--headless",
     "--no-sandbox",

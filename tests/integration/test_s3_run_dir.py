@@ -23,6 +23,9 @@ from tests.integration.training import ARGS, losses, worker_on
 from tests.s3server import S3Server, make_bucket, s3_server
 from tests.testbed import Testbed
 
+# Its fixture is built once per module: xdist keeps the module's tests on one worker.
+pytestmark = pytest.mark.xdist_group("s3_run_dir")
+
 
 @pytest.fixture(scope="module")
 def bridge_s3(testbed: Testbed) -> Iterator[S3Server]:

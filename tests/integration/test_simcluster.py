@@ -16,7 +16,12 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.simcluster import SimCluster
+
+# Runs alone (scripts/test): 300 simulated nodes on two cores, with a 15 s bound.
+pytestmark = pytest.mark.serial
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -27,6 +27,9 @@ from tests.testbed import Testbed
 from torchherd.errors import ConfigError
 from torchherd.hostlist import expand_hostlist
 
+# Its fixture is built once per module: xdist keeps the module's tests on one worker.
+pytestmark = pytest.mark.xdist_group("slurm")
+
 SCRIPTS = Path(__file__).parent / "scripts"
 
 

@@ -15,9 +15,14 @@ import time
 import uuid
 from pathlib import Path
 
+import pytest
+
 from tests.integration.herd_cli import SCRIPTS
 from tests.integration.live import LiveHerd, pids
 from tests.testbed import Testbed
+
+# Runs alone (scripts/test): it judges a 1.2x slowdown; a test beside it would be the slowdown.
+pytestmark = pytest.mark.serial
 
 # Seconds of the balanced job watched: the watch's first judgement comes after its warm-up
 # and window (about 15 s of beats) and half a minute of checks in a row.

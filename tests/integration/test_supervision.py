@@ -77,8 +77,9 @@ def _agent_of(worker: int) -> int:
 def test_busy_quiet_and_slow_to_stop_is_never_hung_or_lost(
     testbed: Testbed, tmp_path: Path
 ) -> None:
-    """Default settings. After a few steps every rank computes for 35 s printing nothing, then
-    rank 0 writes to disk for 35 s while rank 1 waits in a barrier, printing nothing; then the
+    """Default settings. After a few steps every rank computes for 28 s printing nothing, then
+    rank 0 writes to disk for 28 s while rank 1 waits in a barrier, printing nothing (each
+    past the earliest hang verdict, 20 s into a silence); then the
     job is stopped (Ctrl-C) and every rank's SIGTERM handler takes 15 s (more than the 10 s of
     silence that make a node lost) with --grace 30. herd must call none of it hung, and no
     node lost or cut off: each stops, saying alive all along, and its handler finishes."""
@@ -91,9 +92,9 @@ def test_busy_quiet_and_slow_to_stop_is_never_hung_or_lost(
             "30",
             "phases.py",
             "--compute",
-            "35",
+            "28",
             "--save",
-            "35",
+            "28",
             "--linger",
             "--sigterm-delay",
             "15",

@@ -120,3 +120,33 @@ def test_close_returns_in_time_on_a_console_that_never_reads_again(pipe: Pipe) -
     assert console.gone
     console.write_line("after the end")  # ignored, not an error
     console.note("herd: after the end")
+
+
+def test_close_waits_for_a_console_that_reads_slowly(pipe: Pipe) -> None:
+    """A slow reader (a loaded terminal, a pipe into a slow program) with a backlog that takes
+    longer than close()'s timeout to drain still gets every line or its count: close() gives
+    up only on a console that has taken nothing for that long."""
+    read_fd, stream = pipe.read_fd, pipe.stream
+    assert read_fd is not None
+    console = Console(stream, capacity=CAPACITY)
+    lines = [f"line {i:05d} " + "x" * 990 for i in range(TOTAL)]
+    assert in_thread(lambda: [console.write_line(text) for text in lines], 60)
+    received: list[bytes] = []
+
+    def read_slowly() -> None:
+        while chunk := os.read(read_fd, 1 << 12):
+            received.append(chunk)
+            time.sleep(0.2)  # ~20 KB/s: the backlog (>= 100 KB) takes seconds, past the timeout
+
+    reader = threading.Thread(target=read_slowly, daemon=True)
+    reader.start()
+    started = time.monotonic()
+    console.close(timeout=0.5)
+    assert time.monotonic() - started > 0.5  # it did wait past the timeout, reading went on
+    assert not console._thread.is_alive(), "close() returned with lines still waiting"
+    stream.close()
+    reader.join(30)
+    out = b"".join(received).decode().splitlines()
+    shown = sum(line.startswith("line ") for line in out)
+    counted = sum(int(n) for n in re.findall(r"\[herd: (\d+) line\(s\) not shown", "\n".join(out)))
+    assert shown + counted == TOTAL, (shown, counted)

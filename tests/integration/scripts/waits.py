@@ -7,6 +7,8 @@ is silent (no output, no beat):
 --backoff S    rank 1 sleeps S s (a retry's backoff) while the others wait in an all-reduce
 --lock S       the last rank blocks on a file lock that another process holds for S s, while
                the others wait in a barrier
+--together     the download and the lock at once (one wait, shorter runs): rank 1 waits in
+               the barrier for both
 --disk-wait S  rank 1 is in state D (uninterruptible, as on a slow NFS or Lustre mount) for
                S s, while the others wait in a barrier: its main thread clones a child that
                shares its memory (CLONE_VM | CLONE_VFORK, as vfork) and sleeps; the kernel
@@ -39,6 +41,7 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--download", type=float, default=0)
 parser.add_argument("--backoff", type=float, default=0)
 parser.add_argument("--lock", type=float, default=0)
+parser.add_argument("--together", action="store_true")
 parser.add_argument("--disk-wait", type=int, default=0)
 parser.add_argument("--deadlock-in-phase", action="store_true")
 parser.add_argument("--never-exit", action="store_true")
@@ -80,6 +83,34 @@ def disk_wait(seconds: int) -> None:
     os.waitpid(pid, 0)
 
 
+def download(seconds: float) -> None:
+    """Rank 0 reads ``seconds`` bytes from a server that sends one a second."""
+    import urllib.request
+
+    server = subprocess.Popen(
+        [sys.executable, "-c", SLOW_SERVER], stdout=subprocess.PIPE, text=True
+    )
+    port = int(server.stdout.readline())
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/{int(seconds)}") as answer:
+        answer.read()
+    server.wait()
+
+
+def wait_on_lock(seconds: float) -> None:
+    """Block on a file lock another process holds for ``seconds``."""
+    import fcntl
+
+    path = os.path.join(tempfile.gettempdir(), f"waits-{os.getpid()}.lock")
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, path, str(seconds)], stdout=subprocess.PIPE, text=True
+    )
+    holder.stdout.readline()
+    with open(path, "w") as mine:
+        fcntl.flock(mine, fcntl.LOCK_EX)  # blocks until the holder lets go
+    holder.wait()
+    os.unlink(path)
+
+
 def mark(word: str, name: str) -> None:
     if rank == 0:
         print(f"{word} {name}", flush=True)
@@ -93,39 +124,23 @@ for _ in range(5):
 print(f"STEPPING rank={rank}", flush=True)
 
 if args.download:
-    mark("WAIT", "download")
+    mark("WAIT", "download+lock" if args.together else "download")
     if rank == 0:
-        import urllib.request
-
-        server = subprocess.Popen(
-            [sys.executable, "-c", SLOW_SERVER], stdout=subprocess.PIPE, text=True
-        )
-        port = int(server.stdout.readline())
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/{int(args.download)}") as answer:
-            answer.read()
-        server.wait()
+        download(args.download)
+    if args.together and rank == world - 1:
+        wait_on_lock(args.lock)
     dist.barrier()
-    mark("WAITED", "download")
+    mark("WAITED", "download+lock" if args.together else "download")
 if args.backoff:
     mark("WAIT", "backoff")
     if rank == 1:
         time.sleep(args.backoff)
     dist.all_reduce(value)
     mark("WAITED", "backoff")
-if args.lock:
+if args.lock and not args.together:
     mark("WAIT", "lock")
     if rank == world - 1:
-        import fcntl
-
-        path = os.path.join(tempfile.gettempdir(), f"waits-{os.getpid()}.lock")
-        holder = subprocess.Popen(
-            [sys.executable, "-c", HOLDER, path, str(args.lock)], stdout=subprocess.PIPE, text=True
-        )
-        holder.stdout.readline()
-        with open(path, "w") as mine:
-            fcntl.flock(mine, fcntl.LOCK_EX)  # blocks until the holder lets go
-        holder.wait()
-        os.unlink(path)
+        wait_on_lock(args.lock)
     dist.barrier()
     mark("WAITED", "lock")
 if args.disk_wait:

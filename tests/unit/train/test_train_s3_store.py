@@ -25,6 +25,9 @@ from torchherd.train import Snapshotter, Trainer, TrainerConfig, seed_everything
 from torchherd.train._mirror import S3_MIN_PART, RunDirMirror
 from torchherd.train.dist import Context
 
+# Its fixture is built once per module: xdist keeps the module's tests on one worker.
+pytestmark = pytest.mark.xdist_group("train_s3_store")
+
 fsspec = pytest.importorskip("fsspec")
 pytest.importorskip("s3fs")
 CTX = Context(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"))

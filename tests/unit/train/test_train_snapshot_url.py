@@ -31,6 +31,9 @@ from torchherd.train import (
 )
 from torchherd.train.dist import Context
 
+# Its fixture is built once per module: xdist keeps the module's tests on one worker.
+pytestmark = pytest.mark.xdist_group("train_snapshot_url")
+
 fsspec = pytest.importorskip("fsspec")
 CTX = Context(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"))
 
