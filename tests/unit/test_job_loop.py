@@ -48,6 +48,8 @@ class Scripted:
     saves: int = 0
     during: Callable[[JobRun], None] | None = None
     """Called while the attempt runs (a signal arriving, say)."""
+    lasts: float = 0.0
+    """Seconds the attempt runs after ``during`` (what the job does meanwhile shows)."""
 
 
 class FakeAttempt:
@@ -68,6 +70,7 @@ class FakeAttempt:
         await asyncio.sleep(0)
         if self.script.during is not None:
             self.script.during(self.job)
+        await asyncio.sleep(self.script.lasts)
         hosts = [n.host for n in self.plan.nodes]
         s = self.script
         states = {
@@ -253,6 +256,31 @@ def test_a_lost_node_with_min_nodes_gives_a_new_plan_without_it(tmp_path: Path) 
     assert "n1" in loop.run.pool.left_out  # looked at again, to grow back
     entry = loop.record()["attempts"][1]
     assert entry["how"] == "new plan" and "going on without n1" in entry["why"]
+
+
+def n1_back(job: JobRun) -> None:
+    """n1, left out, answers again: where pool.bring_back leaves it once its sweep, probe and
+    checks (over ssh) have passed."""
+    del job.pool.left_out["n1"]
+    job.pool.returned.append("n1")
+
+
+@pytest.mark.parametrize(("saves", "growing"), [(0, ""), (1, "n1 back: growing the job")])
+def test_a_node_back_grows_a_job_at_its_snapshot_or_else_at_its_next_restart(
+    tmp_path: Path, saves: int, growing: str
+) -> None:
+    """A job that reported a snapshot is asked to save and stop for a node back; one that
+    never did is left to run (stopping it would lose its work) and grows at its next restart."""
+    scripts = [
+        Scripted(lost=("n1",)),
+        Scripted(saves=saves, during=n1_back, lasts=1.5),
+        Scripted(EXIT_OK),
+    ]
+    loop = Loop(tmp_path, scripts, max_restarts=2, min_nodes=2)
+    assert loop.go().exit_code == EXIT_OK
+    assert loop.attempts[1].growing == growing
+    assert loop.replans == [["n2", "n3"], ["n1", "n2", "n3"]]
+    assert loop.attempts[2].plan.world_size == 3
 
 
 def test_a_lost_node_the_job_needs_is_swept_and_waited_for(tmp_path: Path) -> None:
