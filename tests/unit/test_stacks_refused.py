@@ -1,7 +1,7 @@
-"""Stacks that ptrace refuses: herd says why next to each missing stack, with the fix (README:
-"ptrace must be allowed for py-spy"). The refusal is the kernel's own: the real py-spy runs as
-an unprivileged user against a process of another user, which ptrace refuses as it refuses an
-agent where ``kernel.yama.ptrace_scope`` forbids it."""
+"""Stacks that ptrace refuses: herd says why, with the fix, in the rank's stack file and under
+the summary's stacks line (README: "ptrace must be allowed for py-spy"). The refusal is the
+kernel's own: the real py-spy runs as an unprivileged user against a process of another user,
+which ptrace refuses as it refuses an agent where ``kernel.yama.ptrace_scope`` forbids it."""
 
 from __future__ import annotations
 
@@ -15,7 +15,9 @@ from pathlib import Path
 import pytest
 
 from torchherd.agent import stacks
+from torchherd.logs import render_summary
 from torchherd.recovery.evidence import Evidence
+from torchherd.results import RunResult
 
 NOBODY = 65534
 
@@ -53,3 +55,9 @@ def test_a_refused_dump_says_why_and_the_fix_next_to_the_missing_stack(tmp_path:
     assert "no stacks: Permission Denied" in kept
     assert "sysctl kernel.yama.ptrace_scope=0" in kept and "CAP_SYS_PTRACE" in kept
     assert evidence.problems == [f"node1 rank 0: {taken['error']}"]
+    summary = render_summary(
+        RunResult(
+            "job1", 1, stacks_dir=tmp_path / "stacks", evidence_problems=tuple(evidence.problems)
+        )
+    )
+    assert f"  stacks missing: node1 rank 0: {taken['error']}" in summary.splitlines(), summary
