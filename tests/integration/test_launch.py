@@ -245,9 +245,9 @@ def test_failing_rank_is_named_and_other_nodes_stop(testbed: Testbed, tmp_path: 
 def test_interrupt_stops_everything_within_the_readmes_bound(
     testbed: Testbed, tmp_path: Path, sig: signal.Signals
 ) -> None:
-    """Workers that ignore SIGTERM: herd must escalate to SIGKILL after --grace, and the
-    README's bound (the grace period plus 25 s for the stacks and the sweep) holds; then nothing
-    herd started is left anywhere."""
+    """Workers that ignore SIGTERM: herd must escalate to SIGKILL after --grace, taking their
+    stacks first, and the README's bound (the grace period plus 25 s for the stacks and the
+    sweep) holds; then nothing herd started is left anywhere."""
     grace = 3
     path = cluster(
         testbed, tmp_path, [{"host": "node1", "nproc": 2}, {"host": "node2", "nproc": 1}]
