@@ -57,8 +57,12 @@ def test_launch_refuses_a_public_address_on_the_rendezvous_node(
     ok = herd(["launch", "-c", str(moved), "--dry-run", "allreduce.py"], tmp_path, tmp_path)
     assert ok.returncode == 0, ok.stdout + ok.stderr
     allowed = cluster(testbed, tmp_path, ["node1", "node2"], allow_public_rendezvous=True)
-    ok = herd(["launch", "-c", str(allowed), "--dry-run", "allreduce.py"], tmp_path, tmp_path)
+    # (--spares 1: node2, probed like the others, is a hot spare the plan leaves out.)
+    argv = ["launch", "-c", str(allowed), "--spares", "1", "--dry-run", "allreduce.py"]
+    ok = herd(argv, tmp_path, tmp_path)
     assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert "note: node2 is a hot spare: it takes no rank" in ok.stdout, ok.stdout
+    assert "[node1] rendezvous host" in ok.stdout and "[node2]" not in ok.stdout, ok.stdout
     # An IPv4 public address counts the same way.
     testbed.remove_nic("node1", "pub0")
     testbed.add_nic("node1", "pub1", "11.22.33.44/24")

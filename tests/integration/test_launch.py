@@ -245,9 +245,9 @@ def test_failing_rank_is_named_and_other_nodes_stop(testbed: Testbed, tmp_path: 
 def test_interrupt_stops_everything_within_the_readmes_bound(
     testbed: Testbed, tmp_path: Path, sig: signal.Signals
 ) -> None:
-    """Workers that ignore SIGTERM: herd must escalate to SIGKILL after --grace, and the
-    README's bound (the grace period plus 25 s for the stacks and the sweep) holds; then nothing
-    herd started is left anywhere."""
+    """Workers that ignore SIGTERM: herd must escalate to SIGKILL after --grace, taking their
+    stacks first, and the README's bound (the grace period plus 25 s for the stacks and the
+    sweep) holds; then nothing herd started is left anywhere."""
     grace = 3
     path = cluster(
         testbed, tmp_path, [{"host": "node1", "nproc": 2}, {"host": "node2", "nproc": 1}]
@@ -273,6 +273,17 @@ def test_interrupt_stops_everything_within_the_readmes_bound(
         assert "interrupted" in rest
         assert took <= grace + 25, f"took {took:.1f} s to stop (README: grace + 25 s)"
         assert_all_stopped(watch, ["node1", "node2"])
+    # Workers still running past the grace period: their stacks were taken before the kill.
+    stacks_dir = home / "jobs" / job_id / "stacks" / "attempt-0"
+    summary = json.loads((stacks_dir / "summary.json").read_text())
+    after_grace = f"still running {grace} s after SIGTERM"
+    assert summary["reasons"] == {"node1": after_grace, "node2": after_grace}, summary
+    assert [(r["host"], r["rank"], r["error"]) for r in summary["ranks"]] == [
+        ("node1", 0, None),
+        ("node1", 1, None),
+        ("node2", 2, None),
+    ], summary
+    assert "allreduce.py" in (stacks_dir / "node2-rank-2.txt").read_text()
     assert not testbed.processes_with_env("HERD_JOB_ID", job_id)
 
 

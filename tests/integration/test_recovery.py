@@ -100,21 +100,39 @@ def test_a_rank_frozen_before_its_first_step_is_named(testbed: Testbed, tmp_path
 def test_node_cut_off_is_noticed_by_the_launcher_and_its_agent(
     clean_faults: Testbed, tmp_path: Path
 ) -> None:
+    """Without --min-nodes the job needs node3: the restart sweeps it (ssh waits
+    connect_timeout for it), and gives up saying what to do."""
     testbed = clean_faults
     # The agents wait 15 s (not the default 90) for a launcher they no longer hear.
-    path, home = cluster(testbed, tmp_path, ["node2", "node3"], launcher_silence=15)
-    herd = LiveHerd(["-c", str(path), "--grace", "3", "steps.py"], home, testbed)
+    path, home = cluster(
+        testbed, tmp_path, ["node2", "node3"], launcher_silence=15, connect_timeout=3
+    )
+    herd = LiveHerd(
+        ["-c", str(path), "--grace", "3", "--max-restarts", "1", "steps.py"], home, testbed
+    )
     herd.wait_for(r"STEPPING rank=1", 120)
     job = job_id(home)
     testbed.partition("node3")
     herd.wait_for(r"node3 stopped answering at \d\d:\d\d:\d\d \(network or machine down\)", 60)
+    # The attempt ends (grace + 25 s at most), the sweep waits (connect_timeout + grace + 15 s
+    # at most), then herd gives up: 30 s of margin for a loaded machine.
+    gave_up = r"herd: cannot restart: node3 still do\(es\) not answer: 1 node\(s\) left, 2 needed"
+    herd.wait_for(gave_up, 3 + 25 + 3 + 3 + 15 + 30)
     code = herd.finish()
     out = herd.output
     assert code == 1, out
+    assert "--min-nodes M" in out and "herd: attempt 1" not in out, out
     assert "first failure: node3: node3 stopped answering" in out, out
     assert "herd doctor" in out  # the remedy fits a lost node, not an ssh failure
     assert "ssh -v" not in out
-    assert herd.record()["attempts"][-1]["outcome"] == "lost"
+    assert [a["outcome"] for a in herd.record()["attempts"]] == ["lost"]
+    # Before node2's workers were stopped, their stacks were taken: its rank waits for node3's
+    # in the all-reduce (the cut-off node itself cannot be reached for stacks).
+    assert "herd: taking the workers' stacks as the other nodes stop" in out, out
+    stacks_dir = home / "jobs" / job / "stacks" / "attempt-0"
+    summary = json.loads((stacks_dir / "summary.json").read_text())
+    assert summary["reasons"] == {"node2": "taken as the job stops"}, summary
+    assert "all_reduce" in stacks_of(home, job).get("node2-rank-0.txt", ""), summary
     # The cut-off node's own agent ends its share of the job (it hears no launcher).
     on_node3: list[int] = []
     deadline = time.monotonic() + 60

@@ -13,6 +13,7 @@ the other finished.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 from pathlib import Path
@@ -51,17 +52,30 @@ def recorded(name: str) -> dict[str, Any]:
     return json.loads((LOOKS / f"{name}.json").read_text())
 
 
+def frameless(data: dict[str, Any]) -> dict[str, Any]:
+    """A recording as an agent without frames sends it (py-spy missing, or ptrace refused):
+    the same kernel counters, no frames, and why (agent.look.frames_of)."""
+    data = copy.deepcopy(data)
+    for taken in data["looks"]:
+        for seen in taken["event"]["ranks"]:
+            seen["frames"] = None
+            seen.pop("active", None)
+            seen["error"] = "py-spy is not installed on this node"
+    return data
+
+
 def replay(
     name: str,
     repeat_last_for: float = 0.0,
     watch: HangWatch | None = None,
     clock: Clock | None = None,
+    frames: bool = True,
 ) -> tuple[HangWatch, Clock, list[Any]]:
     """Feed a recording to a fresh watch, as the launcher would: workers start, the job goes
     silent, looks come every few seconds. With ``repeat_last_for``, the last look is given
-    again every LOOK_EVERY s for that long (nothing moved meanwhile). The verdict after each
-    look is returned."""
-    data = recorded(name)
+    again every LOOK_EVERY s for that long (nothing moved meanwhile); without ``frames``, the
+    looks carry none. The verdict after each look is returned."""
+    data = recorded(name) if frames else frameless(recorded(name))
     if watch is None or clock is None:
         clock = Clock()
         watch = HangWatch(clock=clock, world_size=data["world_size"])
@@ -149,6 +163,38 @@ def test_every_rank_waiting_after_steps_gets_a_limit_of_its_pace(
         found = watch.check()
     assert found is not None and "no rank has worked" in found.reason
     assert limit <= waited <= limit + LOOK_AFTER + 2 * LOOK_EVERY
+
+
+# ---------------------------------------------------------------------------------------------
+# without frames (py-spy missing, ptrace not allowed): rules 1 and 3 still hold
+
+
+@pytest.mark.parametrize("name", ["stopped-mid-run", "stopped-before-init"])
+def test_a_stopped_rank_is_a_hang_without_frames(name: str) -> None:
+    _, _, verdicts = replay(name, frames=False)
+    index, hang = first_hang(verdicts)
+    looks = recorded(name)["looks"]
+    assert looks[index]["t"] - looks[0]["t"] >= CONFIRM - 0.5
+    assert "node1 rank 1 stopped" in hang.reason
+    assert hang.behind == ("node1 rank 1: stopped (state T: SIGSTOP, a debugger) at unknown",)
+
+
+@pytest.mark.parametrize("name", ["all-waiting", "blocked-rank"])
+def test_nobody_working_is_a_hang_at_the_all_waiting_limit_without_frames(name: str) -> None:
+    """Without frames a rank in a collective cannot be told from an idle one (rule 2 needs
+    both), but no CPU, no I/O and no wake-up from every rank is rule 3's picture all the same."""
+    _, _, verdicts = replay(name, repeat_last_for=FIRST_COLLECTIVE + 2 * LOOK_EVERY, frames=False)
+    index, hang = first_hang(verdicts)
+    looks = recorded(name)["looks"]
+    waited = looks[-1]["t"] - looks[0]["t"] + (index - len(looks) + 1) * LOOK_EVERY
+    assert FIRST_COLLECTIVE - LOOK_EVERY <= waited <= FIRST_COLLECTIVE + 2 * LOOK_EVERY
+    assert "no rank has worked" in hang.reason and f"limit {FIRST_COLLECTIVE:.0f} s" in hang.reason
+
+
+@pytest.mark.parametrize("name", ["silent-compute", "silent-save", "dataloader-wait"])
+def test_a_busy_job_is_not_hung_without_frames(name: str) -> None:
+    _, _, verdicts = replay(name, frames=False)
+    assert verdicts == [None] * len(verdicts)
 
 
 # ---------------------------------------------------------------------------------------------

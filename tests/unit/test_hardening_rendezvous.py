@@ -1,4 +1,5 @@
-"""The rendezvous store's exposure and its port: judged on every address, probed as it binds.
+"""The rendezvous store's exposure and its port: judged on every address (and again on a
+restart that moves the rendezvous), probed as it binds.
 
 Facts are recorded quick-probe answers (shape of `python -m torchherd.agent probe`) with the
 addresses changed; the port tests bind real sockets on this machine.
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import socket
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -195,3 +197,29 @@ def test_no_preflight_does_not_skip_the_public_rendezvous_refusal() -> None:
         refuse_public_rendezvous(cluster, facts, plan)
     allowed = two_nodes(allow_public_rendezvous=True)
     refuse_public_rendezvous(allowed, facts, make_plan(allowed, JobSpec(entry=("t.py",)), facts))
+
+
+def test_a_restart_that_moves_the_rendezvous_makes_the_check_again(tmp_path: Path) -> None:
+    """--min-nodes: node1 (the rendezvous host) is lost and the job goes on on node2, whose
+    address is public (a NAT'd one given as addr). The restart's plan probes node2 afresh (a
+    real agent probe, run on this machine) and refuses it there, before anything starts."""
+    import asyncio
+    import sys
+
+    from torchherd.errors import NodeNotReady
+    from torchherd.launcher.prepare import Prepared, replan
+    from torchherd.plan import JobSpec, make_plan
+    from torchherd.transport.local import LocalTransport
+
+    nodes = (NodeSpec(host="node1"), NodeSpec(host="node2", addr="8.8.4.4"))
+    cluster = ClusterSpec(nodes=nodes, python=sys.executable, workdir=str(tmp_path))
+    facts = {"node1": facts_for("node1", 1), "node2": facts_for("node2", 2)}
+    job = JobSpec(entry=("train.py",), job_id="moved")
+    prepared = Prepared(cluster, facts, {}, make_plan(cluster, job, facts))
+    assert prepared.plan.nodes[0].host == "node1"  # the launch's rendezvous: private, fine
+    with pytest.raises(NodeNotReady) as refused:
+        asyncio.run(replan(prepared, job, LocalTransport(cluster), nodes=["node2"]))
+    assert "node2: the rendezvous store would listen on public address(es) 8.8.4.4" in str(
+        refused.value
+    )
+    assert refused.value.hosts == ("node2",)

@@ -27,7 +27,7 @@ from torchherd.errors import (
 )
 from torchherd.launcher.job import JobRun
 from torchherd.launcher.outcome import AttemptResult
-from torchherd.launcher.prepare import Prepared
+from torchherd.launcher.prepare import Prepared, refuse_public_rendezvous
 from torchherd.plan import JobSpec, LaunchPlan, make_plan
 from torchherd.records import job_dir
 from torchherd.results import Failure
@@ -48,6 +48,8 @@ class Scripted:
     saves: int = 0
     during: Callable[[JobRun], None] | None = None
     """Called while the attempt runs (a signal arriving, say)."""
+    lasts: float = 0.0
+    """Seconds the attempt runs after ``during`` (what the job does meanwhile shows)."""
 
 
 class FakeAttempt:
@@ -68,6 +70,7 @@ class FakeAttempt:
         await asyncio.sleep(0)
         if self.script.during is not None:
             self.script.during(self.job)
+        await asyncio.sleep(self.script.lasts)
         hosts = [n.host for n in self.plan.nodes]
         s = self.script
         states = {
@@ -253,6 +256,54 @@ def test_a_lost_node_with_min_nodes_gives_a_new_plan_without_it(tmp_path: Path) 
     assert "n1" in loop.run.pool.left_out  # looked at again, to grow back
     entry = loop.record()["attempts"][1]
     assert entry["how"] == "new plan" and "going on without n1" in entry["why"]
+
+
+def n1_back(job: JobRun) -> None:
+    """n1, left out, answers again: where pool.bring_back leaves it once its sweep, probe and
+    checks (over ssh) have passed."""
+    del job.pool.left_out["n1"]
+    job.pool.returned.append("n1")
+
+
+@pytest.mark.parametrize(("saves", "growing"), [(0, ""), (1, "n1 back: growing the job")])
+def test_a_node_back_grows_a_job_at_its_snapshot_or_else_at_its_next_restart(
+    tmp_path: Path, saves: int, growing: str
+) -> None:
+    """A job that reported a snapshot is asked to save and stop for a node back; one that
+    never did is left to run (stopping it would lose its work) and grows at its next restart."""
+    scripts = [
+        Scripted(lost=("n1",)),
+        Scripted(saves=saves, during=n1_back, lasts=1.5),
+        Scripted(EXIT_OK),
+    ]
+    loop = Loop(tmp_path, scripts, max_restarts=2, min_nodes=2)
+    assert loop.go().exit_code == EXIT_OK
+    assert loop.attempts[1].growing == growing
+    assert loop.replans == [["n2", "n3"], ["n1", "n2", "n3"]]
+    assert loop.attempts[2].plan.world_size == 3
+
+
+def test_a_new_rendezvous_host_with_a_public_address_ends_the_job_saying_why(
+    tmp_path: Path,
+) -> None:
+    """--min-nodes moves the rendezvous to n2, which has a public address: the restart's plan
+    is refused (the real check, on n2's facts; the probe over ssh is the fake part) and the
+    job ends with the refusal and its fix, starting nothing more."""
+    loop = Loop(tmp_path, [Scripted(lost=("n1",))], max_restarts=1, min_nodes=2)
+    nics = [("eth0", "10.0.0.2", 24), ("eth1", "8.8.4.4", 24)]
+    loop.run.pool.facts["n2"] = facts("n2", nics, ssh_addr="10.0.0.2", port=29500)
+
+    async def replan_checked(prepared: Prepared, job: JobSpec, *args: Any, **kw: Any) -> Prepared:
+        fresh = await loop.fake_replan(prepared, job, *args, **kw)
+        refuse_public_rendezvous(prepared.cluster.select(kw["nodes"]), prepared.facts, fresh.plan)
+        return fresh
+
+    loop.run.replan = replan_checked
+    result = loop.go()
+    assert result.exit_code == EXIT_JOB_FAILED and len(loop.attempts) == 1
+    out = loop.out.getvalue()
+    refused = "herd: cannot restart: n2: the rendezvous store would listen on public address(es)"
+    assert f"{refused} 8.8.4.4" in out and "allow_public_rendezvous = true" in out, out
 
 
 def test_a_lost_node_the_job_needs_is_swept_and_waited_for(tmp_path: Path) -> None:

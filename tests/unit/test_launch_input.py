@@ -120,3 +120,23 @@ def test_a_herd_option_after_the_script_is_passed_on_with_a_warning(
     assert "warning: --nproc comes after train.py, so it goes to the script" in captured.err
     assert main(["launch", "--dry-run", "train.py", "--lr", "3"]) == 0
     assert "warning" not in capsys.readouterr().err
+
+
+def test_spares_are_the_last_hosts_and_take_no_rank(
+    here: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--spares N`: the last N hosts of -H are hot spares, left out of the plan (a dry run
+    made offline too), named in its notes; spares that leave no node to run are refused."""
+    import json
+
+    hosts = f"{HOSTS_NOT_SET_UP},gpu3.invalid:4"
+    assert main(["launch", "-H", hosts, "--spares", "1", "--dry-run", "--json", "train.py"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert [n["host"] for n in plan["nodes"]] == ["gpu1.invalid", "gpu2.invalid"]
+    assert plan["world_size"] == 3
+    spare = "gpu3.invalid is a hot spare: it takes no rank, and takes a lost node's place"
+    assert spare in plan["notes"]
+    assert main(["launch", "-H", hosts, "--spares", "3", "train.py"]) == 2
+    err = capsys.readouterr().err
+    assert "--spares 3 leaves no node to run the job (3 node(s) in -H)" in err
+    assert "give at most --spares 2" in err and "Traceback" not in err

@@ -1,11 +1,13 @@
 """Node-local progress storage (agent.attempt.progress_root): ``herd-<uid>`` in a shared
 directory is used only when it is this user's own; one taken first by another user, or a link,
-sends herd to the next place. Real directories, a real other owner (root can chown)."""
+sends herd to the next place; a real attempt's worker beats there, never in a home. Real
+directories, a real other owner (root can chown), a real worker process."""
 
 from __future__ import annotations
 
 import os
 import stat
+import sys
 from pathlib import Path
 
 import pytest
@@ -54,3 +56,40 @@ def test_a_link_planted_in_its_place_is_not_followed(
     root = attempt.progress_root()
     assert not root.startswith(str(tmp_path / "run")), root
     assert not os.path.islink(root) and os.lstat(root).st_uid == os.getuid()
+
+
+# A worker: beats at step 7 from the progress folder herd gives it, and says where that is.
+WORKER = """
+import os
+from torchherd.progress import beat
+beat(7, now=True)
+where = os.environ["HERD_PROGRESS_DIR"]
+print("PROGRESS", where, sorted(os.listdir(where)))
+"""
+
+
+def test_an_attempts_progress_files_live_there_never_in_a_home(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A real attempt on this node: its worker's beats go to the runtime directory's
+    ``herd-<uid>``, not to the home or HERD_HOME (an NFS home that stalls would freeze a
+    beat), reach the launcher, and the folder is gone once the attempt has ended."""
+    runtime, home = tmp_path / "run", tmp_path / "home"
+    runtime.mkdir()
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
+    monkeypatch.setenv("HOME", str(home))
+    events: list[dict[str, object]] = []
+    request = {
+        "job_id": "job1",
+        "node": "node1",
+        "argv": [sys.executable, "-c", WORKER],
+        "env": {"HERD_HOME": str(home / ".herd"), "RANK": "0", "LOCAL_RANK": "0"},
+        "grace": 1,
+    }
+    assert attempt.NodeAttempt(request, events.append).run() == 0
+    said = [str(e["t"]) for e in events if e.get("e") == "line"]
+    where = f"{runtime}/herd-{os.getuid()}/job1/node1/attempt-0"
+    assert any(line.startswith(f"PROGRESS {where} ['rank-0") for line in said), (said, events)
+    assert [b[:2] for e in events if e.get("e") == "beats" for b in e["b"]] == [[0, 7]], events
+    assert not os.path.exists(where) and not os.path.exists(os.path.dirname(where))
+    assert not home.exists() or not list(home.rglob("rank-0*"))

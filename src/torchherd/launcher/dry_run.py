@@ -6,7 +6,8 @@ reached yet (hosts being set up, a laptop away from the cluster), the plan is st
 the cluster file alone: each node's address is a placeholder from 192.0.2.0/24 (RFC 5737's
 documentation range, never a real host), the rendezvous port is 29500 unless rdzv_port is set,
 and each node runs ``--nproc`` workers (else the cluster's nproc, else one). The plan says so,
-and why, in notes that the text and ``--json`` both carry.
+and why, in notes that the text and ``--json`` both carry. Hot spares (``spare = true``,
+``--spares N``) take no rank in either plan: a note names them.
 """
 
 from __future__ import annotations
@@ -24,6 +25,9 @@ PLACEHOLDER_PORT = 29500
 def offline_plan(cluster: ClusterSpec, job: JobSpec, why: str) -> LaunchPlan:
     """The plan from the cluster alone, with placeholders where the nodes would answer, and
     notes that say which and why (``why``: what stopped the probe)."""
+    cluster = cluster.with_spares(job.spares)
+    spares = spare_notes(cluster)
+    cluster = cluster.select(n.host for n in cluster.active)
     nodes, stand_ins = [], []
     for index, node in enumerate(cluster.nodes):
         if node.addr is None and cluster.transport != "local":
@@ -47,9 +51,18 @@ def offline_plan(cluster: ClusterSpec, job: JobSpec, why: str) -> LaunchPlan:
     notes = [
         f"made offline, without the nodes ({first_line}): a launch probes every node first",
         *stand_ins,
+        *spares,
     ]
     if not cluster.rdzv_port and cluster.transport != "local":
         notes.append(f"port {PLACEHOLDER_PORT} stands for a free port the launch finds")
     if job.nproc is None:
         notes.append("worker counts assume no GPUs where the cluster file gives no nproc")
     return dataclasses.replace(plan, notes=(*plan.notes, *notes))
+
+
+def spare_notes(cluster: ClusterSpec) -> list[str]:
+    """A note per hot spare of ``cluster`` (spares applied): the plan leaves it out."""
+    return [
+        f"{node.host} is a hot spare: it takes no rank, and takes a lost node's place"
+        for node in cluster.spares
+    ]

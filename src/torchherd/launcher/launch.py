@@ -12,7 +12,7 @@ import asyncio
 import signal
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TextIO
 
@@ -135,7 +135,9 @@ async def _launch(
             err.write(f"herd: {prepared.environment}\n")
         plan = prepared.plan
         if options.dry_run:
-            return plan
+            from .dry_run import spare_notes
+
+            return replace(plan, notes=(*plan.notes, *spare_notes(prepared.cluster)))
         if options.detach:
             return await _start_detached(prepared, options, transport, stream, loop)
         return await _supervise(prepared, job, transport, options, stream, loop)

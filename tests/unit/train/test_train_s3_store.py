@@ -3,7 +3,7 @@ whose request log (moto's recorder) shows the order in which objects were writte
 the manifest is uploaded after the state and before ``latest``; pruning deletes the manifest
 first; an unfinished upload is ignored and cleared; a run directory's metrics and TensorBoard
 events are uploaded while the job runs, a grown file by its new bytes only, and the local
-folder is removed at the end.
+folder is removed at the end; a failing store is reported once and retried.
 """
 
 from __future__ import annotations
@@ -186,3 +186,26 @@ def test_metrics_and_tensorboard_are_uploaded_while_the_job_runs(s3: _S3) -> Non
     lines = s3.fs.cat_file(f"{root}/metrics.jsonl").decode().splitlines()
     assert [json.loads(x)["step"] for x in lines] == list(range(1, 17))
     assert not local.exists()  # the temporary folder is removed at the end
+
+
+def test_a_failing_store_is_reported_once_and_retried(
+    s3: _S3, recorded_s3: tuple[S3Server, Path], caplog: pytest.LogCaptureFixture
+) -> None:
+    """The bucket is missing (a real refusal by the store): every upload fails, one warning
+    says so; once the bucket is there, the next upload sends what waited and says so once."""
+    bucket = f"late-{uuid.uuid4().hex[:8]}"
+    mirror = RunDirMirror(f"s3://{bucket}/run", every=3600)
+    (mirror.local / "metrics.jsonl").write_bytes(b'{"step": 1, "loss": 0.5}\n')
+    with caplog.at_level("WARNING", logger="torchherd.train"):
+        assert [mirror.upload() for _ in range(3)] == [False, False, False]
+        failed = [r.getMessage() for r in caplog.records]
+        assert len(failed) == 1, failed
+        assert f"cannot upload the run directory to s3://{bucket}/run" in failed[0]
+        assert "training goes on" in failed[0]
+        make_bucket(recorded_s3[0], bucket)
+        mirror.fs.invalidate_cache()
+        assert mirror.upload() and mirror.upload()
+        said = [r.getMessage() for r in caplog.records][1:]
+    assert said == [f"uploads to s3://{bucket}/run work again"]
+    assert s3.fs.cat_file(f"{bucket}/run/metrics.jsonl") == b'{"step": 1, "loss": 0.5}\n'
+    assert mirror.close()
