@@ -66,13 +66,13 @@ def test_every_ranks_new_beat_goes_in_one_event(node_attempt, monkeypatch) -> No
 
 def test_the_launcher_takes_each_rank_of_a_beats_event(tmp_path: Path) -> None:
     attempt, output = attempt_of(tmp_path, ["n1", "n2"])
-    node = attempt.nodes["n1"]
-    attempt._handle(node, {"e": "beats", "b": [[0, 7, 100.0, 0.2], [1, 9, 100.0, None]]})
-    attempt._handle(node, {"e": "beats", "b": [[0, 12, 102.0, 0.2], "junk", [None, 1, 2, 3]]})
-    attempt._handle(node, {"e": "beats", "b": [[1, 13, 103.0, None, 0.03, 0.2, 0.004]]})
+    node = attempt.state.nodes["n1"]
+    attempt.events.handle(node, {"e": "beats", "b": [[0, 7, 100.0, 0.2], [1, 9, 100.0, None]]})
+    attempt.events.handle(node, {"e": "beats", "b": [[0, 12, 102.0, 0.2], "junk", [None, 1, 2, 3]]})
+    attempt.events.handle(node, {"e": "beats", "b": [[1, 13, 103.0, None, 0.03, 0.2, 0.004]]})
     output.close()
     assert attempt.hang.steps == {0: 12, 1: 13}
-    assert attempt.step_rates()["n1"] == (13, pytest.approx(2.0))
+    assert attempt.state.step_rates()["n1"] == (13, pytest.approx(2.0))
     assert attempt.slow.watch.reports_compute  # rank 0's compute times reached the watch
     assert list(attempt.slow.watch.times[("n1", 0)]) == [0.2, 0.2]
     assert ("n1", 1) not in attempt.slow.watch.times  # no compute reported: none counted
@@ -143,12 +143,12 @@ def test_agents_that_stopped_for_a_silent_launcher_explain_a_peers_failure(tmp_p
     attempt was stopped by its agents (restarted in place, not counted as a failure)."""
     attempt, output = attempt_of(tmp_path, ["n1", "n2"])
     failed = {"e": "exit", "code": 1, "failures": [{"rank": 0, "exitcode": 1}], "why": ""}
-    attempt._handle(attempt.nodes["n1"], failed)
-    assert attempt._ending and not attempt.stopped_for_silence
+    attempt.events.handle(attempt.state.nodes["n1"], failed)
+    assert attempt.state.ending and not attempt.state.stopped_for_silence
     silent = {"e": "exit", "code": 143, "stopped": True, "why": "launcher-silent"}
-    attempt._handle(attempt.nodes["n2"], silent)
+    attempt.events.handle(attempt.state.nodes["n2"], silent)
     output.close()
-    assert attempt.stopped_for_silence
+    assert attempt.state.stopped_for_silence
     assert "n2's agent stopped the job" in (tmp_path / "out").read_text()
 
 

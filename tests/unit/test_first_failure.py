@@ -109,14 +109,14 @@ def attempt_of(tmp_path, hosts: list[str]):  # type: ignore[no-untyped-def]
 
 def test_a_rendezvous_timeout_names_the_nodes_that_never_joined(tmp_path) -> None:  # type: ignore[no-untyped-def]
     attempt, output = attempt_of(tmp_path, ["n1", "n2", "n3"])
-    attempt.ranks_seen.add(("n1", 0))
+    attempt.state.ranks_seen.add(("n1", 0))
     timeout = {"error": "RendezvousTimeoutError", "message": "", "last_stderr": []}
-    attempt.nodes["n1"].error = dict(timeout, message="rendezvous timed out")
-    attempt.nodes["n1"].state = "failed"
-    attempt.nodes["n2"].error = timeout
-    attempt.nodes["n2"].state = "failed"
-    attempt.trigger = "n1"
-    failure = attempt.first_failure()
+    attempt.state.nodes["n1"].error = dict(timeout, message="rendezvous timed out")
+    attempt.state.nodes["n1"].state = "failed"
+    attempt.state.nodes["n2"].error = timeout
+    attempt.state.nodes["n2"].state = "failed"
+    attempt.state.trigger = "n1"
+    failure = attempt.state.first_failure()
     output.close()
     assert failure is not None and failure.cause.endswith("never joined: n3"), failure
 
@@ -124,10 +124,12 @@ def test_a_rendezvous_timeout_names_the_nodes_that_never_joined(tmp_path) -> Non
 def test_a_reset_connection_points_at_the_peer(tmp_path) -> None:  # type: ignore[no-untyped-def]
     attempt, output = attempt_of(tmp_path, ["n1", "n2"])
     reset = "RuntimeError: [gloo/transport/tcp/pair.cc:534] Read error [10.0.0.2]:21345: "
-    attempt.nodes["n1"].failures = [failure(0, 1, stderr=[reset + "Connection reset by peer"])]
-    attempt.nodes["n1"].state = "failed"
-    attempt.trigger = "n1"
-    found = attempt.first_failure()
+    attempt.state.nodes["n1"].failures = [
+        failure(0, 1, stderr=[reset + "Connection reset by peer"])
+    ]
+    attempt.state.nodes["n1"].state = "failed"
+    attempt.state.trigger = "n1"
+    found = attempt.state.first_failure()
     output.close()
     assert found is not None and found.cause.endswith("the peer is n2"), found
 

@@ -25,6 +25,7 @@ from torchherd.errors import (
     EXIT_OK,
     EXIT_SAVED,
 )
+from torchherd.launcher.attempt.state import LiveState
 from torchherd.launcher.job import JobRun
 from torchherd.launcher.outcome import AttemptResult
 from torchherd.launcher.prepare import Prepared, refuse_public_rendezvous
@@ -54,17 +55,16 @@ class Scripted:
 
 class FakeAttempt:
     """Stands in for attempt.Attempt (which starts torchrun on nodes over ssh): ends as
-    scripted, with the outcome's shape the real one has."""
+    scripted, with the outcome's shape the real one has; what the job reads of it while it
+    runs is a real LiveState."""
 
     def __init__(self, job: JobRun, script: Scripted) -> None:
         self.job = job
         self.plan: LaunchPlan = job.prepared.plan
         self.number = job.number
         self.script = script
-        self.saves = script.saves
-        self.growing = ""
-        self.stopping = False
-        self.interrupted = False
+        self.state = LiveState(self.plan, self.number)
+        self.state.saves = script.saves
 
     async def run(self) -> AttemptResult:
         await asyncio.sleep(0)
@@ -94,13 +94,10 @@ class FakeAttempt:
         )
 
     def interrupt(self) -> None:
-        self.interrupted = True
+        self.state.interrupted = True
 
     def request_save(self, within: float, grow: str = "") -> None:
-        self.growing = grow
-
-    def step_rates(self) -> dict[str, tuple[int, float | None]]:
-        return {}
+        self.state.growing = grow
 
 
 def cluster() -> ClusterSpec:
@@ -384,11 +381,11 @@ def test_survivors_of_a_kill_keep_their_node_out_of_an_in_place_restart(tmp_path
 
     async def ended() -> Any:
         attempt = Attempt(plan, cluster(), LocalTransport(cluster()), output, {}, number=0)
-        for host, node in attempt.nodes.items():
+        for host, node in attempt.state.nodes.items():
             event = {"e": "exit", "code": 1 if host == "n2" else -15, "stopped": host != "n2"}
             if host == "n3":
                 event["survivors"] = [4242]
-            attempt._exited(node, event)
+            attempt.events.exited(node, event)
         return attempt.ended_state()
 
     state = asyncio.run(ended())

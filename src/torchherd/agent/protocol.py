@@ -1,13 +1,13 @@
 """The wire protocol between the launcher and a node agent: JSON lines (standard library only).
 
 This docstring is the one description of the protocol; both ends (agent/runner.py, agent/
-attempt.py on the node; launcher/links.py, launcher/attempt.py on the launcher) follow it.
+attempt.py on the node; launcher/links.py, launcher/attempt/ on the launcher) follow it.
 
 Launcher -> agent (`python -m torchherd.agent run`, stdin), in this order:
 
     {"probe": request}              optional, first: answered by one {"e": "probe"} event
     {"prewarm": spec}               optional: warm torchrun's wrapper before the request
-    a job request                   the first attempt, run at once (launcher.attempt.agent_request)
+    a job request                   the first attempt, run at once (launcher.attempt.request)
     then commands, any time:
     {"cmd": "run", "request": R}    run the next attempt (once the previous one has ended)
     {"cmd": "prewarm", "attempt": N}           warm a wrapper for attempt N now

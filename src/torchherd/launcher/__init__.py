@@ -6,7 +6,10 @@ Read it in the order the data flows:
     prepare.py   connect every node, probe it, check it, plan the job   -> Prepared
     job.py       a job is a sequence of attempts: run one, ask the restart decision
                  (recovery.policy.RestartPolicy) for the next, until the job is over
-    attempt.py   one attempt: the plan run through the nodes' agent links, watched   -> state
+    attempt/     one attempt: the plan run through the nodes' agent links, watched   -> state
+                 run.py wires it; state.py what it knows; events.py the agents' events ->
+                 state; watch.py silent nodes, stalls, hangs; actions.py every command to
+                 the agents; request.py what an agent is asked to run
     outcome.py   what an ended attempt's state adds up to (exit code, first failure)
     teardown.py  how an attempt's nodes are stopped; sweeps.py ends what one left behind
     pool.py      spares, and lost nodes on their way back

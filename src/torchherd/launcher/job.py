@@ -181,7 +181,7 @@ class JobRun:
         if self.time_limit:
             return
         self.time_limit = True
-        if self.current is None or self.current.stopping:
+        if self.current is None or self.current.state.stopping:
             # No attempt runs that could still save: the job ends before the next would start.
             self.limit_between = True
         if self.current is not None:
@@ -215,7 +215,7 @@ class JobRun:
                 self._node_rates(attempt)
                 await self._save()
                 before = replace(
-                    self.history, saves_seen=self.history.saves_seen or attempt.saves > 0
+                    self.history, saves_seen=self.history.saves_seen or attempt.state.saves > 0
                 )
                 ended = self._ended(attempt, outcome, time.monotonic() - attempt_started)
                 decision = await self._decide(ended, before, attempt.plan)
@@ -271,8 +271,8 @@ class JobRun:
             if room <= 0:
                 self.pool.stand_by(list(self.pool.returned))
                 continue
-            saved = self.history.saves_seen or attempt.saves
-            if saved and not (self.time_limit or attempt.stopping):
+            saved = self.history.saves_seen or attempt.state.saves
+            if saved and not (self.time_limit or attempt.state.stopping):
                 back = ", ".join(self.pool.returned[:room])
                 attempt.request_save(self.save_within, grow=f"{back} back: growing the job")
                 return
@@ -310,7 +310,7 @@ class JobRun:
         if self._phases_kept or self.start_origin is None:
             return
         self._phases_kept = True
-        own: dict[str, dict[str, float]] = getattr(attempt, "start_marks", {})
+        own = attempt.state.start_marks
         marks = {host: {**self.start_marks.get(host, {}), **own[host]} for host in own}
         if not marks:
             return
@@ -371,7 +371,7 @@ class JobRun:
             reusable=frozenset(outcome.reusable),
             max_step=outcome.max_step,
             seconds=seconds,
-            growing=attempt.growing,
+            growing=attempt.state.growing,
             stopped_by_agents=outcome.stopped_by_agents,
             failed_host=failure.host if failure is not None and failure.host else None,
             cause=failure.headline() if failure is not None else "",
@@ -509,13 +509,15 @@ class JobRun:
     def _restart_marks(self) -> None:
         """A restart's start counts from the moment herd saw the last attempt end; each node's
         first mark is when it confirmed that end."""
-        last = self.last_attempt
         self._phases_kept = False
-        # getattr: a test's fake attempt keeps no clock of its end
-        self.start_origin = getattr(last, "ending_at", None)
+        self.start_origin = None
         self.start_marks = {}
-        for host, node in getattr(last, "nodes", {}).items():
-            if getattr(node, "ended_at", None) is not None:
+        if self.last_attempt is None:
+            return
+        last = self.last_attempt.state
+        self.start_origin = last.ending_at
+        for host, node in last.nodes.items():
+            if node.ended_at is not None:
                 self.start_marks[host] = {"stopped": node.ended_at}
 
     def _workers(self) -> dict[str, int]:
@@ -558,7 +560,7 @@ class JobRun:
 
     def _node_rates(self, attempt: Attempt) -> None:
         """Each node's own step rate in the attempt's entry (`herd report` draws it)."""
-        rates = attempt.step_rates()
+        rates = attempt.state.step_rates()
         for node in self.record.attempts[-1].get("nodes", []):
             found = rates.get(str(node.get("host")))
             if found is not None and found[1] is not None:

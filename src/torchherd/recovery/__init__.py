@@ -10,8 +10,8 @@
                                        outcome, the nodes at hand, the history, the signals
                nodes.choose_nodes      the next attempt's nodes: in place, a spare, fewer, back
 
-An Attempt (attempt.py) is given the detection and evidence objects (and a clock), the job loop
-(job.py) the policy, so each can be tested alone and swapped.
+An Attempt (launcher/attempt/) is given the detection and evidence objects (and a clock), the
+job loop (launcher/job.py) the policy, so each can be tested alone and swapped.
 """
 
 from .causes import Cause, explain
