@@ -21,8 +21,10 @@ import pytest
 from tests.integration.herd_cli import herd
 from tests.testbed import Testbed
 
-# Runs alone (scripts/test): it measures links and all-reduce times and compares them.
-pytestmark = pytest.mark.serial
+# Its fixtures (one `bench all` run) are built once per module: xdist keeps the module on one
+# worker. It runs beside other tests: each check compares a link slowed 10x or more with the
+# others, which the load of one other test does not blur.
+pytestmark = pytest.mark.xdist_group("bench")
 
 NODES = ["node1", "node2", "node3"]
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

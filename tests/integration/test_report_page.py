@@ -31,9 +31,6 @@ import pytest
 from tests.integration.herd_cli import SCRIPTS
 from tests.testbed import Testbed
 
-# Runs alone (scripts/test): the start phases must sum to the script's own clock within 5 %.
-pytestmark = pytest.mark.serial
-
 CHROMIUM_FLAGS = [
     "--headless",
     "--no-sandbox",
@@ -141,6 +138,8 @@ def colour_share(png: bytes, rgb: tuple[int, int, int]) -> float:
     return close / (width * height)
 
 
+# Runs alone (scripts/test): the start phases must sum to the script's own clock within 5 %.
+@pytest.mark.serial
 def test_the_report_page_tells_a_restarted_jobs_story(testbed: Testbed, tmp_path: Path) -> None:
     chromium()  # skip early (outside CI) when there is no browser here
     home, run_dir = tmp_path / "home", tmp_path / "run"
