@@ -275,7 +275,7 @@ def test_a_node_back_grows_a_job_at_its_snapshot_or_else_at_its_next_restart(
     ]
     loop = Loop(tmp_path, scripts, max_restarts=2, min_nodes=2)
     assert loop.go().exit_code == EXIT_OK
-    assert loop.attempts[1].growing == growing
+    assert loop.attempts[1].state.growing == growing
     assert loop.replans == [["n2", "n3"], ["n1", "n2", "n3"]]
     assert loop.attempts[2].plan.world_size == 3
 
