@@ -206,7 +206,9 @@ class SlurmCluster:
             "SlurmdUser=root",
             "AuthType=auth/munge",
             "CredType=cred/munge",
-            f"AuthInfo=socket={self.munge_socket}",
+            # cred_expire: a requeued job waits out its credential's lifetime before it may
+            # start again (120 s by default); 20 s here, so the requeue test waits 20 s.
+            f"AuthInfo=socket={self.munge_socket},cred_expire=20",
             f"StateSaveLocation={tmp / 'state'}",
             f"SlurmdSpoolDir={tmp / 'spool'}/%n",
             f"SlurmctldPidFile={tmp / 'slurmctld.pid'}",
