@@ -22,8 +22,9 @@ from tests.testbed import Testbed
 from tests.wheels import make_wheel
 from torchherd.agent import envid
 
-# Its fixture is built once per module: xdist keeps the module's tests on one worker.
-pytestmark = pytest.mark.xdist_group("env_sync")
+# Runs alone (scripts/test): its Ctrl-C must land while a node installs, which a test beside it
+# can delay until the sync has finished.
+pytestmark = pytest.mark.serial
 
 PY = f"{sys.version_info[0]}.{sys.version_info[1]}.0"
 
