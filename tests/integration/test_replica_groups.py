@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.herd_cli import one_worker_cluster
+from tests.integration.herd_cli import herd, one_worker_cluster
 from tests.integration.live import LiveHerd
 from tests.integration.training import worker_on
 from tests.testbed import Testbed
@@ -126,6 +126,13 @@ def test_killed_group_rejoins_heals_and_ends_with_identical_weights(groups_run: 
     weights = [json.loads((groups_run.run_dir / f"weights-{g}.json").read_text()) for g in range(3)]
     assert [w["step"] for w in weights] == [STEPS] * 3, [w["step"] for w in weights]
     assert weights[0]["weights"] == weights[1]["weights"] == weights[2]["weights"]
+    # The report page tells the outage: group 2 out at the step the others had reached.
+    made = herd(["report", groups_run.job], groups_run.home, groups_run.run_dir.parent)
+    assert made.returncode == 0, made.stderr
+    page = Path(made.stdout.split("report: ", 1)[1].strip()).read_text()
+    said = re.search(r"<td>2</td><td>node3</td><td>2</td><td>0</td><td>down [^<]*</td>", page)
+    assert said and f"at step {outage['steps_before']};" in said.group(0), page[-3000:]
+    assert "healed" in said.group(0) and page.count('class="outage"') == 1
 
 
 def test_lighthouse_killed_is_restarted_and_training_goes_on(groups_run: GroupsRun) -> None:

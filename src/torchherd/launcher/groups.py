@@ -78,6 +78,7 @@ class Outage:
             "group": self.group,
             "host": self.host,
             "down_at": self.down_at,
+            "steps_before": self.steps_before,
             "next_commit_s": self.next_commit_s,
             "healed_s": self.healed_s,
         }
