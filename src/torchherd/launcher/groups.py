@@ -66,18 +66,24 @@ class Outage:
     group: int
     host: str
     down_at: float
+    """time.monotonic() when herd last saw the group running (its durations' origin)."""
     steps_before: int
     """The highest step the live groups had reached when it went down."""
     next_commit_s: float | None = None
     """Seconds until another group committed a step past ``steps_before``."""
     healed_s: float | None = None
     """Seconds until the group stepped again, level with the others."""
+    down_wall: float = field(init=False)
+    """The same moment on the wall clock, as the job record keeps its times."""
+
+    def __post_init__(self) -> None:
+        self.down_wall = time.time() - (time.monotonic() - self.down_at)
 
     def entry(self) -> dict[str, Any]:
         return {
             "group": self.group,
             "host": self.host,
-            "down_at": self.down_at,
+            "down_at": round(self.down_wall, 3),
             "steps_before": self.steps_before,
             "next_commit_s": self.next_commit_s,
             "healed_s": self.healed_s,
