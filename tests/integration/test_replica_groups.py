@@ -4,8 +4,9 @@ groups, real faults, what herd reports.
 One run serves every test of the module (a run costs about a minute of three trainers on two
 cores): group 2's worker is SIGKILLed mid-run (the other two must commit their next step within
 6 s, none of their processes restarting; group 2 is restarted alone and heals from them), then
-the lighthouse is SIGKILLed (herd restarts it; training goes on), and the run must finish with
-every group's weights identical. The nodes resolve their own names to 127.0.1.1, so this also
+the lighthouse is SIGKILLed (herd restarts it; training goes on), then every group at once
+(each resumes from herd's last snapshot), and the run must finish with every group's weights
+identical. The nodes resolve their own names to 127.0.1.1, so this also
 shows that torchft is given routable addresses.
 """
 
@@ -36,6 +37,8 @@ STEPS = 400
 # What the issue asks of the survivors: their next committed step within 6 s of the loss
 # (torchft's default heartbeat; herd's lighthouse drops a silent group after 3 s).
 NEXT_COMMIT_WITHIN = 6.0
+# What the Trainer says when it wrote a snapshot (the group that writes them, in the console).
+SNAPSHOT = r"node\d:0\b.*\bsnapshot \S*step-(?P<step>\d+)"
 
 
 @dataclass
@@ -48,10 +51,18 @@ class GroupsRun:
     killed_at: float
     survivors_before: dict[str, int]
     lighthouse_pids: tuple[int, int | None]
+    before_all_killed: dict
+    """The job's record and each group's, as they stood before every group was killed."""
+    last_snapshot: int
+    """The step of the last snapshot written before every group was killed."""
 
     def herd_record(self) -> dict:
         """The job's own record (its groups and lighthouse have records of their own)."""
-        return json.loads((self.home / "jobs" / self.job / "job.json").read_text())
+        return read_record(self.home, self.job)
+
+
+def read_record(home: Path, job: str) -> dict:
+    return json.loads((home / "jobs" / job / "job.json").read_text())
 
 
 def wait_pid(job: str, node: str, testbed: Testbed, timeout: float, other_than: int = 0) -> int:
@@ -70,7 +81,7 @@ def groups_run(testbed: Testbed, tmp_path_factory: pytest.TempPathFactory) -> Gr
     path, home = one_worker_cluster(testbed, tmp_path, NODES)
     run_dir = tmp_path / "run"
     args = ["-c", str(path), "--replica-groups", "--max-restarts", "2", "--grace", "3"]
-    script = ["groups_minimal.py", "--max-steps", str(STEPS), "--snapshot-every", "100"]
+    script = ["groups_minimal.py", "--max-steps", str(STEPS), "--snapshot-every", "50"]
     herd = LiveHerd([*args, *script, "--batch-size", "16", "--run-dir", str(run_dir)], home)
     try:
         job = herd.wait_for(r"job (?P<job>\S+): 3 replica group\(s\)", 60)[0].group("job")
@@ -85,12 +96,21 @@ def groups_run(testbed: Testbed, tmp_path_factory: pytest.TempPathFactory) -> Gr
         old = wait_pid(f"{job}-lighthouse", "node1", testbed, 10)
         os.kill(old, signal.SIGKILL)
         new = wait_pid(f"{job}-lighthouse", "node1", testbed, 90, other_than=old)
+        # Then every group at once: no live group to heal from, so each resumes from the
+        # last snapshot herd's Trainer wrote (never from step 1: torchft keeps nothing).
+        written = len(re.findall(SNAPSHOT, herd.output))
+        last = int(herd.wait_for(SNAPSHOT, 120, count=written + 1)[-1].group("step"))
+        before = {"job": read_record(home, job)}
+        before |= {f"g{i}": read_record(home, f"{job}-g{i}") for i in range(len(NODES))}
+        everyone = [wait_pid(f"{job}-g{i}", n, testbed, 10) for i, n in enumerate(NODES)]
+        for pid in everyone:
+            os.kill(pid, signal.SIGKILL)
         code = herd.finish(timeout=300)
     finally:
         if herd.process.poll() is None:
             herd.signal(signal.SIGTERM)
             herd.finish(timeout=60)
-    return GroupsRun(herd, code, job, run_dir, home, killed_at, survivors, (old, new))
+    return GroupsRun(herd, code, job, run_dir, home, killed_at, survivors, (old, new), before, last)
 
 
 def test_survivors_commit_within_6_s_without_restarting(groups_run: GroupsRun) -> None:
@@ -102,16 +122,15 @@ def test_survivors_commit_within_6_s_without_restarting(groups_run: GroupsRun) -
         assert said, out[-6000:]
         assert float(said.group("s")) <= NEXT_COMMIT_WITHIN, said.group(0)
     assert re.search(r"the other groups committed step \d+ [\d.]+ s after it went down", out)
-    record = groups_run.herd_record()
-    (outage,) = record["groups"][2]["outages"]
+    before = groups_run.before_all_killed
+    (outage,) = before["job"]["groups"][2]["outages"]
     assert outage["host"] == "node3" and outage["next_commit_s"] is not None, outage
-    # The survivors ran once: no restart, no second worker.
+    # The survivors ran once: no restart, no second worker (until every group was killed).
     for index in (0, 1):
-        assert record["groups"][index]["runs"] == 1 and not record["groups"][index]["outages"]
-        group = json.loads(
-            (groups_run.home / "jobs" / f"{groups_run.job}-g{index}" / "job.json").read_text()
-        )
-        assert group["restarts"] == 0 and len(group["attempts"]) == 1, group
+        group = before["job"]["groups"][index]
+        assert group["runs"] == 1 and not group["outages"], group
+        own = before[f"g{index}"]
+        assert own["restarts"] == 0 and len(own["attempts"]) == 1, own
     assert "restarting the job" not in "\n".join(
         line for line in out.splitlines() if "node1:0" in line or "node2:0" in line
     )
@@ -120,7 +139,7 @@ def test_survivors_commit_within_6_s_without_restarting(groups_run: GroupsRun) -
 def test_killed_group_rejoins_heals_and_ends_with_identical_weights(groups_run: GroupsRun) -> None:
     out = groups_run.herd.output
     assert groups_run.code == 0, out[-6000:]
-    (outage,) = groups_run.herd_record()["groups"][2]["outages"]
+    outage = groups_run.herd_record()["groups"][2]["outages"][0]
     assert outage["healed_s"] is not None and outage["healed_s"] > outage["next_commit_s"], outage
     assert re.search(r"node3:0\b.*healed from a live replica group at step \d+", out), out[-6000:]
     weights = [json.loads((groups_run.run_dir / f"weights-{g}.json").read_text()) for g in range(3)]
@@ -136,7 +155,9 @@ def test_killed_group_rejoins_heals_and_ends_with_identical_weights(groups_run: 
     record = groups_run.herd_record()
     assert record["started"] < outage["down_at"] < record["ended"], (record["started"], outage)
     assert int(said.group("in")) == round(outage["down_at"] - record["started"])
-    assert "healed" in said.group(0) and page.count('class="outage"') == 1
+    assert "healed" in said.group(0)
+    # Group 2's two outages, and one for each of the others when every group was killed.
+    assert page.count('class="outage"') == 4
 
 
 def test_lighthouse_killed_is_restarted_and_training_goes_on(groups_run: GroupsRun) -> None:
@@ -149,3 +170,14 @@ def test_lighthouse_killed_is_restarted_and_training_goes_on(groups_run: GroupsR
     assert groups_run.code == 0
     for g in range(3):
         assert json.loads((groups_run.run_dir / f"weights-{g}.json").read_text())["step"] == STEPS
+
+
+def test_every_group_killed_resumes_from_herds_last_snapshot(groups_run: GroupsRun) -> None:
+    out = groups_run.herd.output
+    assert groups_run.code == 0, out[-6000:]
+    assert "every replica group is down" in out, out[-6000:]
+    for node in NODES:
+        resumed = re.findall(rf"{node}:0\b.*\bresumed from \S*step-(\d+)", out)
+        assert resumed and int(resumed[-1]) == groups_run.last_snapshot, (node, resumed)
+    weights = [json.loads((groups_run.run_dir / f"weights-{g}.json").read_text()) for g in range(3)]
+    assert [w["step"] for w in weights] == [STEPS] * 3

@@ -191,6 +191,7 @@ class GroupsRun:
         self.groups = [Group(i, n.host) for i, n in enumerate(prepared.plan.nodes)]
         self.lighthouse: JobRun | None = None
         self.interrupted = False
+        self.all_down_said = False
         self.record = new_record(prepared.cluster, prepared.plan, self.log_dir, state="running")
         self.record.kind = job.kind
 
@@ -342,6 +343,19 @@ class GroupsRun:
                     group.alive_at = now
                     group.others_then = max(others, default=0)
                 self._progress(group, now, steps[group.index], others, attempt)
+            self._all_down(steps)
+
+    def _all_down(self, steps: dict[int, int | None]) -> None:
+        """Said once each time every group is down at once: none is left to heal from, so
+        the groups resume from the run's last snapshot as they restart (torchft keeps
+        nothing on disk)."""
+        down = all(g.seen_attempt is None and g.outages for g in self.groups)
+        if down and not self.all_down_said and not self.interrupted:
+            self.note(
+                "every replica group is down: as they restart, they resume from the run's "
+                "last snapshot (the steps since it are trained again)"
+            )
+        self.all_down_said = down
 
     def _down(self, group: Group, steps: int) -> None:
         outage = Outage(group.index, group.host, group.alive_at, steps)
