@@ -4,10 +4,11 @@ groups, real faults, what herd reports.
 One run serves every test of the module (a run costs about a minute of three trainers on two
 cores): group 2's worker is SIGKILLed mid-run (the other two must commit their next step within
 6 s, none of their processes restarting; group 2 is restarted alone and heals from them), then
-the lighthouse is SIGKILLed (herd restarts it; training goes on), then every group at once
-(each resumes from herd's last snapshot), and the run must finish with every group's weights
-identical. The nodes resolve their own names to 127.0.1.1, so this also
-shows that torchft is given routable addresses.
+the lighthouse is SIGKILLed (herd restarts it; training goes on), then node3's link is cut
+(the spare node4 takes group 2's place and heals; the cut-off worker is ended once node3 is
+back), then every group at once (each resumes from herd's last snapshot), and the run must
+finish with every group's weights identical. The nodes resolve their own names to 127.0.1.1,
+so this also shows that torchft is given routable addresses.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.herd_cli import herd, one_worker_cluster
+from tests.integration.herd_cli import SCRIPTS, herd
 from tests.integration.live import LiveHerd
 from tests.integration.training import worker_on
 from tests.testbed import Testbed
@@ -33,6 +34,7 @@ pytestmark = pytest.mark.serial
 pytest.importorskip("torchft", reason="replica groups need torchft (pip install -e '.[dev]')")
 
 NODES = ["node1", "node2", "node3"]
+SPARE = "node4"
 STEPS = 400
 # What the issue asks of the survivors: their next committed step within 6 s of the loss
 # (torchft's default heartbeat; herd's lighthouse drops a silent group after 3 s).
@@ -55,6 +57,8 @@ class GroupsRun:
     """The job's record and each group's, as they stood before every group was killed."""
     last_snapshot: int
     """The step of the last snapshot written before every group was killed."""
+    left_on_cut_node: int | None
+    """A worker of group 2 still on node3 a minute after its link came back (None: none)."""
 
     def herd_record(self) -> dict:
         """The job's own record (its groups and lighthouse have records of their own)."""
@@ -63,6 +67,14 @@ class GroupsRun:
 
 def read_record(home: Path, job: str) -> dict:
     return json.loads((home / "jobs" / job / "job.json").read_text())
+
+
+def wait_gone(job: str, node: str, testbed: Testbed, timeout: float) -> int | None:
+    """None once no worker of ``job`` runs on ``node``; its pid if one still does."""
+    deadline = time.monotonic() + timeout
+    while (pid := worker_on(job, node, testbed)) is not None and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return pid
 
 
 def wait_pid(job: str, node: str, testbed: Testbed, timeout: float, other_than: int = 0) -> int:
@@ -78,7 +90,16 @@ def wait_pid(job: str, node: str, testbed: Testbed, timeout: float, other_than: 
 @pytest.fixture(scope="module")
 def groups_run(testbed: Testbed, tmp_path_factory: pytest.TempPathFactory) -> GroupsRun:
     tmp_path = tmp_path_factory.mktemp("groups")
-    path, home = one_worker_cluster(testbed, tmp_path, NODES)
+    home = tmp_path / "home"
+    path = testbed.write_cluster_file(
+        tmp_path / "herd.toml",
+        nodes=[
+            *({"host": h, "nproc": 1} for h in NODES),
+            {"host": SPARE, "nproc": 1, "spare": True},
+        ],
+        workdir=str(SCRIPTS),
+        env={"HERD_HOME": str(home)},
+    )
     run_dir = tmp_path / "run"
     args = ["-c", str(path), "--replica-groups", "--max-restarts", "2", "--grace", "3"]
     script = ["groups_minimal.py", "--max-steps", str(STEPS), "--snapshot-every", "50"]
@@ -96,13 +117,22 @@ def groups_run(testbed: Testbed, tmp_path_factory: pytest.TempPathFactory) -> Gr
         old = wait_pid(f"{job}-lighthouse", "node1", testbed, 10)
         os.kill(old, signal.SIGKILL)
         new = wait_pid(f"{job}-lighthouse", "node1", testbed, 90, other_than=old)
+        # node3's link cut: group 2 is lost with it, and the spare takes its place.
+        testbed.partition("node3")
+        try:
+            herd.wait_for(rf"group 2: node3 does not answer; spare {SPARE} takes its place", 90)
+            herd.wait_for(rf"group 2 on {SPARE} rejoined and healed", 120)
+        finally:
+            testbed.heal("node3")
+        left_on_cut_node = wait_gone(f"{job}-g2", "node3", testbed, 60)
         # Then every group at once: no live group to heal from, so each resumes from the
         # last snapshot herd's Trainer wrote (never from step 1: torchft keeps nothing).
         written = len(re.findall(SNAPSHOT, herd.output))
         last = int(herd.wait_for(SNAPSHOT, 120, count=written + 1)[-1].group("step"))
         before = {"job": read_record(home, job)}
         before |= {f"g{i}": read_record(home, f"{job}-g{i}") for i in range(len(NODES))}
-        everyone = [wait_pid(f"{job}-g{i}", n, testbed, 10) for i, n in enumerate(NODES)]
+        placed = [*NODES[:2], SPARE]
+        everyone = [wait_pid(f"{job}-g{i}", n, testbed, 10) for i, n in enumerate(placed)]
         for pid in everyone:
             os.kill(pid, signal.SIGKILL)
         code = herd.finish(timeout=300)
@@ -110,7 +140,10 @@ def groups_run(testbed: Testbed, tmp_path_factory: pytest.TempPathFactory) -> Gr
         if herd.process.poll() is None:
             herd.signal(signal.SIGTERM)
             herd.finish(timeout=60)
-    return GroupsRun(herd, code, job, run_dir, home, killed_at, survivors, (old, new), before, last)
+    return GroupsRun(
+        herd, code, job, run_dir, home, killed_at, survivors, (old, new), before, last,
+        left_on_cut_node,
+    )  # fmt: skip
 
 
 def test_survivors_commit_within_6_s_without_restarting(groups_run: GroupsRun) -> None:
@@ -181,3 +214,14 @@ def test_every_group_killed_resumes_from_herds_last_snapshot(groups_run: GroupsR
         assert resumed and int(resumed[-1]) == groups_run.last_snapshot, (node, resumed)
     weights = [json.loads((groups_run.run_dir / f"weights-{g}.json").read_text()) for g in range(3)]
     assert [w["step"] for w in weights] == [STEPS] * 3
+
+
+def test_a_cut_off_groups_place_goes_to_the_spare(groups_run: GroupsRun) -> None:
+    out = groups_run.herd.output
+    assert groups_run.code == 0, out[-6000:]
+    group = groups_run.herd_record()["groups"][2]
+    assert group["hosts"] == ["node3", SPARE] and group["host"] == SPARE, group
+    cut = group["outages"][1]
+    assert cut["host"] == "node3" and cut["healed_s"] is not None, group["outages"]
+    # The cut-off worker never rejoins beside its replacement: ended once its node is back.
+    assert groups_run.left_on_cut_node is None
