@@ -35,7 +35,7 @@ pytest.importorskip("torchft", reason="replica groups need torchft (pip install 
 
 NODES = ["node1", "node2", "node3"]
 SPARE = "node4"
-STEPS = 400
+STEPS = 700
 # What the issue asks of the survivors: their next committed step within 6 s of the loss
 # (torchft's default heartbeat; herd's lighthouse drops a silent group after 3 s).
 NEXT_COMMIT_WITHIN = 6.0

@@ -30,7 +30,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, TextIO
 
-from ..errors import EXIT_INTERRUPTED, EXIT_JOB_FAILED, NodeNotReady, NodesUnreachable
+from ..errors import EXIT_INTERRUPTED, EXIT_JOB_FAILED, NodeNotReady
 from ..facts import NodeFacts
 from ..job_nodes import new_record
 from ..plan import JobSpec, NodePlan, make_plan
@@ -288,7 +288,7 @@ class GroupsRun:
         while not self.interrupted and group.runs < budget:
             try:
                 prepared, job = await self._group_plan(group, lighthouse)
-            except NodesUnreachable:
+            except NodeNotReady:  # its probe failed: unreachable (the usual case), or broken
                 if self._others_done(group):
                     return  # the others finished: nothing to rejoin
                 if not self._to_spare(group):
