@@ -22,9 +22,9 @@ from tests.testbed import Testbed
 from tests.wheels import make_wheel
 from torchherd.agent import envid
 
-# Runs alone (scripts/test): its Ctrl-C must land while a node installs, which a test beside it
-# can delay until the sync has finished.
-pytestmark = pytest.mark.serial
+# Its own testbed: one process of the suite runs the whole module. (Its Ctrl-C lands once a
+# node says it installs a 20,000-module package, which takes seconds even on an idle machine.)
+pytestmark = pytest.mark.xdist_group("env_sync")
 
 PY = f"{sys.version_info[0]}.{sys.version_info[1]}.0"
 
