@@ -199,6 +199,10 @@ def test_lighthouse_killed_is_restarted_and_training_goes_on(groups_run: GroupsR
     out = groups_run.herd.output
     restarted = re.search(r"restarting the job \(restart 1 of 1000\)", out)
     assert restarted, out[-6000:]
+    # Its quorum log (lines every step) stays in its files, off the console.
+    assert "torchft::lighthouse" not in out
+    log = groups_run.home / "jobs" / groups_run.job / "lighthouse" / "rank-0.log"
+    assert "torchft::lighthouse" in log.read_text()
     # Every group reached the last step after the lighthouse came back (code 0, all weights).
     assert groups_run.code == 0
     for g in range(3):

@@ -273,6 +273,9 @@ class GroupsRun:
             log_dir=self.log_dir / "lighthouse",
             color=self.color,
             hang_timeout=0,
+            # Its log (a few lines per quorum, every step) stays in lighthouse/; the console
+            # keeps its agent's lines and herd's word when it dies.
+            ranks=frozenset(),
             policy=RestartPolicy(
                 max_restarts=LIGHTHOUSE_RESTARTS, min_nodes=1, crash_loop=LIGHTHOUSE_RESTARTS
             ),
