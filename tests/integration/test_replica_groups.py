@@ -4,7 +4,7 @@ groups, real faults, what herd reports.
 One run serves every test of the module (a run costs about a minute of three trainers on two
 cores): group 2's worker is SIGKILLed mid-run (the other two must commit their next step within
 6 s, none of their processes restarting; group 2 is restarted alone and heals from them), then
-the lighthouse is SIGKILLed (herd restarts it; training goes on), then node3's link is cut
+the lighthouse is SIGKILLed (herd restarts it; training goes on) while node3's link is cut
 (the spare node4 takes group 2's place and heals; the cut-off worker is ended once node3 is
 back), then every group at once (each resumes from herd's last snapshot), and the run must
 finish with every group's weights identical. The nodes resolve their own names to 127.0.1.1,
@@ -35,7 +35,7 @@ pytest.importorskip("torchft", reason="replica groups need torchft (pip install 
 
 NODES = ["node1", "node2", "node3"]
 SPARE = "node4"
-STEPS = 700
+STEPS = 800
 # What the issue asks of the survivors: their next committed step within 6 s of the loss
 # (torchft's default heartbeat; herd's lighthouse drops a silent group after 3 s).
 NEXT_COMMIT_WITHIN = 6.0
@@ -115,15 +115,16 @@ def groups_run(testbed: Testbed, tmp_path_factory: pytest.TempPathFactory) -> Gr
         os.kill(victim, signal.SIGKILL)
         herd.wait_for(r"group 2 on node3 rejoined and healed", 180)
         old = wait_pid(f"{job}-lighthouse", "node1", testbed, 10)
+        # Two faults at once: the lighthouse killed (herd restarts it) and node3's link cut
+        # (group 2 is lost with it; the spare takes its place and heals).
         os.kill(old, signal.SIGKILL)
-        new = wait_pid(f"{job}-lighthouse", "node1", testbed, 90, other_than=old)
-        # node3's link cut: group 2 is lost with it, and the spare takes its place.
         testbed.partition("node3")
         try:
+            new = wait_pid(f"{job}-lighthouse", "node1", testbed, 90, other_than=old)
             herd.wait_for(rf"group 2: node3 does not answer; spare {SPARE} takes its place", 90)
-            herd.wait_for(rf"group 2 on {SPARE} rejoined and healed", 120)
         finally:
             testbed.heal("node3")
+        herd.wait_for(rf"group 2 on {SPARE} rejoined and healed", 120)
         left_on_cut_node = wait_gone(f"{job}-g2", "node3", testbed, 60)
         # Then every group at once: no live group to heal from, so each resumes from the
         # last snapshot herd's Trainer wrote (never from step 1: torchft keeps nothing).
@@ -156,7 +157,7 @@ def test_survivors_commit_within_6_s_without_restarting(groups_run: GroupsRun) -
         assert float(said.group("s")) <= NEXT_COMMIT_WITHIN, said.group(0)
     assert re.search(r"the other groups committed step \d+ [\d.]+ s after it went down", out)
     before = groups_run.before_all_killed
-    (outage,) = before["job"]["groups"][2]["outages"]
+    outage = before["job"]["groups"][2]["outages"][0]  # the SIGKILL (then the cut link)
     assert outage["host"] == "node3" and outage["next_commit_s"] is not None, outage
     # The survivors ran once: no restart, no second worker (until every group was killed).
     for index in (0, 1):
@@ -182,15 +183,15 @@ def test_killed_group_rejoins_heals_and_ends_with_identical_weights(groups_run: 
     made = herd(["report", groups_run.job], groups_run.home, groups_run.run_dir.parent)
     assert made.returncode == 0, made.stderr
     page = Path(made.stdout.split("report: ", 1)[1].strip()).read_text()
-    row = r"<td>2</td><td>node3</td><td>\d+</td><td>0</td><td>down (?P<in>\d+) s in [^<]*</td>"
+    row = rf"<td>2</td><td>{SPARE}</td><td>\d+</td><td>0</td><td>down (?P<in>\d+) s in [^<]*</td>"
     said = re.search(row, page)
     assert said and f"at step {outage['steps_before']};" in said.group(0), page[-3000:]
     record = groups_run.herd_record()
     assert record["started"] < outage["down_at"] < record["ended"], (record["started"], outage)
     assert int(said.group("in")) == round(outage["down_at"] - record["started"])
     assert "healed" in said.group(0)
-    # Group 2's two outages, and one for each of the others when every group was killed.
-    assert page.count('class="outage"') == 4
+    # Group 2's three (killed, cut off, every group killed), one each for the others.
+    assert page.count('class="outage"') == 5
 
 
 def test_lighthouse_killed_is_restarted_and_training_goes_on(groups_run: GroupsRun) -> None:
@@ -213,7 +214,7 @@ def test_every_group_killed_resumes_from_herds_last_snapshot(groups_run: GroupsR
     out = groups_run.herd.output
     assert groups_run.code == 0, out[-6000:]
     assert "every replica group is down" in out, out[-6000:]
-    for node in NODES:
+    for node in [*NODES[:2], SPARE]:  # group 2 runs on the spare by then
         resumed = re.findall(rf"{node}:0\b.*\bresumed from \S*step-(\d+)", out)
         assert resumed and int(resumed[-1]) == groups_run.last_snapshot, (node, resumed)
     weights = [json.loads((groups_run.run_dir / f"weights-{g}.json").read_text()) for g in range(3)]

@@ -25,6 +25,7 @@ The launcher never imports torch or torchft; the lighthouse runs on the node as
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -33,7 +34,7 @@ from typing import Any, TextIO
 from ..errors import EXIT_INTERRUPTED, EXIT_JOB_FAILED, NodeNotReady
 from ..facts import NodeFacts
 from ..job_nodes import new_record
-from ..plan import JobSpec, NodePlan, make_plan
+from ..plan import JobSpec, LaunchPlan, NodePlan, make_plan
 from ..records import job_dir
 from ..recovery import RestartPolicy
 from ..results import RunResult
@@ -106,6 +107,12 @@ class Group:
     outages: list[Outage] = field(default_factory=list)
     hosts: list[str] = field(default_factory=list)
     """Every node the group ran on, in order (a spare took a lost node's place)."""
+    waiting_for: str | None = None
+    """Why its node cannot run it now, as last said (said again only when it changes)."""
+    seen_on: str = ""
+    """The node of the attempt herd last saw running."""
+    node_lost: bool = False
+    """Its run found its node lost and a spare free: the next run goes to the spare."""
 
     def __post_init__(self) -> None:
         self.hosts = self.hosts or [self.host]
@@ -291,14 +298,23 @@ class GroupsRun:
         while not self.interrupted and group.runs < budget:
             try:
                 prepared, job = await self._group_plan(group, lighthouse)
-            except NodeNotReady:  # its probe failed: unreachable (the usual case), or broken
+            except NodeNotReady as exc:  # its probe failed: unreachable (usually), or broken
                 if self._others_done(group):
                     return  # the others finished: nothing to rejoin
                 if not self._to_spare(group):
+                    why = " ".join(exc.message.split())
+                    if why != group.waiting_for:
+                        group.waiting_for = why
+                        self.note(
+                            f"group {group.index} waits for {group.host} (looked at every "
+                            f"{NODE_RETRY_EVERY:g} s): {why}"
+                        )
                     await asyncio.sleep(NODE_RETRY_EVERY)
                 continue
+            group.waiting_for = None
             group.runs += 1
             group.result = None
+            group.node_lost = False
             group.run = JobRun(
                 prepared,
                 job,
@@ -307,6 +323,7 @@ class GroupsRun:
                 log_dir=self.log_dir / f"group-{group.index}",
                 color=self.color,
                 hang_timeout=self.hang_timeout,
+                sweeper=functools.partial(self._sweep_lost, group),
             )
             if self.interrupted:
                 group.run.interrupt()
@@ -314,6 +331,8 @@ class GroupsRun:
             if group.result.exit_code == 0 or self.interrupted:
                 return
             self.note(f"group {group.index} on {group.host} ended: {group.result.reason}")
+            if group.node_lost:
+                self._to_spare(group)
 
     def _group_job(self, group: Group, lighthouse: str, addr: str | None = None) -> JobSpec:
         """The group's own job. Its variables travel in the job's env, so that every plan
@@ -330,25 +349,43 @@ class GroupsRun:
 
     async def _group_plan(self, group: Group, lighthouse: str) -> tuple[Prepared, JobSpec]:
         # The address the launch's plan found for the node, advertised to the other groups;
-        # a spare's is planned as the launch's would have been.
+        # a spare's is planned as the launch's would have been (its route to the first node).
         planned = self.prepared.plan.nodes[group.index]
         if planned.host == group.host:
             addr = planned.local_addr
         else:
-            spare = self.prepared.cluster.select([group.host])
-            facts = self.prepared.facts
-            addr = make_plan(spare, self.job, facts, self.prepared.secrets).nodes[0].local_addr
+            first = self.prepared.plan.nodes[0].host
+            both = self.prepared.cluster.select([first, group.host])
+            plan = make_plan(both, self.job, self.prepared.facts, self.prepared.secrets)
+            addr = next(n.local_addr for n in plan.nodes if n.host == group.host)
         job = self._group_job(group, lighthouse, addr)
         prepared = await replan(self.prepared, job, self.transport, nodes=[group.host], links={})
         return prepared, job
+
+    async def _sweep_lost(self, group: Group, last: LaunchPlan, node: NodePlan) -> bool:
+        """The group's run asks whether its lost node can be swept before a restart there.
+        With a spare free, the answer is no at once: the group moves to the spare instead of
+        waiting on the node (its leftovers are swept once it answers again, ``_to_spare``)."""
+        if self._free_spares():
+            group.node_lost = True
+            return False
+        assert group.run is not None
+        return await group.run.sweep_lost_node(last, node)
+
+    def _free_spares(self) -> list[str]:
+        taken = {g.host for g in self.groups} | {self.prepared.plan.nodes[0].host}
+        return [
+            n.host
+            for n in self.prepared.cluster.spares
+            if n.host not in taken and n.host in self.prepared.facts
+            and n.host not in self.lost_nodes
+        ]  # fmt: skip
 
     def _to_spare(self, group: Group) -> bool:
         """A group whose node does not answer moves to a free spare at once (its data shard
         and number stay; it heals from the live groups like a group restarted in place).
         False: no spare is free, the group waits for its node."""
-        taken = {g.host for g in self.groups} | {self.prepared.plan.nodes[0].host}
-        free = [n.host for n in self.prepared.cluster.spares if n.host not in taken]
-        free = [h for h in free if h in self.prepared.facts and h not in self.lost_nodes]
+        free = self._free_spares()
         if not free:
             return False
         lost, group.host = group.host, free[0]
@@ -404,16 +441,19 @@ class GroupsRun:
                     group.seen_attempt = None
                 if attempt is not None:
                     group.seen_attempt = attempt
+                    group.seen_on = group.host
                     group.alive_at = now
                     group.others_then = max(others, default=0)
                 self._progress(group, now, steps[group.index], others, attempt)
-            self._all_down(steps)
+            self._all_down()
 
-    def _all_down(self, steps: dict[int, int | None]) -> None:
+    def _all_down(self) -> None:
         """Said once each time every group is down at once: none is left to heal from, so
         the groups resume from the run's last snapshot as they restart (torchft keeps
         nothing on disk)."""
-        down = all(g.seen_attempt is None and g.outages for g in self.groups)
+        # Down: an outage not healed yet (a group restarted in place is seen running again
+        # at once, but it is not back until it steps level with the others).
+        down = all(g.outages and g.outages[-1].healed_s is None for g in self.groups)
         if down and not self.all_down_said and not self.interrupted:
             self.note(
                 "every replica group is down: as they restart, they resume from the run's "
@@ -422,10 +462,11 @@ class GroupsRun:
         self.all_down_said = down
 
     def _down(self, group: Group, steps: int) -> None:
-        outage = Outage(group.index, group.host, group.alive_at, steps)
+        # The node it was last seen running on (it may have moved to a spare since).
+        outage = Outage(group.index, group.seen_on, group.alive_at, steps)
         group.outages.append(outage)
         self.note(
-            f"replica group {group.index} on {group.host} went down at step "
+            f"replica group {group.index} on {outage.host} went down at step "
             f"{outage.steps_before}; the other groups go on without it"
         )
         self._write_record(None)

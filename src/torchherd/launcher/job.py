@@ -109,7 +109,7 @@ class JobRun:
         self.new_attempt: Callable[[JobRun], Attempt] = attempts or JobRun._attempt
         """Starts the next attempt on the current plan (a test passes a fake)."""
         self.replan = replanner
-        self.sweep: Sweeper = sweeper or self._sweep
+        self.sweep: Sweeper = sweeper or self.sweep_lost_node
         self.full_cluster = prepared.cluster
         """Every node the job may use (the plan may use fewer after a loss)."""
         plan = prepared.plan
@@ -407,7 +407,8 @@ class JobRun:
             ended, replace(bench, swept=frozenset(back)), history, self._signals()
         )
 
-    async def _sweep(self, last: LaunchPlan, node: NodePlan) -> bool:
+    async def sweep_lost_node(self, last: LaunchPlan, node: NodePlan) -> bool:
+        """End what the last attempt left on a node that was lost (the default sweeper)."""
         swept = await sweep_attempt(
             self.transport,
             self.full_cluster,
