@@ -382,8 +382,8 @@ def _step_times(story: Story) -> str:
         + picture
         + f"<p class=note>Seconds per step of each node: {esc(what)}. One strip per node on "
         "the timeline's axis and one scale from zero for all, so a slow node's strip sits "
-        "higher; at the right, its latest (the median of its last five points). A red mark: where herd named the "
-        "node slow.</p>"
+        "higher; at the right, its latest (the median of its last five points). A red mark: "
+        "where herd named the node slow.</p>"
     )
 
 
