@@ -259,11 +259,11 @@ def test_each_nodes_step_time_is_a_strip_on_one_axis_and_the_slow_one_sits_highe
     assert gpu2[:9] == gpu1[:9] and len(set(gpu1)) == 1  # one scale: the same time, the same
     assert max(gpu2[9:]) < gpu1[0] - 3  # gpu2 slowed: higher in its strip from then on
     last_x = float(re.findall(r'<polyline points="[^"]* ([\d.]+),[\d.]+"', page)[-1])
-    assert abs(last_x - (110 + 720 * 190 / 200)) < 1  # gpu2's last point: 190 s in
+    assert abs(last_x - (110 + 770 * 190 / 200)) < 1  # gpu2's last point: 190 s in
     mark = re.search(r'<line x1="([\d.]+)"[^>]*class="named-slow"><title>gpu2 named', page)
     assert mark is not None, page
-    # 150 s into a 200 s job, on the axis from x=110 to x=830.
-    assert abs(float(mark.group(1)) - (110 + 720 * 150 / 200)) < 1
+    # 150 s into a 200 s job, on the timeline's axis, from x=110 to x=880.
+    assert abs(float(mark.group(1)) - (110 + 770 * 150 / 200)) < 1
     assert re.findall(r">(\d+ ms)</text>", page) == ["100 ms", "130 ms"]  # each one's latest
     assert "the step less the time it waited for the others" in page
     assert "step_times" not in page  # not listed among the attempt's unknown keys

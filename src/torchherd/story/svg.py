@@ -213,16 +213,17 @@ def strips(
     label: str = "step time",
 ) -> str:
     """One compact strip per node of (time, seconds) points, on the timeline's time axis
-    (job start to end, same margins) and one shared scale from zero, so the slow node's strip
-    sits higher than the others'; its latest (the median of its last LATEST points) at the
+    (job start to end, same margins) and one scale shared by all (``shared_range``), so the
+    slow node's strip sits higher than the others'; its latest (the median of its last LATEST points) at the
     right. ``marks``: host -> when
     herd named it slow (a red tick there)."""
-    width, left, right, row, gap = 900, 110, 70, 26, 6
+    # The timeline's plot (110 to 880 of 900), and room at the right for each latest value.
+    width, left, right, row, gap = 960, 110, 80, 26, 6
     hosts = list(series)
     height = 30 + (row + gap) * max(1, len(hosts))
     span = max(end - start, 1e-3)
     scale = (width - left - right) / span
-    highest = max((v for points in series.values() for _, v in points), default=0.0) or 1.0
+    lowest, highest = shared_range([v for points in series.values() for _, v in points])
 
     def x(t: float) -> float:
         return left + (min(max(t, start), end) - start) * scale
@@ -241,7 +242,9 @@ def strips(
             f'<rect x="{left}" y="{top}" width="{width - left - right}" height="{row}" '
             'fill="#f4f4f4"/>'
         )
-        path = " ".join(f"{x(t):.1f},{top + row * (1 - v / highest):.1f}" for t, v in points)
+        path = " ".join(
+            f"{x(t):.1f},{top + row * (1 - _share(v, lowest, highest)):.1f}" for t, v in points
+        )
         parts.append(
             f'<polyline points="{path}" fill="none" stroke="#8e5cc2" stroke-width="1.4" '
             f'data-host="{html.escape(host)}"/>'
@@ -260,10 +263,36 @@ def strips(
     parts.append(_text(left, axis, "0 s", fill="#555"))
     parts.append(_text(width - right, axis, duration(span), fill="#555", text_anchor="end"))
     parts.append(
-        _text(width - right + 6, axis, f"0-{_seconds(highest)}", fill="#555", font_size="11")
+        _text(
+            width - right + 6,
+            axis,
+            _seconds(lowest).split()[0] + "-" + _seconds(highest)
+            if (lowest < 1) == (highest < 1)
+            else f"{_seconds(lowest)}-{_seconds(highest)}",
+            fill="#555",
+            font_size="11",
+        )
     )
     parts.append("</svg>")
     return "".join(parts)
+
+
+def shared_range(values: list[float]) -> tuple[float, float]:
+    """The strips' scale: from the 2nd to the 98th percentile of every node's values, so a
+    node 1.2x slow spans most of a strip's height while a save's or an evaluation's one long
+    step (drawn at the top) does not flatten the rest."""
+    ordered = sorted(values)
+    if not ordered:
+        return 0.0, 1.0
+    lo = ordered[int(0.02 * (len(ordered) - 1))]
+    hi = ordered[math.ceil(0.98 * (len(ordered) - 1))]
+    if hi - lo < 1e-9:  # every node alike and steady: a flat line mid-strip
+        return lo - (abs(lo) or 1.0) * 0.1, hi + (abs(hi) or 1.0) * 0.1
+    return lo, hi
+
+
+def _share(value: float, lo: float, hi: float) -> float:
+    return min(max((value - lo) / (hi - lo), 0.0), 1.0)
 
 
 def _seconds(value: float) -> str:
