@@ -214,9 +214,9 @@ def strips(
 ) -> str:
     """One compact strip per node of (time, seconds) points, on the timeline's time axis
     (job start to end, same margins) and one scale shared by all (``shared_range``), so the
-    slow node's strip sits higher than the others'; its latest (the median of its last LATEST points) at the
-    right. ``marks``: host -> when
-    herd named it slow (a red tick there)."""
+    slow node's strip sits higher than the others'; at its right its latest value (the
+    median of its last LATEST points). ``marks``: host -> when herd named it slow (a red
+    tick there)."""
     # The timeline's plot (110 to 880 of 900), and room at the right for each latest value.
     width, left, right, row, gap = 960, 110, 80, 26, 6
     hosts = list(series)
