@@ -19,8 +19,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-# Points a node keeps per attempt: a few kilobytes of JSON per node in the job record.
+# Points a node keeps per attempt: a few kilobytes of JSON per node in the job record; on a
+# large job fewer, so that an attempt's step times stay within BUDGET points (about 1.5 MB of
+# a record that is rewritten whole), but never fewer than FEWEST.
 LIMIT = 240
+BUDGET = 48_000
+FEWEST = 24
 WORK, COMPUTE, WALL = "work", "compute", "wall"
 
 
@@ -32,6 +36,11 @@ def beat_seconds(compute: object, wait: object, cycle: object) -> tuple[float, s
     if isinstance(compute, int | float):
         return float(compute), COMPUTE
     return None
+
+
+def limit_for(nodes: int) -> int:
+    """Points per node for a job on ``nodes`` nodes."""
+    return max(FEWEST, min(LIMIT, BUDGET // max(nodes, 1)))
 
 
 @dataclass

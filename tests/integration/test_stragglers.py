@@ -126,7 +126,7 @@ def test_a_node_slowed_by_a_quota_is_named_with_its_cause_and_a_balanced_job_is_
         # Each node's recent step times, from its agent (a sparkline and the newest).
         assert "STEP TIME" in top.stdout, top.stdout
         rows = [line for line in top.stdout.splitlines() if line.startswith("node")]
-        assert len(rows) == 2 and all(re.search(r" \d+ms$", r) for r in rows), top.stdout
+        assert len(rows) == 2 and all(re.search(r" \d+ms\s*$", r) for r in rows), top.stdout
         herd.signal(signal.SIGINT)
         code = herd.finish(timeout=120)
     finally:

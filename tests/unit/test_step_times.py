@@ -3,7 +3,7 @@ keeps its shape and its end."""
 
 from __future__ import annotations
 
-from torchherd.step_times import COMPUTE, WALL, WORK, StepSeries, beat_seconds
+from torchherd.step_times import COMPUTE, WALL, WORK, StepSeries, beat_seconds, limit_for
 
 
 def test_a_beats_work_is_its_step_less_its_wait_else_its_compute() -> None:
@@ -49,3 +49,9 @@ def test_a_halving_with_an_odd_point_out_keeps_it() -> None:
     for step in range(1, 5):
         series.add(step, float(step), float(step), (0.1 * step, WORK))
     assert series.points() == [[2, 0.15, 2.0], [4, 0.35, 4.0]]
+
+
+def test_a_large_job_keeps_fewer_points_per_node_and_never_too_few() -> None:
+    assert limit_for(2) == 240
+    assert limit_for(1000) == 48  # 48,000 points in all: the record stays a few megabytes
+    assert limit_for(100_000) == 24

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from ...plan import LaunchPlan
 from ...recovery.failures import NodeRun, NodeState, choose_first_failure, in_words
 from ...results import Failure
-from ...step_times import StepSeries, beat_seconds
+from ...step_times import StepSeries, beat_seconds, limit_for
 
 
 @dataclass
@@ -125,7 +125,8 @@ class LiveState:
         stepped = [(b[1], b[2]) for b in beats if len(b) >= 3 and isinstance(b[1], int)]
         if stepped:
             step, at = max(stepped, key=lambda pair: int(pair[0]))
-            series = self.step_times.setdefault(host, StepSeries())
+            series = self.step_times.get(host) or StepSeries(limit_for(len(self.nodes)))
+            self.step_times[host] = series
             series.add(step, at, now, max(found) if found else None)
 
     def step_rates(self) -> dict[str, tuple[int, float | None]]:
