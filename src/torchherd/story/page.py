@@ -381,9 +381,9 @@ def _step_times(story: Story) -> str:
         '<h2 id="step-times">Step time per node</h2>'
         + picture
         + f"<p class=note>Seconds per step of each node: {esc(what)}. One strip per node on "
-        "the timeline's axis and one scale from zero for all, so a slow node's strip sits "
-        "higher; at the right, its latest (the median of its last five points). A red mark: "
-        "where herd named the node slow.</p>"
+        "the timeline's axis and one scale for all (the range under them, most of every "
+        "node's values), so a slow node's strip sits higher; at the right, its latest (the "
+        "median of its last five points). A red mark: where herd named the node slow.</p>"
     )
 
 
