@@ -352,11 +352,14 @@ class JobRun:
             await asyncio.to_thread(self.record.save, text)
 
     def _slow(self, slow: Slow) -> None:
-        """A slow rank named: in the job record at once (`herd top` shows it)."""
+        """A slow rank named: in the job record at once (`herd top` shows it), with each
+        node's step times so far."""
         self.record.attempts[-1].setdefault("slow", []).append(slow.line())
         for node in self.record.attempts[-1].get("nodes", []):
             if node.get("host") == slow.host:  # where the report's strip marks it
                 node.setdefault("named_slow_at", time.time())
+        if self.current is not None:  # the step times up to here: a running job's report
+            self._node_rates(self.current)
         self.record.slow = slow.line()
         task = asyncio.get_running_loop().create_task(self._save())
         self._saves.add(task)
