@@ -4,9 +4,11 @@ groups, real faults, what herd reports.
 One run serves every test of the module (a run costs about a minute of three trainers on two
 cores): group 2's worker is SIGKILLed mid-run (the other two must commit their next step within
 6 s, none of their processes restarting; group 2 is restarted alone and heals from them), then
-the lighthouse is SIGKILLed (herd restarts it; training goes on), and the run must finish with
-every group's weights identical. The nodes resolve their own names to 127.0.1.1, so this also
-shows that torchft is given routable addresses.
+the lighthouse is SIGKILLed (herd restarts it; training goes on), then node3's link is cut
+(the spare node4 takes group 2's place and heals; the cut-off worker is ended once node3 is
+back), then every group at once (each resumes from herd's last snapshot), and the run must
+finish with every group's weights identical. The nodes resolve their own names to 127.0.1.1,
+so this also shows that torchft is given routable addresses.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.herd_cli import one_worker_cluster
+from tests.integration.herd_cli import SCRIPTS, herd
 from tests.integration.live import LiveHerd
 from tests.integration.training import worker_on
 from tests.testbed import Testbed
@@ -32,10 +34,13 @@ pytestmark = pytest.mark.serial
 pytest.importorskip("torchft", reason="replica groups need torchft (pip install -e '.[dev]')")
 
 NODES = ["node1", "node2", "node3"]
+SPARE = "node4"
 STEPS = 400
 # What the issue asks of the survivors: their next committed step within 6 s of the loss
 # (torchft's default heartbeat; herd's lighthouse drops a silent group after 3 s).
 NEXT_COMMIT_WITHIN = 6.0
+# What the Trainer says when it wrote a snapshot (the group that writes them, in the console).
+SNAPSHOT = r"node\d:0\b.*\bsnapshot \S*step-(?P<step>\d+)"
 
 
 @dataclass
@@ -48,10 +53,28 @@ class GroupsRun:
     killed_at: float
     survivors_before: dict[str, int]
     lighthouse_pids: tuple[int, int | None]
+    before_all_killed: dict
+    """The job's record and each group's, as they stood before every group was killed."""
+    last_snapshot: int
+    """The step of the last snapshot written before every group was killed."""
+    left_on_cut_node: int | None
+    """A worker of group 2 still on node3 a minute after its link came back (None: none)."""
 
     def herd_record(self) -> dict:
         """The job's own record (its groups and lighthouse have records of their own)."""
-        return json.loads((self.home / "jobs" / self.job / "job.json").read_text())
+        return read_record(self.home, self.job)
+
+
+def read_record(home: Path, job: str) -> dict:
+    return json.loads((home / "jobs" / job / "job.json").read_text())
+
+
+def wait_gone(job: str, node: str, testbed: Testbed, timeout: float) -> int | None:
+    """None once no worker of ``job`` runs on ``node``; its pid if one still does."""
+    deadline = time.monotonic() + timeout
+    while (pid := worker_on(job, node, testbed)) is not None and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return pid
 
 
 def wait_pid(job: str, node: str, testbed: Testbed, timeout: float, other_than: int = 0) -> int:
@@ -67,10 +90,19 @@ def wait_pid(job: str, node: str, testbed: Testbed, timeout: float, other_than: 
 @pytest.fixture(scope="module")
 def groups_run(testbed: Testbed, tmp_path_factory: pytest.TempPathFactory) -> GroupsRun:
     tmp_path = tmp_path_factory.mktemp("groups")
-    path, home = one_worker_cluster(testbed, tmp_path, NODES)
+    home = tmp_path / "home"
+    path = testbed.write_cluster_file(
+        tmp_path / "herd.toml",
+        nodes=[
+            *({"host": h, "nproc": 1} for h in NODES),
+            {"host": SPARE, "nproc": 1, "spare": True},
+        ],
+        workdir=str(SCRIPTS),
+        env={"HERD_HOME": str(home)},
+    )
     run_dir = tmp_path / "run"
     args = ["-c", str(path), "--replica-groups", "--max-restarts", "2", "--grace", "3"]
-    script = ["groups_minimal.py", "--max-steps", str(STEPS), "--snapshot-every", "100"]
+    script = ["groups_minimal.py", "--max-steps", str(STEPS), "--snapshot-every", "50"]
     herd = LiveHerd([*args, *script, "--batch-size", "16", "--run-dir", str(run_dir)], home)
     try:
         job = herd.wait_for(r"job (?P<job>\S+): 3 replica group\(s\)", 60)[0].group("job")
@@ -85,12 +117,33 @@ def groups_run(testbed: Testbed, tmp_path_factory: pytest.TempPathFactory) -> Gr
         old = wait_pid(f"{job}-lighthouse", "node1", testbed, 10)
         os.kill(old, signal.SIGKILL)
         new = wait_pid(f"{job}-lighthouse", "node1", testbed, 90, other_than=old)
+        # node3's link cut: group 2 is lost with it, and the spare takes its place.
+        testbed.partition("node3")
+        try:
+            herd.wait_for(rf"group 2: node3 does not answer; spare {SPARE} takes its place", 90)
+            herd.wait_for(rf"group 2 on {SPARE} rejoined and healed", 120)
+        finally:
+            testbed.heal("node3")
+        left_on_cut_node = wait_gone(f"{job}-g2", "node3", testbed, 60)
+        # Then every group at once: no live group to heal from, so each resumes from the
+        # last snapshot herd's Trainer wrote (never from step 1: torchft keeps nothing).
+        written = len(re.findall(SNAPSHOT, herd.output))
+        last = int(herd.wait_for(SNAPSHOT, 120, count=written + 1)[-1].group("step"))
+        before = {"job": read_record(home, job)}
+        before |= {f"g{i}": read_record(home, f"{job}-g{i}") for i in range(len(NODES))}
+        placed = [*NODES[:2], SPARE]
+        everyone = [wait_pid(f"{job}-g{i}", n, testbed, 10) for i, n in enumerate(placed)]
+        for pid in everyone:
+            os.kill(pid, signal.SIGKILL)
         code = herd.finish(timeout=300)
     finally:
         if herd.process.poll() is None:
             herd.signal(signal.SIGTERM)
             herd.finish(timeout=60)
-    return GroupsRun(herd, code, job, run_dir, home, killed_at, survivors, (old, new))
+    return GroupsRun(
+        herd, code, job, run_dir, home, killed_at, survivors, (old, new), before, last,
+        left_on_cut_node,
+    )  # fmt: skip
 
 
 def test_survivors_commit_within_6_s_without_restarting(groups_run: GroupsRun) -> None:
@@ -102,16 +155,15 @@ def test_survivors_commit_within_6_s_without_restarting(groups_run: GroupsRun) -
         assert said, out[-6000:]
         assert float(said.group("s")) <= NEXT_COMMIT_WITHIN, said.group(0)
     assert re.search(r"the other groups committed step \d+ [\d.]+ s after it went down", out)
-    record = groups_run.herd_record()
-    (outage,) = record["groups"][2]["outages"]
+    before = groups_run.before_all_killed
+    (outage,) = before["job"]["groups"][2]["outages"]
     assert outage["host"] == "node3" and outage["next_commit_s"] is not None, outage
-    # The survivors ran once: no restart, no second worker.
+    # The survivors ran once: no restart, no second worker (until every group was killed).
     for index in (0, 1):
-        assert record["groups"][index]["runs"] == 1 and not record["groups"][index]["outages"]
-        group = json.loads(
-            (groups_run.home / "jobs" / f"{groups_run.job}-g{index}" / "job.json").read_text()
-        )
-        assert group["restarts"] == 0 and len(group["attempts"]) == 1, group
+        group = before["job"]["groups"][index]
+        assert group["runs"] == 1 and not group["outages"], group
+        own = before[f"g{index}"]
+        assert own["restarts"] == 0 and len(own["attempts"]) == 1, own
     assert "restarting the job" not in "\n".join(
         line for line in out.splitlines() if "node1:0" in line or "node2:0" in line
     )
@@ -120,12 +172,25 @@ def test_survivors_commit_within_6_s_without_restarting(groups_run: GroupsRun) -
 def test_killed_group_rejoins_heals_and_ends_with_identical_weights(groups_run: GroupsRun) -> None:
     out = groups_run.herd.output
     assert groups_run.code == 0, out[-6000:]
-    (outage,) = groups_run.herd_record()["groups"][2]["outages"]
+    outage = groups_run.herd_record()["groups"][2]["outages"][0]
     assert outage["healed_s"] is not None and outage["healed_s"] > outage["next_commit_s"], outage
     assert re.search(r"node3:0\b.*healed from a live replica group at step \d+", out), out[-6000:]
     weights = [json.loads((groups_run.run_dir / f"weights-{g}.json").read_text()) for g in range(3)]
     assert [w["step"] for w in weights] == [STEPS] * 3, [w["step"] for w in weights]
     assert weights[0]["weights"] == weights[1]["weights"] == weights[2]["weights"]
+    # The report page tells the outage: group 2 out at the step the others had reached.
+    made = herd(["report", groups_run.job], groups_run.home, groups_run.run_dir.parent)
+    assert made.returncode == 0, made.stderr
+    page = Path(made.stdout.split("report: ", 1)[1].strip()).read_text()
+    row = r"<td>2</td><td>node3</td><td>\d+</td><td>0</td><td>down (?P<in>\d+) s in [^<]*</td>"
+    said = re.search(row, page)
+    assert said and f"at step {outage['steps_before']};" in said.group(0), page[-3000:]
+    record = groups_run.herd_record()
+    assert record["started"] < outage["down_at"] < record["ended"], (record["started"], outage)
+    assert int(said.group("in")) == round(outage["down_at"] - record["started"])
+    assert "healed" in said.group(0)
+    # Group 2's two outages, and one for each of the others when every group was killed.
+    assert page.count('class="outage"') == 4
 
 
 def test_lighthouse_killed_is_restarted_and_training_goes_on(groups_run: GroupsRun) -> None:
@@ -138,3 +203,25 @@ def test_lighthouse_killed_is_restarted_and_training_goes_on(groups_run: GroupsR
     assert groups_run.code == 0
     for g in range(3):
         assert json.loads((groups_run.run_dir / f"weights-{g}.json").read_text())["step"] == STEPS
+
+
+def test_every_group_killed_resumes_from_herds_last_snapshot(groups_run: GroupsRun) -> None:
+    out = groups_run.herd.output
+    assert groups_run.code == 0, out[-6000:]
+    assert "every replica group is down" in out, out[-6000:]
+    for node in NODES:
+        resumed = re.findall(rf"{node}:0\b.*\bresumed from \S*step-(\d+)", out)
+        assert resumed and int(resumed[-1]) == groups_run.last_snapshot, (node, resumed)
+    weights = [json.loads((groups_run.run_dir / f"weights-{g}.json").read_text()) for g in range(3)]
+    assert [w["step"] for w in weights] == [STEPS] * 3
+
+
+def test_a_cut_off_groups_place_goes_to_the_spare(groups_run: GroupsRun) -> None:
+    out = groups_run.herd.output
+    assert groups_run.code == 0, out[-6000:]
+    group = groups_run.herd_record()["groups"][2]
+    assert group["hosts"] == ["node3", SPARE] and group["host"] == SPARE, group
+    cut = group["outages"][1]
+    assert cut["host"] == "node3" and cut["healed_s"] is not None, group["outages"]
+    # The cut-off worker never rejoins beside its replacement: ended once its node is back.
+    assert groups_run.left_on_cut_node is None

@@ -242,6 +242,23 @@ def test_versions_name_the_odd_node_and_tabulate_the_difference() -> None:
     }
 
 
+def test_torchft_counts_where_it_is_installed() -> None:
+    f = findings(
+        3,
+        facts={
+            "node1": recorded("node1", 1, torchft_version="0.2.0"),
+            "node2": recorded("node2", 2, torchft_version="0.2.0"),
+            "node3": recorded("node3", 3, torchft_version="0.3.0"),
+        },
+    )
+    versions = by(run_checks(f), "versions")
+    assert versions["node3"].summary == "torchft 0.3.0 here, 0.2.0 on node1, node2"
+    assert versions["node1"].status is Status.PASS
+    # A node without torchft is not a version difference (launch --replica-groups says so).
+    f = findings(2, facts={"node1": recorded("node1", 1, torchft_version="0.2.0")})
+    assert by(run_checks(f), "versions")["node2"].status is Status.PASS
+
+
 def test_versions_tie_goes_to_the_rendezvous_node_and_cuda_nccl_count() -> None:
     gpu = {**GPU_FACTS, "torch": {**GPU_FACTS["torch"], "nccl": "2.20.5"}}
     f = findings(

@@ -267,3 +267,36 @@ def test_each_nodes_step_time_is_a_strip_on_one_axis_and_the_slow_one_sits_highe
     assert re.findall(r">(\d+ ms)</text>", page) == ["100 ms", "130 ms"]  # each one's latest
     assert "the step less the time it waited for the others" in page
     assert "step_times" not in page  # not listed among the attempt's unknown keys
+
+
+def test_replica_groups_show_each_outage_on_the_time_axis_and_in_words(tmp_path: Path) -> None:
+    record = job(tmp_path)
+    start = record.started
+    record.ended = start + 100
+    record.groups = [
+        {"group": 0, "host": "gpu1", "runs": 1, "exit_code": 0, "outages": []},
+        {
+            "group": 1,
+            "host": "gpu2",
+            "runs": 2,
+            "exit_code": 0,
+            "outages": [
+                {"down_at": start + 50, "steps_before": 89, "next_commit_s": 3.04, "healed_s": 5.8}
+            ],
+        },
+        {"group": 2, "host": "gpu3", "runs": 1, "exit_code": None,
+         "outages": [{"down_at": start + 80, "next_commit_s": None, "healed_s": None}]},
+    ]  # fmt: skip
+    page = render(gather(record), Path(record.log_dir) / "report.html")
+    assert "<h2>Replica groups</h2>" in page
+    said = "down 50 s in at step 89; the others&#x27; next commit 3.0 s later; healed 5.8 s later"
+    assert said in page
+    assert "never came back" in page
+    # On a 900-wide axis with 110 on the left and 20 on the right, 100 s span 770 units:
+    # group 1 is out from 50 s for 5.8 s, group 2 from 80 s to the end.
+    outages = re.findall(r'<rect class="outage" x="([\d.]+)" y="\d+" width="([\d.]+)"', page)
+    assert [(float(x), float(w)) for x, w in outages] == [
+        (pytest.approx(110 + 385, abs=0.2), pytest.approx(5.8 * 7.7, abs=0.2)),
+        (pytest.approx(110 + 616, abs=0.2), pytest.approx(20 * 7.7, abs=0.2)),
+    ]
+    assert "Replica groups" not in render(gather(job(tmp_path / "plain")), tmp_path / "r.html")

@@ -33,13 +33,14 @@ from typing import Any, TextIO
 from ..errors import EXIT_INTERRUPTED, EXIT_JOB_FAILED, NodeNotReady, NodesUnreachable
 from ..facts import NodeFacts
 from ..job_nodes import new_record
-from ..plan import JobSpec
+from ..plan import JobSpec, NodePlan, make_plan
 from ..records import job_dir
 from ..recovery import RestartPolicy
 from ..results import RunResult
 from ..transport import Transport
 from .job import JobRun, finish_record
 from .prepare import Prepared, close_links, replan
+from .sweeps import sweep_attempt
 
 # The lighthouse drops a group it has not heard from for this long; the others then commit
 # their next step without it. torchft's default is 5 s; 3 s keeps a loaded node's late
@@ -66,18 +67,25 @@ class Outage:
     group: int
     host: str
     down_at: float
+    """time.monotonic() when herd last saw the group running (its durations' origin)."""
     steps_before: int
     """The highest step the live groups had reached when it went down."""
     next_commit_s: float | None = None
     """Seconds until another group committed a step past ``steps_before``."""
     healed_s: float | None = None
     """Seconds until the group stepped again, level with the others."""
+    down_wall: float = field(init=False)
+    """The same moment on the wall clock, as the job record keeps its times."""
+
+    def __post_init__(self) -> None:
+        self.down_wall = time.time() - (time.monotonic() - self.down_at)
 
     def entry(self) -> dict[str, Any]:
         return {
             "group": self.group,
             "host": self.host,
-            "down_at": self.down_at,
+            "down_at": round(self.down_wall, 3),
+            "steps_before": self.steps_before,
             "next_commit_s": self.next_commit_s,
             "healed_s": self.healed_s,
         }
@@ -96,6 +104,11 @@ class Group:
     others_then: int = 0
     """The other groups' highest step when this group was last seen running."""
     outages: list[Outage] = field(default_factory=list)
+    hosts: list[str] = field(default_factory=list)
+    """Every node the group ran on, in order (a spare took a lost node's place)."""
+
+    def __post_init__(self) -> None:
+        self.hosts = self.hosts or [self.host]
 
     def step(self) -> int | None:
         """The highest step this group's current attempt reported (None: not stepping)."""
@@ -184,6 +197,10 @@ class GroupsRun:
         self.groups = [Group(i, n.host) for i, n in enumerate(prepared.plan.nodes)]
         self.lighthouse: JobRun | None = None
         self.interrupted = False
+        self.all_down_said = False
+        self.lost_nodes: set[str] = set()
+        self.fences: list[asyncio.Task[None]] = []
+        """Nodes a group left for a spare: never offered as a spare again in this job."""
         self.record = new_record(prepared.cluster, prepared.plan, self.log_dir, state="running")
         self.record.kind = job.kind
 
@@ -203,7 +220,8 @@ class GroupsRun:
                 group.run.save_and_stop()
 
     async def run(self) -> RunResult:
-        check_torchft(self.prepared.facts, [n.host for n in self.prepared.plan.nodes])
+        spares = [n.host for n in self.prepared.cluster.spares if n.host in self.prepared.facts]
+        check_torchft(self.prepared.facts, [n.host for n in self.prepared.plan.nodes] + spares)
         started = time.monotonic()
         plan = self.prepared.plan
         first = plan.nodes[0]
@@ -234,6 +252,11 @@ class GroupsRun:
             else:
                 keeper.cancel()  # still planning it
             await asyncio.gather(keeper, return_exceptions=True)
+            # A lost node still silent at the end: its leftover worker finds no lighthouse
+            # to rejoin, and its agent ends it when it finds the launcher gone.
+            for fence in self.fences:
+                fence.cancel()
+            await asyncio.gather(*self.fences, return_exceptions=True)
         result = self._result(time.monotonic() - started)
         self._write_record(result)
         return result
@@ -268,7 +291,8 @@ class GroupsRun:
             except NodesUnreachable:
                 if self._others_done(group):
                     return  # the others finished: nothing to rejoin
-                await asyncio.sleep(NODE_RETRY_EVERY)
+                if not self._to_spare(group):
+                    await asyncio.sleep(NODE_RETRY_EVERY)
                 continue
             group.runs += 1
             group.result = None
@@ -302,11 +326,56 @@ class GroupsRun:
         )
 
     async def _group_plan(self, group: Group, lighthouse: str) -> tuple[Prepared, JobSpec]:
-        # The address the launch's plan found for the node, advertised to the other groups.
-        addr = self.prepared.plan.nodes[group.index].local_addr
+        # The address the launch's plan found for the node, advertised to the other groups;
+        # a spare's is planned as the launch's would have been.
+        planned = self.prepared.plan.nodes[group.index]
+        if planned.host == group.host:
+            addr = planned.local_addr
+        else:
+            spare = self.prepared.cluster.select([group.host])
+            facts = self.prepared.facts
+            addr = make_plan(spare, self.job, facts, self.prepared.secrets).nodes[0].local_addr
         job = self._group_job(group, lighthouse, addr)
         prepared = await replan(self.prepared, job, self.transport, nodes=[group.host], links={})
         return prepared, job
+
+    def _to_spare(self, group: Group) -> bool:
+        """A group whose node does not answer moves to a free spare at once (its data shard
+        and number stay; it heals from the live groups like a group restarted in place).
+        False: no spare is free, the group waits for its node."""
+        taken = {g.host for g in self.groups} | {self.prepared.plan.nodes[0].host}
+        free = [n.host for n in self.prepared.cluster.spares if n.host not in taken]
+        free = [h for h in free if h in self.prepared.facts and h not in self.lost_nodes]
+        if not free:
+            return False
+        lost, group.host = group.host, free[0]
+        group.hosts.append(group.host)
+        self.lost_nodes.add(lost)
+        if group.run is not None:
+            # Its worker there may still run, cut off: once the node answers, it is ended, so
+            # that it never rejoins the quorum beside the group's new worker.
+            fence = self._sweep_when_back(group.index, group.run.prepared.plan.nodes[0])
+            self.fences.append(asyncio.create_task(fence))
+        self.note(
+            f"group {group.index}: {lost} does not answer; spare {group.host} takes its place"
+        )
+        self._write_record(None)
+        return True
+
+    async def _sweep_when_back(self, index: int, last: NodePlan) -> None:
+        job_id = f"{self.job.job_id}-g{index}"
+        while True:
+            swept = await sweep_attempt(
+                self.transport, self.prepared.cluster, job_id, last, grace=self.job.grace
+            )
+            if swept.confirmed:
+                if swept.processes:
+                    self.note(
+                        f"group {index}: ended what it left on {last.host} when the node was "
+                        f"lost ({swept.processes} process(es))"
+                    )
+                return
+            await asyncio.sleep(NODE_RETRY_EVERY)
 
     def _others_done(self, group: Group) -> bool:
         return all(g.result is not None for g in self.groups if g is not group)
@@ -335,6 +404,19 @@ class GroupsRun:
                     group.alive_at = now
                     group.others_then = max(others, default=0)
                 self._progress(group, now, steps[group.index], others, attempt)
+            self._all_down(steps)
+
+    def _all_down(self, steps: dict[int, int | None]) -> None:
+        """Said once each time every group is down at once: none is left to heal from, so
+        the groups resume from the run's last snapshot as they restart (torchft keeps
+        nothing on disk)."""
+        down = all(g.seen_attempt is None and g.outages for g in self.groups)
+        if down and not self.all_down_said and not self.interrupted:
+            self.note(
+                "every replica group is down: as they restart, they resume from the run's "
+                "last snapshot (the steps since it are trained again)"
+            )
+        self.all_down_said = down
 
     def _down(self, group: Group, steps: int) -> None:
         outage = Outage(group.index, group.host, group.alive_at, steps)
@@ -395,6 +477,7 @@ class GroupsRun:
             {
                 "group": g.index,
                 "host": g.host,
+                "hosts": g.hosts,
                 "runs": g.runs,
                 "exit_code": g.result.exit_code if g.result is not None else None,
                 "outages": [o.entry() for o in g.outages],

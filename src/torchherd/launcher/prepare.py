@@ -106,10 +106,10 @@ async def probe_all(
             if answer is not None:
                 if marks is not None:
                     now = time.monotonic()
-                    found = marks.setdefault(node.host, {})
-                    found["probed"] = now
+                    node_marks = marks.setdefault(node.host, {})
+                    node_marks["probed"] = now
                     if link.agent_for is not None:
-                        found["agent"] = now - link.agent_for
+                        node_marks["agent"] = now - link.agent_for
                 return facts_of(node, answer)
         found = await probe_node(cluster, transport, node, workdir, port, full, timeout, entry)
         if marks is not None:

@@ -1,4 +1,6 @@
-"""Versions across nodes: python minor, torch, CUDA, NCCL and torchherd must be the same everywhere.
+"""Versions across nodes: python minor, torch, CUDA, NCCL, torchherd and torchft must be the same
+everywhere (torchft where it is installed: replica groups of different torchft versions disagree
+on the quorum's protocol).
 
 A mismatch rarely fails at once: it shows up as a pickling error, a hang in a collective or an
 obscure NCCL error minutes in. The odd nodes out are the ones that differ from the most common
@@ -17,8 +19,8 @@ from .checks import torch_facts
 from .findings import Findings
 from .report import CheckResult, Status
 
-QUICK_FIELDS = ("python", "torch", "torchherd")
-FULL_FIELDS = ("python", "torch", "cuda", "nccl", "torchherd")
+QUICK_FIELDS = ("python", "torch", "torchherd", "torchft")
+FULL_FIELDS = ("python", "torch", "cuda", "nccl", "torchherd", "torchft")
 
 
 def version_row(facts: NodeFacts, full: bool) -> dict[str, str | None]:
@@ -27,6 +29,7 @@ def version_row(facts: NodeFacts, full: bool) -> dict[str, str | None]:
         "python": ".".join(facts.python_version.split(".")[:2]) or None,
         "torch": info.get("version") or facts.torch_version,
         "torchherd": facts.torchherd_version,
+        "torchft": facts.extra.get("torchft_version") or None,
     }
     if full:
         row["cuda"] = info.get("cuda")

@@ -19,6 +19,7 @@ from .. import __version__
 from ..noise import is_noise
 from ..step_times import COMPUTE, WALL, WORK
 from .gather import Story
+from .groups import group_rows, groups_timeline
 from .svg import OUTCOME_COLOURS, duration, line_chart, strips, timeline
 
 # torch's prefix of every line a rank prints to stderr under torchrun (its --tee/--redirects).
@@ -99,6 +100,7 @@ def render(story: Story, page: Path) -> str:
         _facts(story),
         _attempts(story, links),
         _step_times(story),
+        _groups(story),
         _phases(story),
         _rates(story),
         _metrics(story),
@@ -344,6 +346,23 @@ def _phases(story: Story) -> str:
         "before end) to the moment the last rank made its first step. A phase every node waits "
         "through (plan, rendezvous) names the node that arrived last; the others, the node "
         "that took longest in it.</p>"
+    )
+
+
+def _groups(story: Story) -> str:
+    """A job run as replica groups: each group's row over time and its outages in numbers."""
+    groups = [g for g in story.record.groups if isinstance(g, dict)]
+    if not groups:
+        return ""
+    start, end = story.record.started, story.record.ended or story.made
+    return (
+        "<h2>Replica groups</h2>"
+        + groups_timeline(groups, start, end)
+        + table(["group", "node", "runs", "exit code", "outages"], group_rows(groups, start))
+        + "<p class=note>Each group trains on its own and the others go on without a group "
+        "that is out (red, until it healed from a live group; grey: it never came back). "
+        "The others' next commit: seconds from the loss to the next step the live groups "
+        "committed.</p>"
     )
 
 
