@@ -100,7 +100,9 @@ def attempt_entry(
         "n": number,
         "started": time.time(),
         "ended": None,
-        "nodes": nodes,
+        # Its own copies: what the attempt adds per node (rates, step times) is its alone,
+        # not the job's list of nodes.
+        "nodes": [dict(n) for n in nodes],
         "world_size": world_size,
         "rdzv_endpoint": rdzv_endpoint,
         "how": how,

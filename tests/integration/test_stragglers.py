@@ -108,6 +108,7 @@ def test_a_node_slowed_by_a_quota_is_named_with_its_cause_and_a_balanced_job_is_
 
         # The quota takes a sixth of what the worker used: its work takes 1.2x as long.
         hold_to(group, workers[1], cpu_share(workers[1]) / SLOWDOWN)
+        held_at = time.time()
         line = slow_line(herd, 1)
         assert line.startswith("node2 rank 1 is "), line
         ratio = float(re.search(r"is (\d+\.\d+)x slower", line).group(1))  # type: ignore[union-attr]
@@ -122,6 +123,10 @@ def test_a_node_slowed_by_a_quota_is_named_with_its_cause_and_a_balanced_job_is_
             timeout=120,
         )
         assert "slow rank: node2 rank 1" in top.stdout, top.stdout + top.stderr
+        # Each node's recent step times, from its agent (a sparkline and the newest).
+        assert "STEP TIME" in top.stdout, top.stdout
+        rows = [line for line in top.stdout.splitlines() if line.startswith("node")]
+        assert len(rows) == 2 and all(re.search(r" \d+ms\s*$", r) for r in rows), top.stdout
         herd.signal(signal.SIGINT)
         code = herd.finish(timeout=120)
     finally:
@@ -132,4 +137,15 @@ def test_a_node_slowed_by_a_quota_is_named_with_its_cause_and_a_balanced_job_is_
     record = herd.record()
     assert record["slow"].startswith("node2 rank 1"), record
     assert record["attempts"][-1]["slow"] == [record["slow"]]
+    # Each node's step time over the run (the report page's strips): node2's work per step
+    # is higher than node1's while held, and the strip is marked where it was named.
+    nodes = {n["host"]: n for n in record["attempts"][-1]["nodes"]}
+    assert nodes["node2"]["named_slow_at"] > held_at and "named_slow_at" not in nodes["node1"]
+
+    def held(host: str) -> float:
+        values = sorted(v for _, v, at in nodes[host]["step_times"] if at > held_at + 5)
+        return values[len(values) // 2]
+
+    assert nodes["node1"]["step_times_measure"] == "work"
+    assert held("node2") > 1.05 * held("node1"), (held("node1"), held("node2"))
     herd.assert_clean(["node1", "node2"])

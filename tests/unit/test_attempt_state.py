@@ -134,3 +134,23 @@ def test_a_rank_that_never_exited_is_a_finished_job_not_a_hang(tmp_path: Path) -
     assert state.noticed == "the others finished; a rank never exited"
     assert state.cause is not None and state.cause.message == found.reason
     assert state.stopping  # stopped once the stacks were taken
+
+
+def test_each_nodes_step_time_is_its_slowest_ranks_work_from_its_beats(tmp_path: Path) -> None:
+    """Beats events as an agent sends them ([rank, step, at, compute, wait, cycle, data]):
+    a node's point is the work (step less wait) of its slowest rank, at its highest step."""
+    attempt, output = attempt_of(tmp_path, ["n1", "n2"])
+    nodes = attempt.state.nodes
+    for second in range(3):
+        at = 100.0 + second
+        beats_n1 = [[0, 10 * second, at, None, 0.08, 0.2, 0.0], [1, 10 * second + 1, at, None,
+                    0.1, 0.2, 0.0]]  # fmt: skip
+        beats_n2 = [[2, 10 * second, at, None, 0.01, 0.2, 0.0], "junk"]  # n2: barely waits
+        attempt.events.handle(nodes["n1"], {"e": "beats", "b": beats_n1})
+        attempt.events.handle(nodes["n2"], {"e": "beats", "b": beats_n2})
+    output.close()
+    n1 = attempt.state.step_times["n1"].points()
+    n2 = attempt.state.step_times["n2"].points()
+    assert [p[:2] for p in n1] == [[1, 0.12], [11, 0.12], [21, 0.12]]
+    assert [p[:2] for p in n2] == [[0, 0.19], [10, 0.19], [20, 0.19]]
+    assert attempt.state.step_times["n2"].measure == "work"

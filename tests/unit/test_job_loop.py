@@ -398,3 +398,50 @@ def test_survivors_of_a_kill_keep_their_node_out_of_an_in_place_restart(tmp_path
         History(),
     )
     assert decision.action is Action.SWEEP and decision.sweep == ("n3",)
+
+
+def test_each_attempt_keeps_its_own_step_times_and_where_a_node_was_named_slow(
+    tmp_path: Path,
+) -> None:
+    """Beats reports fed to each attempt's real LiveState; a slow rank named in the first:
+    at once its entry holds the step times so far and the mark, and each attempt's entry ends
+    with its own nodes' step times (not the job's list of nodes, not the other attempt's)."""
+    from torchherd.recovery.straggler import Slow
+
+    seen_at_naming: list[dict[str, Any]] = []
+
+    def beats(work: float) -> Callable[[JobRun], None]:
+        def during(job: JobRun) -> None:
+            assert job.current is not None
+            for i in range(3):
+                for host in HOSTS:
+                    slow = 1.3 if host == "n2" and work > 0.1 else 1.0
+                    beat = [0, 10 * i, 100.0 + i, None, 0.01, 0.01 + work * slow, 0.0]
+                    job.current.state.step_timed(host, [beat], 1000.0 + i)
+            if work > 0.1:
+                job._slow(Slow("n2", 1, "is 1.30x slower than the median rank", 1.3))
+                seen_at_naming.append(json.loads(json.dumps(job.record.attempts[-1])))
+
+        return during
+
+    loop = Loop(
+        tmp_path,
+        [Scripted(during=beats(0.2)), Scripted(EXIT_OK, during=beats(0.1))],
+        max_restarts=1,
+    )
+    assert loop.go().exit_code == EXIT_OK
+    [named] = seen_at_naming
+    n2 = next(n for n in named["nodes"] if n["host"] == "n2")
+    assert n2["named_slow_at"] > 0 and [p[1] for p in n2["step_times"]] == [0.26] * 3
+    first, second = loop.record()["attempts"]
+    works = {
+        (a["n"], n["host"]): {p[1] for p in n["step_times"]}
+        for a in (first, second)
+        for n in a["nodes"]
+    }
+    assert works == {
+        (0, "n1"): {0.2}, (0, "n2"): {0.26}, (0, "n3"): {0.2},
+        (1, "n1"): {0.1}, (1, "n2"): {0.1}, (1, "n3"): {0.1},
+    }  # fmt: skip
+    assert ["named_slow_at" in n for n in second["nodes"]] == [False] * 3
+    assert all("step_times" not in n for n in loop.record()["nodes"])

@@ -151,3 +151,65 @@ def test_an_80_column_terminal_shows_one_line_per_node() -> None:
     wide = io.StringIO()
     Console(file=wide, width=200).print(render(loads, 200))
     assert "1122-023330-7016" in wide.getvalue() and "TEMP C" in wide.getvalue()
+
+
+def test_recent_step_times_come_from_the_ranks_own_beats_on_the_node(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Beats written by torchherd.progress as a Trainer's rank writes them, in the newest
+    attempt's progress directory: the sampler keeps one value per sample in which a rank beat
+    again, the node's slowest rank's work (step less wait)."""
+    from torchherd import progress
+    from torchherd.agent import attempt
+
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "run"))
+    (tmp_path / "run").mkdir()
+    monkeypatch.setattr(attempt, "_progress_root", None)
+    node_dir = tmp_path / "nodes" / "job1" / "n1"
+    node_dir.mkdir(parents=True)
+    write_agent_record(str(node_dir), "job1", "n1", detached=True)
+    old = Path(attempt.progress_root()) / "job1" / "n1" / "attempt-0"
+    beats = Path(attempt.progress_root()) / "job1" / "n1" / "attempt-1"
+    old.mkdir(parents=True)
+    beats.mkdir(parents=True)
+    (old / "rank-0").write_text("5 1.0 - 9.0 10.0 0.0\n")  # an earlier attempt's: not read
+    monkeypatch.setenv(progress.PROGRESS_DIR_VAR, str(beats))
+
+    def beat(rank: int, step: int, wait: float, cycle: float) -> None:
+        monkeypatch.setenv("RANK", str(rank))
+        progress.beat(step, wait=wait, cycle=cycle, now=True)
+
+    beat(0, 10, 0.05, 0.2)
+    beat(1, 10, 0.01, 0.2)
+    sampler = sample.Sampler(str(tmp_path), "n1")  # its first reading
+    first = sampler.sample()["jobs"][0]
+    assert first["step_times"] == [0.19] and first["step_time_measure"] == "work"
+    assert sampler.sample()["jobs"][0]["step_times"] == [0.19]  # no beat since: no new value
+    beat(1, 11, 0.02, 0.3)
+    assert sampler.sample()["jobs"][0]["step_times"] == [0.19, 0.28]
+
+
+def test_the_step_time_column_shows_a_sparkline_per_node_on_one_scale() -> None:
+    def node(host: str, times: list[float] | None) -> NodeLoad:
+        job: dict[str, object] = {"job_id": "1122-023330-7016", "step": 90, "step_rate": 5.0}
+        if times is not None:
+            job["step_times"] = times
+        return NodeLoad(host, cpu_percent=50.0, mem_used=1 << 30, mem_total=4 << 30, jobs=(job,))
+
+    fast = [0.15, 0.15, 0.16, 0.15]
+    loads = [node("n1", fast), node("n2", [0.15, 0.15, 0.18, 0.18]), node("n3", None)]
+    buffer = io.StringIO()
+    Console(file=buffer, width=200).print(render(loads, 200))
+    lines = buffer.getvalue().splitlines()
+    assert "STEP TIME" in lines[0]
+    assert lines[1].split()[-2:] == ["▁▁▃▁", "150ms"]
+    assert lines[2].split()[-2:] == ["▁▁██", "180ms"]  # the slow one: tall from its third step
+    assert lines[3].split()[-1] == "-"  # its job times no steps
+    compact = io.StringIO()
+    Console(file=compact, width=80).print(render(loads, 80))
+    small = compact.getvalue().splitlines()
+    assert all(len(line) <= 80 for line in small) and len(small) == 4, "\n".join(small)
+    assert small[2].split()[-1] == "▁▁██"
+    plain = io.StringIO()
+    Console(file=plain, width=200).print(render([node("n1", None)], 200))
+    assert "STEP TIME" not in plain.getvalue()  # no job times its steps: no column

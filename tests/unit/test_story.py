@@ -206,8 +206,8 @@ def test_start_phases_and_each_nodes_step_times_are_shown_where_the_record_has_t
     first["phases"] = {"connect": 0.5, "probe": 1.0, "rendezvous": 2.5}
     first["phases_slowest"] = {"probe": "gpu2"}
     first["nodes"] = [
-        {"host": "gpu1", "nproc": 2, "step_times": [[1, 0.2], [2, 0.25], [3, 0.21]]},
-        {"host": "gpu2", "nproc": 2, "step_times": [[1, 0.4], [2, 0.45]], "phases": {"probe": 0.9}},
+        {"host": "gpu1", "nproc": 2},
+        {"host": "gpu2", "nproc": 2, "phases": {"probe": 0.9}},
     ]
     record = job(tmp_path, attempts=[first])
     page = render(gather(record), Path(record.log_dir) / "report.html")
@@ -215,11 +215,58 @@ def test_start_phases_and_each_nodes_step_times_are_shown_where_the_record_has_t
     assert "<td>rendezvous</td><td>2.50</td><td>62 %</td>" in page
     assert "<td>total (to the first step)</td><td>4.00</td><td>100 %</td>" in page
     assert "<td>probe</td><td>1.00</td><td>25 %</td><td>gpu2 (0.90 s)</td>" in page
-    assert "step time (s), gpu1" in page and "step time (s), gpu2" in page
     assert "phases:" not in page  # not listed again among the keys a newer herd adds
     plain = job(tmp_path / "plain", attempts=[attempt_entry(0, [{"host": "gpu1"}], 1, None)])
     shown = render(gather(plain), Path(plain.log_dir) / "report.html")
     assert "Start of each attempt" not in shown and "Step time per node" not in shown
+
+
+def strip_heights(page: str) -> dict[str, list[float]]:
+    """host -> how far below its strip's top each point lies (SVG y grows downwards)."""
+    tops = [float(y) for y in re.findall(r'<rect x="110" y="([\d.]+)"[^>]*fill="#f4f4f4"', page)]
+    found = re.findall(r'<polyline points="([^"]+)"[^>]*data-host="([^"]+)"', page)
+    return {
+        host: [float(p.split(",")[1]) - top for p in pts.split()]
+        for (pts, host), top in zip(found, tops, strict=True)
+    }
+
+
+def test_each_nodes_step_time_is_a_strip_on_one_axis_and_the_slow_one_sits_higher(
+    tmp_path: Path,
+) -> None:
+    """Two attempts of two nodes; gpu2 slows in the second and is named there: its strip is
+    higher than gpu1's from then on (one scale for all), and the mark sits where it was
+    named, on the job's time axis (which the timeline shares)."""
+    record = job(tmp_path)
+    t0 = record.started
+    first = attempt_entry(0, [{"host": "gpu1"}, {"host": "gpu2"}], 2, None)
+    second = attempt_entry(1, [{"host": "gpu1"}, {"host": "gpu2"}], 2, None)
+    first.update(started=t0, ended=t0 + 100, outcome="failed")
+    second.update(started=t0 + 110, ended=t0 + 200, outcome="interrupted")
+    for i, host in enumerate(("gpu1", "gpu2")):
+        first["nodes"][i]["step_times"] = [[s, 0.1, t0 + s] for s in range(10, 100, 10)]
+        slow = 0.1 if host == "gpu1" else 0.13
+        second["nodes"][i]["step_times"] = [[s, slow, t0 + 20 + s] for s in range(100, 180, 10)]
+        second["nodes"][i]["step_times_measure"] = "work"
+    second["nodes"][1]["named_slow_at"] = t0 + 150
+    record.attempts = [first, second]
+    record.ended = t0 + 200
+    page = render(gather(record), Path(record.log_dir) / "report.html")
+    assert '<h2 id="step-times">Step time per node</h2>' in page
+    heights = strip_heights(page)
+    assert set(heights) == {"gpu1", "gpu2"} and len(heights["gpu2"]) == 17
+    gpu1, gpu2 = heights["gpu1"], heights["gpu2"]
+    assert gpu2[:9] == gpu1[:9] and len(set(gpu1)) == 1  # one scale: the same time, the same
+    assert max(gpu2[9:]) < gpu1[0] - 3  # gpu2 slowed: higher in its strip from then on
+    last_x = float(re.findall(r'<polyline points="[^"]* ([\d.]+),[\d.]+"', page)[-1])
+    assert abs(last_x - (110 + 770 * 190 / 200)) < 1  # gpu2's last point: 190 s in
+    mark = re.search(r'<line x1="([\d.]+)"[^>]*class="named-slow"><title>gpu2 named', page)
+    assert mark is not None, page
+    # 150 s into a 200 s job, on the timeline's axis, from x=110 to x=880.
+    assert abs(float(mark.group(1)) - (110 + 770 * 150 / 200)) < 1
+    assert re.findall(r">(\d+ ms)</text>", page) == ["100 ms", "130 ms"]  # each one's latest
+    assert "the step less the time it waited for the others" in page
+    assert "step_times" not in page  # not listed among the attempt's unknown keys
 
 
 def test_replica_groups_show_each_outage_on_the_time_axis_and_in_words(tmp_path: Path) -> None:

@@ -8,6 +8,8 @@ A job's step rate is read from what it prints: the last ``step N`` (case-insensi
 compared between two samples. Scripts that print no step numbers show none. With ``follow``,
 the verb prints a sample every ``interval`` seconds until its stdin closes, and the rate is
 taken between successive samples; otherwise it is taken over the CPU sampling ``window``.
+A job whose ranks time their steps (the Trainer does) also shows its recent step times
+(recent_steps.py).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import time
 from typing import Any
 
 from .control import AGENT_FILE, herd_home, live_agent
+from .recent_steps import RecentStepTimes
 
 STEP = re.compile(rb"\bstep\b\s*[:=#]?\s*(\d+)", re.IGNORECASE)
 # Bytes read from the end of a rank's log when looking for its last step number.
@@ -202,6 +205,7 @@ class Sampler:
         self.node = node
         self._cpu = cpu_times()
         self._steps: dict[str, tuple[int, float, float | None]] = {}
+        self._step_times = RecentStepTimes()
         self._take_steps()
 
     def _take_steps(self) -> list[dict[str, Any]]:
@@ -220,6 +224,7 @@ class Sampler:
             job["step_rate"] = seen[2] if seen is not None else None
             # Seconds since the step last moved: a rate alone would hide a stalled job.
             job["step_age"] = round(now - seen[1], 1) if seen is not None else None
+            self._step_times.take(job)
         return jobs
 
     def sample(self) -> dict[str, Any]:

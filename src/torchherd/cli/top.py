@@ -1,4 +1,5 @@
-"""`herd top`: a live table of every node: CPU, memory, GPUs, and the running job's step rate."""
+"""`herd top`: a live table of every node: CPU, memory, GPUs, and the running job's step rate
+and recent step times (a sparkline per node on one scale, so a slow node's is the tall one)."""
 
 from __future__ import annotations
 
@@ -52,6 +53,44 @@ def _job_text(load: NodeLoad, compact: bool = False) -> tuple[str, str]:
     return job_id + more, text
 
 
+# Eighths of a character cell, low to high: one per recent step time.
+BLOCKS = "▁▂▃▄▅▆▇█"
+# Step times a compact table's sparkline shows (the newest).
+COMPACT_SPARK = 8
+
+
+def _step_times(load: NodeLoad) -> list[float]:
+    """The running job's recent step times on the node (agent/recent_steps.py), if any."""
+    values = load.jobs[0].get("step_times") if load.jobs else None
+    return [float(v) for v in values if isinstance(v, int | float)] if values else []
+
+
+def sparkline(values: list[float], lo: float, hi: float) -> str:
+    """One block per value, its height on the scale ``lo`` to ``hi`` (shared by every node,
+    so nodes compare at a glance); all alike: the middle block."""
+    if hi - lo <= 0.02 * hi:  # within 2 %: steady, not a shape to read
+        return BLOCKS[3] * len(values)
+    top = len(BLOCKS) - 1
+    return "".join(BLOCKS[round((min(max(v, lo), hi) - lo) / (hi - lo) * top)] for v in values)
+
+
+def _step_time_cells(loads: list[NodeLoad], compact: bool) -> dict[str, str]:
+    """host -> its STEP TIME cell: the recent step times' sparkline, and the newest in ms."""
+    recent = {load.host: _step_times(load) for load in loads}
+    if compact:
+        recent = {host: values[-COMPACT_SPARK:] for host, values in recent.items()}
+    every = [v for values in recent.values() for v in values]
+    if not every:
+        return {}
+    lo, hi = min(every), max(every)
+    cells = {}
+    for host, values in recent.items():
+        if values:
+            line = sparkline(values, lo, hi)
+            cells[host] = line if compact else f"{line} {values[-1] * 1000:.0f}ms"
+    return cells
+
+
 def render_view(loads: list[NodeLoad], width: int | None = None) -> Group:
     """The table, and under it the slow ranks herd named in running jobs."""
     from ..ops.top import slow_ranks
@@ -72,6 +111,8 @@ def render(loads: list[NodeLoad], width: int | None = None) -> Table:
     """One row per node; GPU columns show the mean/sum/max over the node's GPUs. ``width``:
     the terminal's columns (compact below COMPACT_BELOW); None: as wide as needed."""
     compact = width is not None and width < COMPACT_BELOW
+    # Shown only while some node's job times its steps (the Trainer does).
+    step_cells = _step_time_cells(loads, compact)
     columns = (
         "HOST",
         "CPU%",
@@ -82,8 +123,9 @@ def render(loads: list[NodeLoad], width: int | None = None) -> Table:
         *(() if compact else ("TEMP C", "POWER W")),
         "JOB",
         "PROGRESS",
+        *(("STEP TIME",) if step_cells else ()),
     )
-    table = result_table(columns, right=set(columns) - {"HOST", "JOB", "PROGRESS"})
+    table = result_table(columns, right=set(columns) - {"HOST", "JOB", "PROGRESS", "STEP TIME"})
     for column in table.columns:  # one line per node: cut what does not fit, never wrap
         column.no_wrap = True
         column.overflow = "ellipsis"
@@ -110,7 +152,8 @@ def render(loads: list[NodeLoad], width: int | None = None) -> Table:
             row = ["none", "-", "-", "-", "-"]
         if compact:
             row = row[:3]
-        table.add_row(load.host, cpu, mem, *row, job, progress)
+        steps = [step_cells.get(load.host, "-")] if step_cells else []
+        table.add_row(load.host, cpu, mem, *row, job, progress, *steps)
     return table
 
 
@@ -126,7 +169,10 @@ def top_command(
     """Live view per node: CPU, memory, GPU utilisation/memory/temperature/power, job progress.
 
     GPUs come from NVML or nvidia-smi on each node; nodes without GPUs show CPU and memory.
-    Progress is the last `step N` that local rank 0 printed, and its rate. Ctrl-C ends it.
+    Progress is the last `step N` that local rank 0 printed, and its rate. Where the job's
+    ranks time their steps (torchherd.train's Trainer), STEP TIME shows the node's recent
+    step times (its slowest rank's work per step, its wait for the others left out) as a
+    sparkline on one scale for all nodes, and the newest. Ctrl-C ends it.
     """
     from ..ops.top import NodeLoad, follow, sample_once  # here: it reaches for the spec models
 

@@ -352,8 +352,14 @@ class JobRun:
             await asyncio.to_thread(self.record.save, text)
 
     def _slow(self, slow: Slow) -> None:
-        """A slow rank named: in the job record at once (`herd top` shows it)."""
+        """A slow rank named: in the job record at once (`herd top` shows it), with each
+        node's step times so far."""
         self.record.attempts[-1].setdefault("slow", []).append(slow.line())
+        for node in self.record.attempts[-1].get("nodes", []):
+            if node.get("host") == slow.host:  # where the report's strip marks it
+                node.setdefault("named_slow_at", time.time())
+        if self.current is not None:  # the step times up to here: a running job's report
+            self._node_rates(self.current)
         self.record.slow = slow.line()
         task = asyncio.get_running_loop().create_task(self._save())
         self._saves.add(task)
@@ -560,12 +566,17 @@ class JobRun:
         return outcome
 
     def _node_rates(self, attempt: Attempt) -> None:
-        """Each node's own step rate in the attempt's entry (`herd report` draws it)."""
+        """Each node's own step rate and step times in the attempt's entry (`herd report`
+        draws them)."""
         rates = attempt.state.step_rates()
         for node in self.record.attempts[-1].get("nodes", []):
             found = rates.get(str(node.get("host")))
             if found is not None and found[1] is not None:
                 node["step"], node["steps_per_s"] = found
+            series = attempt.state.step_times.get(str(node.get("host")))
+            if series is not None and series.points():
+                node["step_times"] = series.points()
+                node["step_times_measure"] = series.measure
 
     def _close_entry(self, result: AttemptResult) -> None:
         entry = self.record.attempts[-1]

@@ -17,9 +17,10 @@ from typing import Any
 
 from .. import __version__
 from ..noise import is_noise
+from ..step_times import COMPUTE, WALL, WORK
 from .gather import Story
 from .groups import group_rows, groups_timeline
-from .svg import OUTCOME_COLOURS, duration, line_chart, timeline
+from .svg import OUTCOME_COLOURS, duration, line_chart, strips, timeline
 
 # torch's prefix of every line a rank prints to stderr under torchrun (its --tee/--redirects).
 RANK_PREFIX = re.compile(r"^\[rank\d+\]:\s?", re.MULTILINE)
@@ -98,10 +99,10 @@ def render(story: Story, page: Path) -> str:
         _verdict(story),
         _facts(story),
         _attempts(story, links),
+        _step_times(story),
         _groups(story),
         _phases(story),
         _rates(story),
-        _step_times(story),
         _metrics(story),
         _failure(story, links),
         _files(story, links),
@@ -317,7 +318,8 @@ def _phases(story: Story) -> str:
         phases = a.get("phases")
         if not isinstance(phases, dict):
             continue
-        slowest = a.get("phases_slowest") if isinstance(a.get("phases_slowest"), dict) else {}
+        found = a.get("phases_slowest")
+        slowest: dict[str, Any] = found if isinstance(found, dict) else {}
         own = {
             str(n.get("host")): n["phases"]
             for n in a.get("nodes") or []
@@ -365,29 +367,53 @@ def _groups(story: Story) -> str:
 
 
 def _step_times(story: Story) -> str:
-    """Each node's step time over the run, where the record has it: a node's ``step_times``,
-    [[step, seconds], ...], in each attempt (one curve per node, attempts joined)."""
+    """Each node's step time over the run, where the record has it: a node's
+    ``step_times``, [[step, seconds, at], ...], in each attempt, drawn as one strip per node
+    under the timeline, on its time axis (attempts joined; where herd named the node slow,
+    ``named_slow_at``, marked)."""
     series: dict[str, list[tuple[float, float]]] = {}
+    marks: dict[str, float] = {}
+    measures: set[str] = set()
     for a in story.attempts:
         for node in a.get("nodes") or []:
             if not isinstance(node, dict) or not isinstance(node.get("step_times"), list):
                 continue
-            points = series.setdefault(str(node.get("host", "?")), [])
+            host = str(node.get("host", "?"))
+            points = series.setdefault(host, [])
             for point in node["step_times"]:
                 if (
                     isinstance(point, list | tuple)
-                    and len(point) == 2
+                    and len(point) == 3
                     and all(isinstance(v, int | float) for v in point)
                 ):
-                    points.append((float(point[0]), float(point[1])))
-    charts = [
-        line_chart(sorted(points), f"step time (s), {host}", "#8e5cc2")
-        for host, points in series.items()
-        if len(points) >= 2
-    ]
-    if not charts:
+                    points.append((float(point[2]), float(point[1])))
+            if isinstance(node.get("named_slow_at"), int | float):
+                marks.setdefault(host, float(node["named_slow_at"]))
+            measures.add(str(node.get("step_times_measure") or WORK))
+    series = {host: points for host, points in series.items() if points}
+    if not series:
         return ""
-    return f'<h2>Step time per node</h2><div class="charts">{"".join(charts)}</div>'
+    record = story.record
+    picture = strips(series, record.started, record.ended or story.made, marks)
+    what = "; ".join(MEASURES.get(m, m) for m in sorted(measures))
+    return (
+        '<h2 id="step-times">Step time per node</h2>'
+        + picture
+        + f"<p class=note>Seconds per step of each node: {esc(what)}. One strip per node on "
+        "the timeline's axis and one scale for all (the range under them, most of every "
+        "node's values), so a slow node's strip sits higher; at the right, its latest (the "
+        "median of its last five points). A red mark: where herd named the node slow.</p>"
+    )
+
+
+# What a node's step times measure (step_times.py), in words.
+MEASURES = {
+    WORK: "its slowest rank's work, the step less the time it waited for the others (in "
+    "data-parallel training the wall time per step is the same on every node)",
+    COMPUTE: "its slowest rank's forward passes",
+    WALL: "wall time per step, from its step count (the same on every node of a "
+    "synchronous job; the script reports no timings)",
+}
 
 
 def _first(mapping: dict[str, Any], *keys: str) -> Any:

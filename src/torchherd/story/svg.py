@@ -1,5 +1,6 @@
 """The pictures of the report page as inline SVG text: no plotting library, no file beside the
-page. A timeline of attempts, and a line chart of one metric over steps."""
+page. A timeline of attempts, a strip per node of its step time on the same time axis, and a
+line chart of one metric over steps."""
 
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ OUTCOME_COLOURS = {
     "running": "#7fb8e6",
 }
 FALLBACK_COLOUR = "#b0b0b0"
+# Points of a node's step-time strip its latest value is the median of.
+LATEST = 5
 
 
 def _text(x: float, y: float, text: str, **attrs: Any) -> str:
@@ -200,3 +203,98 @@ def _short(value: float) -> str:
     if value == int(value) and abs(value) < 1e7:
         return f"{int(value)}"
     return f"{value:.3g}"
+
+
+def strips(
+    series: dict[str, list[tuple[float, float]]],
+    start: float,
+    end: float,
+    marks: dict[str, float] | None = None,
+    label: str = "step time",
+) -> str:
+    """One compact strip per node of (time, seconds) points, on the timeline's time axis
+    (job start to end, same margins) and one scale shared by all (``shared_range``), so the
+    slow node's strip sits higher than the others'; at its right its latest value (the
+    median of its last LATEST points). ``marks``: host -> when herd named it slow (a red
+    tick there)."""
+    # The timeline's plot (110 to 880 of 900), and room at the right for each latest value.
+    width, left, right, row, gap = 960, 110, 80, 26, 6
+    hosts = list(series)
+    height = 30 + (row + gap) * max(1, len(hosts))
+    span = max(end - start, 1e-3)
+    scale = (width - left - right) / span
+    lowest, highest = shared_range([v for points in series.values() for _, v in points])
+
+    def x(t: float) -> float:
+        return left + (min(max(t, start), end) - start) * scale
+
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}" role="img" aria-label="{html.escape(label)} per node" '
+        'font-family="sans-serif" font-size="12">'
+    ]
+    for i, host in enumerate(hosts):
+        top = 8 + i * (row + gap)
+        points = sorted(series[host])
+        ys = [v for _, v in points]
+        parts.append(_text(8, top + row / 2 + 4, host, font_weight="bold"))
+        parts.append(
+            f'<rect x="{left}" y="{top}" width="{width - left - right}" height="{row}" '
+            'fill="#f4f4f4"/>'
+        )
+        path = " ".join(
+            f"{x(t):.1f},{top + row * (1 - _share(v, lowest, highest)):.1f}" for t, v in points
+        )
+        parts.append(
+            f'<polyline points="{path}" fill="none" stroke="#8e5cc2" stroke-width="1.4" '
+            f'data-host="{html.escape(host)}"/>'
+        )
+        latest = sorted(ys[-LATEST:])[len(ys[-LATEST:]) // 2]  # ys: at least one point
+        parts.append(_text(width - right + 6, top + row / 2 + 4, _seconds(latest), fill="#333"))
+        named = (marks or {}).get(host)
+        if named is not None:
+            mx = x(named)
+            parts.append(
+                f'<line x1="{mx:.1f}" y1="{top - 3}" x2="{mx:.1f}" y2="{top + row + 3}" '
+                f'stroke="#d1495b" stroke-width="2" class="named-slow"><title>'
+                f"{html.escape(host)} named slow here</title></line>"
+            )
+    axis = height - 10
+    parts.append(_text(left, axis, "0 s", fill="#555"))
+    parts.append(_text(width - right, axis, duration(span), fill="#555", text_anchor="end"))
+    parts.append(
+        _text(
+            width - right + 6,
+            axis,
+            _seconds(lowest).split()[0] + "-" + _seconds(highest)
+            if (lowest < 1) == (highest < 1)
+            else f"{_seconds(lowest)}-{_seconds(highest)}",
+            fill="#555",
+            font_size="11",
+        )
+    )
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def shared_range(values: list[float]) -> tuple[float, float]:
+    """The strips' scale: from the 2nd to the 98th percentile of every node's values, so a
+    node 1.2x slow spans most of a strip's height while a save's or an evaluation's one long
+    step (drawn at the top) does not flatten the rest."""
+    ordered = sorted(values)
+    if not ordered:
+        return 0.0, 1.0
+    lo = ordered[int(0.02 * (len(ordered) - 1))]
+    hi = ordered[math.ceil(0.98 * (len(ordered) - 1))]
+    if hi - lo < 1e-9:  # every node alike and steady: a flat line mid-strip
+        return lo - (abs(lo) or 1.0) * 0.1, hi + (abs(hi) or 1.0) * 0.1
+    return lo, hi
+
+
+def _share(value: float, lo: float, hi: float) -> float:
+    return min(max((value - lo) / (hi - lo), 0.0), 1.0)
+
+
+def _seconds(value: float) -> str:
+    """ "186 ms", "1.4 s": a step time, short."""
+    return f"{value * 1000:.0f} ms" if value < 1 else f"{value:.3g} s"

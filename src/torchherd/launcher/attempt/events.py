@@ -148,6 +148,7 @@ class AgentEvents:
             self.slow.computed(host, rank, compute)
             self.slow.timed(host, rank, *(timings + [None, None, None])[:3])
             self.state.stepped(host, step, at, self.clock())
+        self.state.step_timed(host, [b for b in beats if isinstance(b, list)], time.time())
 
     def marks(self, host: str, event: dict[str, Any]) -> None:
         """A node's start marks (its agent's StartMarks), placed on this launcher's clock;

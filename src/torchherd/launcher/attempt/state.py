@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from ...plan import LaunchPlan
 from ...recovery.failures import NodeRun, NodeState, choose_first_failure, in_words
 from ...results import Failure
+from ...step_times import StepSeries, beat_seconds, limit_for
 
 
 @dataclass
@@ -47,6 +48,8 @@ class LiveState:
     ranks_seen: set[tuple[str, int]] = field(default_factory=set)
     node_steps: dict[str, list[tuple[float, int]]] = field(default_factory=dict)
     """host -> [(when, step) first seen, (when, step) latest]: the node's step rate."""
+    step_times: dict[str, StepSeries] = field(default_factory=dict)
+    """host -> its step times over the attempt, bounded (step_times.py; the job record's)."""
     stepped_at: dict[str, float] = field(default_factory=dict)
     """host -> when (this launcher's clock) its ranks' step last went up."""
     quiet_said: set[str] = field(default_factory=set)
@@ -112,6 +115,19 @@ class LiveState:
                 self.stepped_at[host] = now
             first = self.node_steps.setdefault(host, [(at, step), (at, step)])[0]
             self.node_steps[host] = [first, (at, max(step, self.node_steps[host][1][1]))]
+
+    def step_timed(self, host: str, beats: list[list[object]], now: float) -> None:
+        """A node's report of its ranks' newest beats ([rank, step, at, compute, wait, cycle,
+        ...]): one point of its step time, its slowest rank's work per step (the rank the
+        node holds the others back with), at its highest step."""
+        timed = [beat_seconds(*(b[3:6] + [None, None])[:3]) for b in beats if len(b) >= 4]
+        found = [t for t in timed if t is not None]
+        stepped = [(b[1], b[2]) for b in beats if len(b) >= 3 and isinstance(b[1], int)]
+        if stepped:
+            step, at = max(stepped, key=lambda pair: int(pair[0]))
+            series = self.step_times.get(host) or StepSeries(limit_for(len(self.nodes)))
+            self.step_times[host] = series
+            series.add(step, at, now, max(found) if found else None)
 
     def step_rates(self) -> dict[str, tuple[int, float | None]]:
         """host -> (latest step, steps per second over the attempt, when known)."""
