@@ -14,7 +14,7 @@ import html
 from collections.abc import Sequence
 from typing import Any
 
-from .svg import OUTCOME_COLOURS, duration
+from .svg import OUTCOME_COLOURS, TimeAxis, duration, svg_open
 from .svg import _text as text
 
 UP_COLOUR = OUTCOME_COLOURS["succeeded"]
@@ -52,17 +52,9 @@ def groups_timeline(groups: Sequence[dict[str, Any]], start: float, end: float) 
     down until it healed (or to the end, in grey, when it never came back)."""
     width, left, right, row = 900, 110, 20, 34
     height = 36 + row * len(groups)
-    span = max(end - start, 1e-3)
-    scale = (width - left - right) / span
-
-    def x(t: float) -> float:
-        return left + (min(max(t, start), end) - start) * scale
-
-    parts = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-        f'viewBox="0 0 {width} {height}" role="img" aria-label="replica groups over time" '
-        'font-family="sans-serif" font-size="12">'
-    ]
+    axis = TimeAxis(start, end, width, left, right)
+    x = axis.x
+    parts = [svg_open(width, height, "replica groups over time")]
     for i, group in enumerate(groups):
         top = 10 + i * row
         name = f"group {group.get('group', i)}"
@@ -84,13 +76,7 @@ def groups_timeline(groups: Sequence[dict[str, Any]], start: float, end: float) 
                 f'<rect class="outage" x="{x0:.1f}" y="{top}" width="{x1 - x0:.1f}" height="20" '
                 f'fill="{colour}"><title>{tip}</title></rect>'
             )
-    axis = height - 10
-    parts.append(
-        f'<line x1="{left}" y1="{axis - 8}" x2="{width - right}" y2="{axis - 8}" stroke="#999"/>'
-    )
-    parts.append(text(left, axis + 2, "0 s", fill="#555"))
-    parts.append(text(width - right, axis + 2, duration(span), fill="#555", text_anchor="end"))
-    parts.append("</svg>")
+    parts += [axis.line(height - 18), *axis.ends(height - 8), "</svg>"]
     return "".join(parts)
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import html
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 # outcome -> fill colour of its attempt's bar
@@ -40,22 +41,58 @@ def duration(seconds: float) -> str:
     return f"{seconds // 3600} h {seconds % 3600 // 60} min"
 
 
+def svg_open(width: float, height: float, label: str, font_size: int = 12) -> str:
+    """The opening tag of one picture: its size, and what a screen reader says it shows."""
+    return (
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}" role="img" aria-label="{html.escape(label)}" '
+        f'font-family="sans-serif" font-size="{font_size}">'
+    )
+
+
+@dataclass(frozen=True)
+class TimeAxis:
+    """The job's time, ``start`` to ``end``, across a picture's plot from ``left`` to
+    ``width - right``: the timeline of attempts, the replica groups and the step-time strips
+    share it, so one moment sits at one x in each."""
+
+    start: float
+    end: float
+    width: float
+    left: float
+    right: float
+
+    @property
+    def span(self) -> float:
+        return max(self.end - self.start, 1e-3)
+
+    def x(self, t: float) -> float:
+        """Where moment ``t`` (clamped to the job) sits."""
+        plot = self.width - self.left - self.right
+        return self.left + (min(max(t, self.start), self.end) - self.start) * plot / self.span
+
+    def ends(self, y: float) -> list[str]:
+        """The axis' two labels at height ``y``: 0 s at the left, the job's length at the right."""
+        return [
+            _text(self.left, y, "0 s", fill="#555"),
+            _text(self.width - self.right, y, duration(self.span), fill="#555", text_anchor="end"),
+        ]
+
+    def line(self, y: float) -> str:
+        return (
+            f'<line x1="{self.left}" y1="{y}" x2="{self.width - self.right}" y2="{y}" '
+            'stroke="#999"/>'
+        )
+
+
 def timeline(attempts: Sequence[dict[str, Any]], start: float, end: float) -> str:
     """One bar per attempt on a shared time axis (job start to end), coloured by outcome,
     with how the fault was noticed at its end and why the next one started."""
-    width, left, right, row = 900, 110, 20, 46
+    width, row = 900, 46
     height = 40 + row * max(1, len(attempts))
-    span = max(end - start, 1e-3)
-    scale = (width - left - right) / span
-
-    def x(t: float) -> float:
-        return left + (min(max(t, start), end) - start) * scale
-
-    parts = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-        f'viewBox="0 0 {width} {height}" role="img" aria-label="timeline of attempts" '
-        'font-family="sans-serif" font-size="12">'
-    ]
+    axis = TimeAxis(start, end, width, left=110, right=20)
+    x = axis.x
+    parts = [svg_open(width, height, "timeline of attempts")]
     for i, attempt in enumerate(attempts):
         top = 12 + i * row
         began = _number(attempt.get("started"), start)
@@ -82,13 +119,7 @@ def timeline(attempts: Sequence[dict[str, Any]], start: float, end: float) -> st
         noticed = attempt.get("noticed")
         if noticed:
             parts.append(_text(x0, top + 37, f"noticed: {noticed}", fill="#555", font_size="11"))
-    axis = height - 10
-    parts.append(
-        f'<line x1="{left}" y1="{axis - 8}" x2="{width - right}" y2="{axis - 8}" stroke="#999"/>'
-    )
-    parts.append(_text(left, axis + 2, "0 s", fill="#555"))
-    parts.append(_text(width - right, axis + 2, duration(span), fill="#555", text_anchor="end"))
-    parts.append("</svg>")
+    parts += [axis.line(height - 18), *axis.ends(height - 8), "</svg>"]
     return "".join(parts)
 
 
@@ -171,9 +202,7 @@ def line_chart(
     path = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in points)
     title = label + (" (log scale)" if log else "")
     parts = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-        f'viewBox="0 0 {width} {height}" role="img" aria-label="{html.escape(title)}" '
-        'font-family="sans-serif" font-size="11">',
+        svg_open(width, height, title, font_size=11),
         _text(left, 14, title, font_weight="bold", font_size="12"),
         f'<rect x="{left}" y="{top}" width="{plot_w}" height="{plot_h}" fill="none" '
         'stroke="#ccc"/>',
@@ -221,18 +250,10 @@ def strips(
     width, left, right, row, gap = 960, 110, 80, 26, 6
     hosts = list(series)
     height = 30 + (row + gap) * max(1, len(hosts))
-    span = max(end - start, 1e-3)
-    scale = (width - left - right) / span
+    time_axis = TimeAxis(start, end, width, left, right)
+    x = time_axis.x
     lowest, highest = shared_range([v for points in series.values() for _, v in points])
-
-    def x(t: float) -> float:
-        return left + (min(max(t, start), end) - start) * scale
-
-    parts = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-        f'viewBox="0 0 {width} {height}" role="img" aria-label="{html.escape(label)} per node" '
-        'font-family="sans-serif" font-size="12">'
-    ]
+    parts = [svg_open(width, height, f"{label} per node")]
     for i, host in enumerate(hosts):
         top = 8 + i * (row + gap)
         points = sorted(series[host])
@@ -260,8 +281,7 @@ def strips(
                 f"{html.escape(host)} named slow here</title></line>"
             )
     axis = height - 10
-    parts.append(_text(left, axis, "0 s", fill="#555"))
-    parts.append(_text(width - right, axis, duration(span), fill="#555", text_anchor="end"))
+    parts += time_axis.ends(axis)
     parts.append(
         _text(
             width - right + 6,
