@@ -277,7 +277,8 @@ def test_replica_groups_show_each_outage_on_the_time_axis_and_in_words(tmp_path:
         {"group": 0, "host": "gpu1", "runs": 1, "exit_code": 0, "outages": []},
         {
             "group": 1,
-            "host": "gpu2",
+            "host": "gpu4",
+            "hosts": ["gpu2", "gpu4"],
             "runs": 2,
             "exit_code": 0,
             "outages": [
@@ -292,6 +293,7 @@ def test_replica_groups_show_each_outage_on_the_time_axis_and_in_words(tmp_path:
     said = "down 50 s in at step 89; the others&#x27; next commit 3.0 s later; healed 5.8 s later"
     assert said in page
     assert "never came back" in page
+    assert "<td>1</td><td>gpu2 → gpu4</td>" in page  # a spare took gpu2's place
     # On a 900-wide axis with 110 on the left and 20 on the right, 100 s span 770 units:
     # group 1 is out from 50 s for 5.8 s, group 2 from 80 s to the end.
     outages = re.findall(r'<rect class="outage" x="([\d.]+)" y="\d+" width="([\d.]+)"', page)

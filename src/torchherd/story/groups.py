@@ -89,7 +89,8 @@ def group_rows(groups: Sequence[dict[str, Any]], started: float) -> list[list[st
         rows.append(
             [
                 str(group.get("group", i)),
-                str(group.get("host", "?")),
+                # Every node it ran on: a spare that took a lost node's place shows as a move.
+                " → ".join(map(str, group.get("hosts") or [group.get("host", "?")])),
                 str(group.get("runs", "-")),
                 "-" if code is None else str(code),
                 "; ".join(outage_text(o, started) for o in outages) or "none",
