@@ -183,7 +183,8 @@ def test_killed_group_rejoins_heals_and_ends_with_identical_weights(groups_run: 
     made = herd(["report", groups_run.job], groups_run.home, groups_run.run_dir.parent)
     assert made.returncode == 0, made.stderr
     page = Path(made.stdout.split("report: ", 1)[1].strip()).read_text()
-    row = rf"<td>2</td><td>node3 → {SPARE}</td><td>\d+</td><td>0</td><td>down (?P<in>\d+) s in [^<]*</td>"
+    moved = f"<td>2</td><td>node3 → {SPARE}</td>"  # group 2 and the nodes it ran on
+    row = moved + r"<td>\d+</td><td>0</td><td>down (?P<in>\d+) s in [^<]*</td>"
     said = re.search(row, page)
     assert said and f"at step {outage['steps_before']};" in said.group(0), page[-3000:]
     record = groups_run.herd_record()
