@@ -206,8 +206,9 @@ class GroupsRun:
         self.interrupted = False
         self.all_down_said = False
         self.lost_nodes: set[str] = set()
-        self.fences: list[asyncio.Task[None]] = []
         """Nodes a group left for a spare: never offered as a spare again in this job."""
+        self.fences: list[asyncio.Task[None]] = []
+        """Sweeps of lost nodes, each waiting for its node to answer again."""
         self.record = new_record(prepared.cluster, prepared.plan, self.log_dir, state="running")
         self.record.kind = job.kind
 
@@ -394,7 +395,7 @@ class GroupsRun:
         if group.run is not None:
             # Its worker there may still run, cut off: once the node answers, it is ended, so
             # that it never rejoins the quorum beside the group's new worker.
-            fence = self._sweep_when_back(group.index, group.run.prepared.plan.nodes[0])
+            fence = self._sweep_when_back(group.index, group.run.prepared.plan)
             self.fences.append(asyncio.create_task(fence))
         self.note(
             f"group {group.index}: {lost} does not answer; spare {group.host} takes its place"
@@ -402,11 +403,12 @@ class GroupsRun:
         self._write_record(None)
         return True
 
-    async def _sweep_when_back(self, index: int, last: NodePlan) -> None:
-        job_id = f"{self.job.job_id}-g{index}"
+    async def _sweep_when_back(self, index: int, plan: LaunchPlan) -> None:
+        """End the group's last attempt on its lost node (``plan``'s one node) once it answers."""
+        last = plan.nodes[0]
         while True:
             swept = await sweep_attempt(
-                self.transport, self.prepared.cluster, job_id, last, grace=self.job.grace
+                self.transport, self.prepared.cluster, plan.job_id, last, grace=plan.grace
             )
             if swept.confirmed:
                 if swept.processes:

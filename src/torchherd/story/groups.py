@@ -14,8 +14,7 @@ import html
 from collections.abc import Sequence
 from typing import Any
 
-from .svg import OUTCOME_COLOURS, TimeAxis, duration, svg_open
-from .svg import _text as text
+from .svg import OUTCOME_COLOURS, TimeAxis, duration, svg_open, svg_text
 
 UP_COLOUR = OUTCOME_COLOURS["succeeded"]
 OUT_COLOUR = OUTCOME_COLOURS["failed"]
@@ -58,10 +57,10 @@ def groups_timeline(groups: Sequence[dict[str, Any]], start: float, end: float) 
     for i, group in enumerate(groups):
         top = 10 + i * row
         name = f"group {group.get('group', i)}"
-        parts.append(text(8, top + 15, name, font_weight="bold"))
+        parts.append(svg_text(8, top + 15, name, font_weight="bold"))
         tip = html.escape(f"{name} on {group.get('host')}")
         parts.append(
-            f'<rect x="{left}" y="{top}" width="{width - left - right}" height="20" rx="3" '
+            f'<rect x="{left}" y="{top}" width="{axis.plot}" height="20" rx="3" '
             f'fill="{UP_COLOUR}"><title>{tip}</title></rect>'
         )
         for outage in outages_of(group):

@@ -27,9 +27,9 @@ FALLBACK_COLOUR = "#b0b0b0"
 LATEST = 5
 
 
-def _text(x: float, y: float, text: str, **attrs: Any) -> str:
+def svg_text(x: float, y: float, words: str, **attrs: Any) -> str:
     extra = "".join(f' {k.replace("_", "-")}="{v}"' for k, v in attrs.items())
-    return f'<text x="{x:.1f}" y="{y:.1f}"{extra}>{html.escape(text)}</text>'
+    return f'<text x="{x:.1f}" y="{y:.1f}"{extra}>{html.escape(words)}</text>'
 
 
 def duration(seconds: float) -> str:
@@ -66,16 +66,22 @@ class TimeAxis:
     def span(self) -> float:
         return max(self.end - self.start, 1e-3)
 
+    @property
+    def plot(self) -> float:
+        """The plot's width: the whole job's length."""
+        return self.width - self.left - self.right
+
     def x(self, t: float) -> float:
         """Where moment ``t`` (clamped to the job) sits."""
-        plot = self.width - self.left - self.right
-        return self.left + (min(max(t, self.start), self.end) - self.start) * plot / self.span
+        return self.left + (min(max(t, self.start), self.end) - self.start) * self.plot / self.span
 
     def ends(self, y: float) -> list[str]:
         """The axis' two labels at height ``y``: 0 s at the left, the job's length at the right."""
         return [
-            _text(self.left, y, "0 s", fill="#555"),
-            _text(self.width - self.right, y, duration(self.span), fill="#555", text_anchor="end"),
+            svg_text(self.left, y, "0 s", fill="#555"),
+            svg_text(
+                self.width - self.right, y, duration(self.span), fill="#555", text_anchor="end"
+            ),
         ]
 
     def line(self, y: float) -> str:
@@ -100,14 +106,14 @@ def timeline(attempts: Sequence[dict[str, Any]], start: float, end: float) -> st
         outcome = str(attempt.get("outcome") or "unknown")
         colour = OUTCOME_COLOURS.get(outcome, FALLBACK_COLOUR)
         x0, x1 = x(began), max(x(ended), x(began) + 2)
-        parts.append(_text(8, top + 17, f"attempt {attempt.get('n', i)}", font_weight="bold"))
+        parts.append(svg_text(8, top + 17, f"attempt {attempt.get('n', i)}", font_weight="bold"))
         parts.append(
             f'<rect x="{x0:.1f}" y="{top}" width="{x1 - x0:.1f}" height="24" rx="3" '
             f'fill="{colour}"><title>{html.escape(_tooltip(attempt))}</title></rect>'
         )
         world = attempt.get("world_size")
         label = f"{outcome}" + (f", world {world}" if world is not None else "")
-        parts.append(_text(x0 + 4, top + 16, label, fill="#fff"))
+        parts.append(svg_text(x0 + 4, top + 16, label, fill="#fff"))
         if outcome not in ("succeeded", "running"):
             # the fault: where the attempt ended, and how herd noticed it
             parts.append(
@@ -115,10 +121,10 @@ def timeline(attempts: Sequence[dict[str, Any]], start: float, end: float) -> st
                 f"<title>{html.escape(str(attempt.get('noticed') or outcome))}</title></path>"
             )
         if attempt.get("stacks_dir"):
-            parts.append(_text(x1 + 3, top + 16, "stacks", fill="#555"))
+            parts.append(svg_text(x1 + 3, top + 16, "stacks", fill="#555"))
         noticed = attempt.get("noticed")
         if noticed:
-            parts.append(_text(x0, top + 37, f"noticed: {noticed}", fill="#555", font_size="11"))
+            parts.append(svg_text(x0, top + 37, f"noticed: {noticed}", fill="#555", font_size="11"))
     parts += [axis.line(height - 18), *axis.ends(height - 8), "</svg>"]
     return "".join(parts)
 
@@ -203,7 +209,7 @@ def line_chart(
     title = label + (" (log scale)" if log else "")
     parts = [
         svg_open(width, height, title, font_size=11),
-        _text(left, 14, title, font_weight="bold", font_size="12"),
+        svg_text(left, 14, title, font_weight="bold", font_size="12"),
         f'<rect x="{left}" y="{top}" width="{plot_w}" height="{plot_h}" fill="none" '
         'stroke="#ccc"/>',
     ]
@@ -212,16 +218,17 @@ def line_chart(
         parts.append(
             f'<line x1="{left}" y1="{y:.1f}" x2="{left + plot_w}" y2="{y:.1f}" stroke="#eee"/>'
         )
-        parts.append(_text(left - 4, y + 4, _short(value), text_anchor="end", fill="#555"))
+        parts.append(svg_text(left - 4, y + 4, _short(value), text_anchor="end", fill="#555"))
     for value in nice_ticks(x_lo, x_hi):
         x = px(value)
         parts.append(
             f'<line x1="{x:.1f}" y1="{top + plot_h}" x2="{x:.1f}" y2="{top + plot_h + 4}" '
             'stroke="#999"/>'
         )
-        parts.append(_text(x, top + plot_h + 15, _short(value), text_anchor="middle", fill="#555"))
+        below = top + plot_h + 15
+        parts.append(svg_text(x, below, _short(value), text_anchor="middle", fill="#555"))
     parts += [
-        _text(left + plot_w / 2, height - 6, x_label, text_anchor="middle", fill="#333"),
+        svg_text(left + plot_w / 2, height - 6, x_label, text_anchor="middle", fill="#333"),
         f'<polyline points="{path}" fill="none" stroke="{colour}" stroke-width="1.6"/>',
         "</svg>",
     ]
@@ -258,10 +265,9 @@ def strips(
         top = 8 + i * (row + gap)
         points = sorted(series[host])
         ys = [v for _, v in points]
-        parts.append(_text(8, top + row / 2 + 4, host, font_weight="bold"))
+        parts.append(svg_text(8, top + row / 2 + 4, host, font_weight="bold"))
         parts.append(
-            f'<rect x="{left}" y="{top}" width="{width - left - right}" height="{row}" '
-            'fill="#f4f4f4"/>'
+            f'<rect x="{left}" y="{top}" width="{time_axis.plot}" height="{row}" fill="#f4f4f4"/>'
         )
         path = " ".join(
             f"{x(t):.1f},{top + row * (1 - _share(v, lowest, highest)):.1f}" for t, v in points
@@ -271,7 +277,7 @@ def strips(
             f'data-host="{html.escape(host)}"/>'
         )
         latest = sorted(ys[-LATEST:])[len(ys[-LATEST:]) // 2]  # ys: at least one point
-        parts.append(_text(width - right + 6, top + row / 2 + 4, _seconds(latest), fill="#333"))
+        parts.append(svg_text(width - right + 6, top + row / 2 + 4, _seconds(latest), fill="#333"))
         named = (marks or {}).get(host)
         if named is not None:
             mx = x(named)
@@ -283,7 +289,7 @@ def strips(
     axis = height - 10
     parts += time_axis.ends(axis)
     parts.append(
-        _text(
+        svg_text(
             width - right + 6,
             axis,
             _seconds(lowest).split()[0] + "-" + _seconds(highest)
