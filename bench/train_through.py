@@ -13,6 +13,9 @@ restarted and heals; the others go on). Reported per mode:
               one step the loss interrupted is dropped, not redone)
   goodput     the undisturbed run's seconds / the disturbed run's seconds, same mode
   overhead    the undisturbed replica-groups run's seconds per step / the whole-job run's
+  loss        the final weights' loss over the whole dataset (examples/minimal.py's, MSE), the
+              disturbed run's against the undisturbed one's: a whole-job restart resumes
+              exactly (0 %); a replica group that was out trained on fewer samples meanwhile
 
 Target (the issue's): replica groups commit their next step within 6 s of the loss, and their
 goodput beats the whole-job restart's. Needs root (the namespace testbed).
@@ -27,6 +30,7 @@ and node2 in turn; "next step" is then the median over the faults and "twice" th
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import signal
@@ -113,7 +117,7 @@ def one_run(bed: Testbed, groups: bool, kills: list[tuple[int, str]], args) -> d
             herd.signal(signal.SIGTERM)
             herd.finish(timeout=60)
     seconds = time.monotonic() - started
-    result: dict = {"code": code, "seconds": seconds}
+    result: dict = {"code": code, "seconds": seconds, "loss": final_loss(tmp / "run")}
     if killed:
         nexts, twice = [], 0
         for at, kill_step in killed:
@@ -138,6 +142,22 @@ def one_run(bed: Testbed, groups: bool, kills: list[tuple[int, str]], args) -> d
         result["twice"] = twice
         result["next_step"] = median(nexts) if nexts else None
     return result
+
+
+def final_loss(run_dir: Path) -> float | None:
+    """The MSE of the first group's (or rank 0's) final weights over minimal.py's dataset."""
+    written = run_dir / "weights-0.json"
+    if not written.is_file():
+        return None
+    import torch
+
+    sys.path.insert(0, str(ROOT / "examples"))
+    import minimal
+
+    weight, bias = json.loads(written.read_text())["weights"]
+    inputs, targets = minimal.make_dataset(0).tensors  # the Trainer's default seed
+    predicted = inputs @ torch.tensor(weight).reshape(-1, 1) + torch.tensor(bias)
+    return float(torch.nn.functional.mse_loss(predicted, targets))
 
 
 def median(values: list[float]) -> float:
@@ -165,8 +185,11 @@ def main() -> int:
                 rows.setdefault(name, []).append((calm, hit))
                 print(f"run {n + 1} {name}: undisturbed {calm}, node3 killed {hit}", flush=True)
     print(f"\n{args.runs} run(s) of each, medians:")
-    print("| mode | undisturbed s | with a loss s | next step s | steps done twice | goodput |")
-    print("|---|---|---|---|---|---|")
+    print(
+        "| mode | undisturbed s | with a loss s | next step s | steps done twice | goodput "
+        "| final loss vs undisturbed |"
+    )
+    print("|---|---|---|---|---|---|---|")
     summary = {}
     for name, runs in rows.items():
         calm_s = median([c["seconds"] for c, _ in runs])
@@ -176,9 +199,11 @@ def main() -> int:
         goodput = median([c["seconds"] / h["seconds"] for c, h in runs])
         nxt = median(nexts) if nexts else None
         summary[name] = {"calm": calm_s, "next": nxt, "goodput": goodput}
+        losses = [h["loss"] / c["loss"] - 1 for c, h in runs if c["loss"] and h["loss"]]
+        loss = f"{median(losses):+.2%}" if losses else "-"
         print(
             f"| {name} | {calm_s:.1f} | {hit_s:.1f} | "
-            f"{'-' if nxt is None else f'{nxt:.1f}'} | {twice:g} | {goodput:.0%} |"
+            f"{'-' if nxt is None else f'{nxt:.1f}'} | {twice:g} | {goodput:.0%} | {loss} |"
         )
     whole, groups = summary["whole-job restart"], summary["replica groups"]
     print(f"\nreplica groups' undisturbed time / whole-job's: {groups['calm'] / whole['calm']:.2f}")

@@ -23,10 +23,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.herd_cli import SCRIPTS, herd
+from tests.integration.herd_cli import SCRIPTS
+from tests.integration.herd_cli import herd as herd_cli
 from tests.integration.live import LiveHerd
 from tests.integration.training import worker_on
 from tests.testbed import Testbed
+from torchherd.agent.stacks import py_spy, run_py_spy
 
 # Runs alone (scripts/test): the survivors' next commit is bounded at 6 s.
 pytestmark = pytest.mark.serial
@@ -39,6 +41,8 @@ STEPS = 800
 # What the issue asks of the survivors: their next committed step within 6 s of the loss
 # (torchft's default heartbeat; herd's lighthouse drops a silent group after 3 s).
 NEXT_COMMIT_WITHIN = 6.0
+# Where a group's worker waits for the others' gradients: ReplicaGroups.commit's wait.
+ALLREDUCE_WAIT = re.compile(r"\bcommit \(\S*torchherd/train/replica_groups\.py:\d+\)")
 # What the Trainer says when it wrote a snapshot (the group that writes them, in the console).
 SNAPSHOT = r"node\d:0\b.*\bsnapshot \S*step-(?P<step>\d+)"
 
@@ -51,6 +55,8 @@ class GroupsRun:
     run_dir: Path
     home: Path
     killed_at: float
+    survivor_stack: str
+    """node1's worker's stack while group 2's worker was stopped, just before it was killed."""
     survivors_before: dict[str, int]
     lighthouse_pids: tuple[int, int | None]
     before_all_killed: dict
@@ -59,6 +65,8 @@ class GroupsRun:
     """The step of the last snapshot written before every group was killed."""
     left_on_cut_node: int | None
     """A worker of group 2 still on node3 a minute after its link came back (None: none)."""
+    top_while_down: str
+    """`herd top --once` while group 2 was out after its worker was killed."""
 
     def herd_record(self) -> dict:
         """The job's own record (its groups and lighthouse have records of their own)."""
@@ -87,6 +95,20 @@ def wait_pid(job: str, node: str, testbed: Testbed, timeout: float, other_than: 
     raise AssertionError(f"no worker of {job} on {node} within {timeout} s")
 
 
+def stack_in_allreduce(pid: int, within: float) -> str:
+    """The worker's stack once it waits in the Trainer's all-reduce over the groups (its
+    last stack if it did not within ``within`` seconds: the test then fails on it)."""
+    deadline = time.monotonic() + within
+    stack = ""
+    while time.monotonic() < deadline:
+        stack, _ = run_py_spy(py_spy(), pid, [], timeout=5)
+        stack = stack or ""
+        if ALLREDUCE_WAIT.search(stack):
+            break
+        time.sleep(0.1)
+    return stack
+
+
 @pytest.fixture(scope="module")
 def groups_run(testbed: Testbed, tmp_path_factory: pytest.TempPathFactory) -> GroupsRun:
     tmp_path = tmp_path_factory.mktemp("groups")
@@ -111,8 +133,16 @@ def groups_run(testbed: Testbed, tmp_path_factory: pytest.TempPathFactory) -> Gr
             node: wait_pid(f"{job}-g{i}", node, testbed, 10) for i, node in enumerate(NODES[:2])
         }
         victim = wait_pid(f"{job}-g2", "node3", testbed, 10)
+        # Killed while the others are inside the gradients' all-reduce: stopped first, so
+        # that the survivors block in it waiting for its share (seen in a survivor's stack),
+        # then killed (torchft 0.2.0's own DDP crashes every survivor here).
+        os.kill(victim, signal.SIGSTOP)
+        survivor_stack = stack_in_allreduce(survivors["node1"], within=2.0)
         killed_at = time.monotonic()
         os.kill(victim, signal.SIGKILL)
+        # What `herd top` shows of the groups while group 2 is out.
+        herd.wait_for(r"replica group 2 on node3 went down", 30)
+        top = herd_cli(["top", "--once", "-c", str(path)], home, tmp_path)
         herd.wait_for(r"group 2 on node3 rejoined and healed", 180)
         old = wait_pid(f"{job}-lighthouse", "node1", testbed, 10)
         # Two faults at once: the lighthouse killed (herd restarts it) and node3's link cut
@@ -142,8 +172,8 @@ def groups_run(testbed: Testbed, tmp_path_factory: pytest.TempPathFactory) -> Gr
             herd.signal(signal.SIGTERM)
             herd.finish(timeout=60)
     return GroupsRun(
-        herd, code, job, run_dir, home, killed_at, survivors, (old, new), before, last,
-        left_on_cut_node,
+        herd, code, job, run_dir, home, killed_at, survivor_stack, survivors, (old, new), before,
+        last, left_on_cut_node, top.stdout + top.stderr,
     )  # fmt: skip
 
 
@@ -170,6 +200,29 @@ def test_survivors_commit_within_6_s_without_restarting(groups_run: GroupsRun) -
     )
 
 
+def test_a_group_killed_during_the_allreduce_leaves_the_survivors_running(
+    groups_run: GroupsRun,
+) -> None:
+    # The kill landed while node1's worker waited in the all-reduce for group 2's share ...
+    assert ALLREDUCE_WAIT.search(groups_run.survivor_stack), groups_run.survivor_stack
+    # ... and the same worker went on: its step was dropped, not its process.
+    out = groups_run.herd.output
+    assert re.search(r"node1:0\b.*step \d+ dropped: a replica group was lost", out), out[-6000:]
+    assert groups_run.before_all_killed["g0"]["restarts"] == 0
+
+
+def test_herd_top_shows_each_group_and_the_one_that_is_down(groups_run: GroupsRun) -> None:
+    top = groups_run.top_while_down
+    line = next((x for x in top.splitlines() if "replica groups:" in x), "")
+    assert line.startswith(f"job {groups_run.job}: replica groups:"), top
+    said = re.search(
+        r"g0 node1 step (\d+); g1 node2 step (\d+); g2 node3 down \d+ s \(since step (\d+)\)", line
+    )
+    assert said, line
+    # The survivors were past the step group 2 went down at, or level with it.
+    assert min(int(said.group(1)), int(said.group(2))) >= int(said.group(3)) - 2, line
+
+
 def test_killed_group_rejoins_heals_and_ends_with_identical_weights(groups_run: GroupsRun) -> None:
     out = groups_run.herd.output
     assert groups_run.code == 0, out[-6000:]
@@ -180,7 +233,7 @@ def test_killed_group_rejoins_heals_and_ends_with_identical_weights(groups_run: 
     assert [w["step"] for w in weights] == [STEPS] * 3, [w["step"] for w in weights]
     assert weights[0]["weights"] == weights[1]["weights"] == weights[2]["weights"]
     # The report page tells the outage: group 2 out at the step the others had reached.
-    made = herd(["report", groups_run.job], groups_run.home, groups_run.run_dir.parent)
+    made = herd_cli(["report", groups_run.job], groups_run.home, groups_run.run_dir.parent)
     assert made.returncode == 0, made.stderr
     page = Path(made.stdout.split("report: ", 1)[1].strip()).read_text()
     moved = f"<td>2</td><td>node3 → {SPARE}</td>"  # group 2 and the nodes it ran on

@@ -92,11 +92,13 @@ def _step_time_cells(loads: list[NodeLoad], compact: bool) -> dict[str, str]:
 
 
 def render_view(loads: list[NodeLoad], width: int | None = None) -> Group:
-    """The table, and under it the slow ranks herd named in running jobs."""
-    from ..ops.top import slow_ranks
+    """The table, and under it each running replica-group job's groups and the slow ranks
+    herd named in running jobs."""
+    from ..ops.top import replica_groups, slow_ranks
 
+    groups = [Text(line) for line in replica_groups(loads)]
     notes = [Text(line, style="yellow") for line in slow_ranks()]
-    return Group(render(loads, width), *notes)
+    return Group(render(loads, width), *groups, *notes)
 
 
 def _gpu_name(name: str, compact: bool) -> str:
@@ -172,7 +174,9 @@ def top_command(
     Progress is the last `step N` that local rank 0 printed, and its rate. Where the job's
     ranks time their steps (torchherd.train's Trainer), STEP TIME shows the node's recent
     step times (its slowest rank's work per step, its wait for the others left out) as a
-    sparkline on one scale for all nodes, and the newest. Ctrl-C ends it.
+    sparkline on one scale for all nodes, and the newest. Under the table, a job run as
+    replica groups (launched from this machine) shows each group's node and step, or how
+    long it has been down. Ctrl-C ends it.
     """
     from ..ops.top import NodeLoad, follow, sample_once  # here: it reaches for the spec models
 

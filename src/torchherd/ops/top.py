@@ -164,3 +164,38 @@ def slow_ranks() -> list[str]:
         for record in list_records()
         if record.state in ("starting", "running") and record.slow
     ]
+
+
+def replica_groups(loads: list[NodeLoad]) -> list[str]:
+    """One line per running job run as replica groups (``--replica-groups``): each group's
+    node and step (from the samples: its node runs the group's job, ``JOB-gN``), or how long
+    it has been down, from the job record the launcher on this machine keeps."""
+    import time
+
+    from ..records import list_records
+
+    steps = {
+        (load.host, str(job.get("job_id"))): job.get("step") for load in loads for job in load.jobs
+    }
+    lines = []
+    for record in list_records():
+        if record.state not in ("starting", "running") or not record.groups:
+            continue
+        parts = []
+        for group in record.groups:
+            index, host = group.get("group"), group.get("host")
+            outages = group.get("outages") or []
+            last = outages[-1] if outages else None
+            if group.get("exit_code") == 0:
+                state = "finished"
+            elif last is not None and last.get("healed_s") is None:
+                since = time.time() - float(last.get("down_at") or time.time())
+                state = f"down {since:.0f} s (since step {last.get('steps_before')})"
+            else:
+                step = steps.get((str(host), f"{record.id}-g{index}"))
+                state = f"step {step}" if step is not None else "starting"
+            healed = sum(1 for o in outages if o.get("healed_s") is not None)
+            back = f", back {healed}x" if healed else ""
+            parts.append(f"g{index} {host} {state}{back}")
+        lines.append(f"job {record.id}: replica groups: " + "; ".join(parts))
+    return lines
