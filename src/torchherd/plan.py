@@ -49,6 +49,17 @@ ACCELERATE_CPU = "ACCELERATE_USE_CPU"
 """Set on nodes without a GPU (unless the user set it), so Accelerate scripts run distributed."""
 
 
+def check_group_split(nodes: int, size: int) -> None:
+    """Replica groups of ``size`` nodes (--group-nodes) must use every node of the job."""
+    if size < 1 or nodes % size:
+        raise ConfigError(
+            f"--group-nodes {size}: the job's {nodes} node(s) do not split into replica "
+            f"groups of {size}",
+            f"use a --group-nodes that divides {nodes} (a group runs on all of its nodes), "
+            "or select a multiple of it with --nodes",
+        )
+
+
 @dataclass(frozen=True)
 class JobSpec:
     """What the user asked to run, independent of where."""
@@ -82,6 +93,8 @@ class JobSpec:
     replica_groups: bool = False
     """Run every node as its own torchft replica group (--replica-groups): a lost node costs
     one group, which rejoins and heals, never the job (launcher/groups.py)."""
+    group_nodes: int = 1
+    """Nodes per replica group (--group-nodes): each group one torchrun across that many."""
     kind: str = "job"
     """"job" for what a user launched; herd's own jobs (the doctor's all-reduce, the
     benchmarks) say what they are, and `herd ps` lists them only with --all."""

@@ -7,8 +7,11 @@ cores): group 2's worker is SIGKILLed mid-run (the other two must commit their n
 the lighthouse is SIGKILLed (herd restarts it; training goes on) while node3's link is cut
 (the spare node4 takes group 2's place and heals; the cut-off worker is ended once node3 is
 back), then every group at once (each resumes from herd's last snapshot), and the run must
-finish with every group's weights identical. The nodes resolve their own names to 127.0.1.1,
-so this also shows that torchft is given routable addresses.
+finish with every group's weights identical; the first kill lands while a survivor waits in
+the all-reduce for group 2's share, and `herd top` is read while group 2 is out. The nodes
+resolve their own names to 127.0.1.1, so this also shows that torchft is given routable
+addresses. Two more runs: two groups of two nodes (--group-nodes 2) through a lost worker, and
+a slowed group named by the judge across the groups.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import json
 import os
 import re
 import signal
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +42,10 @@ pytest.importorskip("torchft", reason="replica groups need torchft (pip install 
 NODES = ["node1", "node2", "node3"]
 SPARE = "node4"
 STEPS = 800
+# The bound on naming a slowed group (the slow-node watch's target for 1.2x; this one is 1.5x).
+NAMED_WITHIN = 120.0
+# The run of two groups of two nodes each (its own test, after the module's run).
+TWO_NODE_STEPS = 300
 # What the issue asks of the survivors: their next committed step within 6 s of the loss
 # (torchft's default heartbeat; herd's lighthouse drops a silent group after 3 s).
 NEXT_COMMIT_WITHIN = 6.0
@@ -219,8 +227,9 @@ def test_herd_top_shows_each_group_and_the_one_that_is_down(groups_run: GroupsRu
         r"g0 node1 step (\d+); g1 node2 step (\d+); g2 node3 down \d+ s \(since step (\d+)\)", line
     )
     assert said, line
-    # The survivors were past the step group 2 went down at, or level with it.
-    assert min(int(said.group(1)), int(said.group(2))) >= int(said.group(3)) - 2, line
+    # Down since the step herd recorded for the outage.
+    outage = groups_run.before_all_killed["job"]["groups"][2]["outages"][0]
+    assert int(said.group(3)) == outage["steps_before"], (line, outage)
 
 
 def test_killed_group_rejoins_heals_and_ends_with_identical_weights(groups_run: GroupsRun) -> None:
@@ -284,3 +293,105 @@ def test_a_cut_off_groups_place_goes_to_the_spare(groups_run: GroupsRun) -> None
     assert cut["host"] == "node3" and cut["healed_s"] is not None, group["outages"]
     # The cut-off worker never rejoins beside its replacement: ended once its node is back.
     assert groups_run.left_on_cut_node is None
+
+
+def test_groups_of_two_nodes_lose_a_worker_and_train_through(
+    testbed: Testbed, tmp_path: Path
+) -> None:
+    """--group-nodes 2: node1+node2 and node3+node4 are two groups of one torchrun each.
+    node4's worker killed: group 1 restarts as a whole and heals, group 0 goes on; every
+    rank of both groups ends with the same weights."""
+    home = tmp_path / "home"
+    hosts = [*NODES, SPARE]
+    path = testbed.write_cluster_file(
+        tmp_path / "herd.toml",
+        nodes=[{"host": h, "nproc": 1} for h in hosts],
+        workdir=str(SCRIPTS),
+        env={"HERD_HOME": str(home)},
+    )
+    run_dir = tmp_path / "run"
+    args = ["-c", str(path), "--replica-groups", "--group-nodes", "2", "--max-restarts", "1"]
+    script = ["groups_minimal.py", "--max-steps", str(TWO_NODE_STEPS), "--batch-size", "16"]
+    herd = LiveHerd([*args, "--grace", "3", *script, "--run-dir", str(run_dir)], home)
+    try:
+        started = r"job (?P<job>\S+): 2 replica group\(s\) \[node1,node2, node3,node4\]"
+        job = herd.wait_for(started, 60)[0].group("job")
+        herd.wait_for(r"node3:0\b.*step [2-9]0/", 180)
+        os.kill(wait_pid(f"{job}-g1", SPARE, testbed, 10), signal.SIGKILL)
+        herd.wait_for(r"group 1 on node3,node4 rejoined and healed", 180)
+        code = herd.finish(timeout=300)
+    finally:
+        if herd.process.poll() is None:
+            herd.signal(signal.SIGTERM)
+            herd.finish(timeout=60)
+    out = herd.output
+    assert code == 0, out[-6000:]
+    record = read_record(home, job)
+    assert [g["nodes"] for g in record["groups"]] == [["node1", "node2"], ["node3", "node4"]]
+    assert not record["groups"][0]["outages"], record["groups"][0]
+    # Group 0 went on: herd saw it commit its next step within the bound (group 1's rank 0
+    # was still in the quorum, so group 0 waited for the quorum without it and dropped no
+    # step: herd's own view is the measure here).
+    (outage,) = record["groups"][1]["outages"]
+    assert outage["next_commit_s"] is not None, outage
+    assert outage["next_commit_s"] <= NEXT_COMMIT_WITHIN, outage
+    assert read_record(home, f"{job}-g0")["restarts"] == 0
+    # Group 1 restarted as a whole: both of its nodes ran its second attempt.
+    own = read_record(home, f"{job}-g1")
+    assert own["restarts"] == 1 and len(own["attempts"]) == 2, own["attempts"]
+    restarted = own["attempts"][-1]
+    assert sorted(n["host"] for n in restarted["nodes"]) == ["node3", "node4"], restarted
+    ranks = ["0", "0-1", "1", "1-1"]  # group 0's ranks 0 and 1, group 1's
+    weights = [json.loads((run_dir / f"weights-{r}.json").read_text()) for r in ranks]
+    assert [w["step"] for w in weights] == [TWO_NODE_STEPS] * 4
+    assert all(w["weights"] == weights[0]["weights"] for w in weights[1:])
+
+
+def stop_now_and_then(pid: int, stopped: float, every: float, done: threading.Event) -> None:
+    """Hold a process stopped ``stopped`` s of every ``every`` s (a node that keeps losing its
+    CPU) until ``done``."""
+    while not done.is_set():
+        try:
+            os.kill(pid, signal.SIGSTOP)
+            time.sleep(stopped)
+            os.kill(pid, signal.SIGCONT)
+        except ProcessLookupError:
+            return
+        time.sleep(every - stopped)
+
+
+def test_a_slow_group_is_named_by_the_judge_across_the_groups(
+    testbed: Testbed, tmp_path: Path
+) -> None:
+    """Groups of one node: no group's own watch has two ranks to compare, yet every group
+    waits for the slowest in the all-reduce over the groups. node3's worker held stopped
+    35 ms of every 100 is named, and kept in the job's record with its group. (A stop that
+    lands in the script's 50 ms sleep a step costs nothing: herd read 1.15x.)"""
+    home = tmp_path / "home"
+    path = testbed.write_cluster_file(
+        tmp_path / "herd.toml",
+        nodes=[{"host": h, "nproc": 1} for h in NODES],
+        workdir=str(SCRIPTS),
+        env={"HERD_HOME": str(home)},
+    )
+    script = ["groups_minimal.py", "--max-steps", "5000", "--batch-size", "16"]
+    args = ["-c", str(path), "--replica-groups", "--grace", "3", *script]
+    herd = LiveHerd([*args, "--run-dir", str(tmp_path / "run")], home)
+    done = threading.Event()
+    try:
+        job = herd.wait_for(r"job (?P<job>\S+): 3 replica group\(s\)", 60)[0].group("job")
+        herd.wait_for(r"node3:0\b.*step [1-9]0/", 180)
+        victim = wait_pid(f"{job}-g2", "node3", testbed, 10)
+        threading.Thread(target=stop_now_and_then, args=(victim, 0.035, 0.1, done)).start()
+        slowed_at = time.monotonic()
+        named = herd.wait_for(r"herd: slow rank: (?P<host>node\d) rank (?P<rank>\d+) is ", 150)
+        took = time.monotonic() - slowed_at
+        record = read_record(home, job)
+    finally:
+        done.set()
+        if herd.process.poll() is None:
+            herd.signal(signal.SIGTERM)
+            herd.finish(timeout=60)
+    assert (named[0].group("host"), named[0].group("rank")) == ("node3", "0"), named[0].group(0)
+    assert took <= NAMED_WITHIN, took
+    assert (record.get("slow") or "").startswith("group 2: node3 rank 0 is "), record.get("slow")

@@ -16,6 +16,7 @@ from torchherd.cli import main
         (["bogus"], "herd has no command 'bogus'"),
         (["launch", "--detach", "--max-restarts", "1", "train.py"], "needs an attached launcher"),
         (["launch", "train.py", "--epochs", "3"], "training script train.py not found"),
+        (["launch", "--group-nodes", "2", "train.py"], "--group-nodes goes with --replica-groups"),
     ],
 )
 def test_usage_mistakes_exit_2_without_traceback(
@@ -27,6 +28,21 @@ def test_usage_mistakes_exit_2_without_traceback(
     assert code == 2, err
     assert fragment in err
     assert "Traceback" not in err
+
+
+def test_replica_groups_that_do_not_split_the_nodes_are_refused_before_any_node_is_touched(
+    capsys: pytest.CaptureFixture[str], tmp_path, monkeypatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HERD_HOME", str(tmp_path / "home"))
+    (tmp_path / "train.py").write_text("print('trained')\n")
+    # Three hosts that do not exist: the refusal must come before any connection.
+    argv = ["launch", "-H", "nohost-a,nohost-b,nohost-c", "--replica-groups"]
+    code = main([*argv, "--group-nodes", "2", "train.py"])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "the job's 3 node(s) do not split into replica groups of 2" in err, err
+    assert "use a --group-nodes that divides 3" in err and "Traceback" not in err
 
 
 def test_version(capsys: pytest.CaptureFixture[str]) -> None:

@@ -228,3 +228,20 @@ def test_one_long_step_among_balanced_ones_names_nobody() -> None:
         watch.timed("n1", 0, one[index])
         watch.timed("n2", 1, other[index])
         assert watch.check(world_size=2) is None
+
+
+def test_a_node_forgotten_after_its_job_went_down_starts_a_new_warm_up() -> None:
+    """Replica groups: a group that went down comes back with a new attempt, whose first
+    beats must not be judged against what its last attempt reported."""
+    watch = StragglerWatch()
+    slow, fast = beats(25, 100, count=100), beats(40, 100, count=100)
+    for check in range(WARMUP + FEWEST_WAITS):
+        watch.timed("n1", 0, fast[check])
+        watch.timed("n2", 0, slow[check])
+    assert ("n2", 0) in watch.waits
+    watch.forget(["n2"])
+    assert ("n2", 0) not in watch.waits and ("n2", 0) not in watch.beats_seen
+    assert ("n1", 0) in watch.waits  # the others keep theirs
+    for check in range(WARMUP):  # its new attempt's warm-up is left out again
+        watch.timed("n2", 0, slow[check])
+    assert ("n2", 0) not in watch.waits

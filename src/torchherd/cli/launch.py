@@ -116,6 +116,14 @@ def launch_command(
         "on its node once it answers, and heals from the live groups while they go on "
         "stepping. --max-restarts counts per group. See README, When things fail.",
     ),
+    group_nodes: int = typer.Option(
+        1,
+        "--group-nodes",
+        min=1,
+        help="With --replica-groups: nodes per replica group (K nodes in plan order run as one "
+        "torchrun; the node count must divide by K). A group is lost, restarted and healed as "
+        "a whole; a free spare takes a lost node's place in it.",
+    ),
     crash_loop: int = typer.Option(
         3,
         "--crash-loop",
@@ -215,6 +223,11 @@ def launch_command(
             "each group that dies",
             "drop --detach (run herd in tmux or screen), or drop --replica-groups",
         )
+    if group_nodes > 1 and not replica_groups:
+        raise UsageError(
+            "--group-nodes goes with --replica-groups (the nodes of one replica group)",
+            "add --replica-groups, or drop --group-nodes",
+        )
     if as_json and not dry_run:
         raise UsageError(
             "--json goes with --dry-run (the plan)",
@@ -265,6 +278,7 @@ def launch_command(
         env=worker_env,
         name=check_name(name),
         replica_groups=replica_groups,
+        group_nodes=group_nodes,
     )
     options = LaunchOptions(
         dry_run=dry_run,

@@ -3,9 +3,11 @@ not the job.
 
     lighthouse   torchft's coordinator, a one-worker herd job of its own on the first node,
                  restarted in place whenever it dies (the groups' quorum retries wait for it)
-    group i      node i alone: its own torchrun, its own store (a rendezvous of one node), its
-                 own restarts; when it dies only it restarts, on the same node, once the node
-                 answers again; the other groups go on stepping without it (torchft)
+    group i      node i alone, or ``--group-nodes K`` nodes in plan order (nodes iK..iK+K-1):
+                 its own torchrun, its own store (a rendezvous of its nodes), its own
+                 restarts; when it dies only it restarts, on the same nodes once they answer
+                 again, or with a free spare in a lost node's place; the other groups go on
+                 stepping without it (torchft)
     the job      over when every group is over: succeeded when every group that ran to the end
                  succeeded; a group whose node never came back is reported, not waited for
 
@@ -16,7 +18,10 @@ them, sets what torchft needs (the lighthouse's address, quorum retries, the add
 is reached at, the interface for Gloo's weight copies, which the plan already picks), and
 watches the groups' steps to tell each outage in the console and the job record: when the
 group went down, how long until the others committed their next step, how long until it was
-back in step with them (healed).
+back in step with them (healed). It also judges slow ranks across the groups: a group's own
+watch sees only its ranks, but every group waits for the slowest rank of any group in the
+all-reduce over the groups, so every rank's step timing also goes to one judge here
+(recovery.straggler), which names the rank the others wait for.
 
 The launcher never imports torch or torchft; the lighthouse runs on the node as
 ``python -m torchherd.train.lighthouse``.
@@ -34,9 +39,10 @@ from typing import Any, TextIO
 from ..errors import EXIT_INTERRUPTED, EXIT_JOB_FAILED, NodeNotReady
 from ..facts import NodeFacts
 from ..job_nodes import new_record
-from ..plan import JobSpec, LaunchPlan, NodePlan, make_plan
+from ..plan import JobSpec, LaunchPlan, NodePlan, check_group_split, make_plan
 from ..records import job_dir
 from ..recovery import RestartPolicy
+from ..recovery.straggler import CHECK_EVERY, StragglerWatch
 from ..results import RunResult
 from ..transport import Transport
 from .job import JobRun, finish_record
@@ -95,7 +101,8 @@ class Outage:
 @dataclass
 class Group:
     index: int
-    host: str
+    nodes: list[str]
+    """The nodes it runs on now (its rank 0 on the first), in the order of the launch's plan."""
     run: JobRun | None = None
     runs: int = 0
     result: RunResult | None = None
@@ -106,16 +113,22 @@ class Group:
     """The other groups' highest step when this group was last seen running."""
     outages: list[Outage] = field(default_factory=list)
     hosts: list[str] = field(default_factory=list)
-    """Every node the group ran on, in order (a spare took a lost node's place)."""
+    """Every node (set of nodes: ``host``) the group ran on, in order (a spare took a lost
+    node's place)."""
     waiting_for: str | None = None
     """Why its node cannot run it now, as last said (said again only when it changes)."""
     seen_on: str = ""
-    """The node of the attempt herd last saw running."""
-    node_lost: bool = False
-    """Its run found its node lost and a spare free: the next run goes to the spare."""
+    """The node(s) of the attempt herd last saw running."""
+    node_lost: str | None = None
+    """Its run found this node of it lost and a spare free: the next run goes to the spare."""
 
     def __post_init__(self) -> None:
         self.hosts = self.hosts or [self.host]
+
+    @property
+    def host(self) -> str:
+        """Its node, or its nodes joined by commas: how the console and the record name it."""
+        return ",".join(self.nodes)
 
     def step(self) -> int | None:
         """The highest step this group's current attempt reported (None: not stepping)."""
@@ -167,6 +180,13 @@ def lighthouse_job(job: JobSpec, port: int, bind: str = "0.0.0.0") -> JobSpec:
     )
 
 
+def split_into_groups(hosts: list[str], size: int) -> list[Group]:
+    """The plan's nodes in groups of ``size`` (--group-nodes), in plan order: the first group
+    holds the first node (where the lighthouse runs)."""
+    check_group_split(len(hosts), size)
+    return [Group(i, hosts[i * size : (i + 1) * size]) for i in range(len(hosts) // size)]
+
+
 def check_torchft(facts: Mapping[str, NodeFacts], hosts: list[str]) -> None:
     """Every node of a replica-group job must have torchft (the probe reads its version from
     the installed metadata): said before anything starts, with how to install it."""
@@ -201,7 +221,7 @@ class GroupsRun:
         self.color = color
         self.hang_timeout = hang_timeout
         self.log_dir = log_dir or job_dir(job.job_id)
-        self.groups = [Group(i, n.host) for i, n in enumerate(prepared.plan.nodes)]
+        self.groups = split_into_groups([n.host for n in prepared.plan.nodes], job.group_nodes)
         self.lighthouse: JobRun | None = None
         self.interrupted = False
         self.all_down_said = False
@@ -209,6 +229,8 @@ class GroupsRun:
         """Nodes a group left for a spare: never offered as a spare again in this job."""
         self.fences: list[asyncio.Task[None]] = []
         """Sweeps of lost nodes, each waiting for its node to answer again."""
+        self.slow = StragglerWatch()
+        """Every group's ranks' step timings: who the groups wait for."""
         self.record = new_record(prepared.cluster, prepared.plan, self.log_dir, state="running")
         self.record.kind = job.kind
 
@@ -251,10 +273,12 @@ class GroupsRun:
             self._keep_lighthouse(port, "[::]" if ":" in addr else "0.0.0.0")
         )
         watcher = asyncio.create_task(self._watch())
+        judge = asyncio.create_task(self._judge_slow())
         try:
             await asyncio.gather(*(self._keep_group(g, lighthouse) for g in self.groups))
         finally:
             watcher.cancel()
+            judge.cancel()
             if self.lighthouse is not None:
                 self.lighthouse.interrupt()
             else:
@@ -302,12 +326,13 @@ class GroupsRun:
             except NodeNotReady as exc:  # its probe failed: unreachable (usually), or broken
                 if self._others_done(group):
                     return  # the others finished: nothing to rejoin
-                if not self._to_spare(group):
+                lost = next((h for h in exc.hosts if h in group.nodes), group.nodes[0])
+                if not self._to_spare(group, lost):
                     why = " ".join(exc.message.split())
                     if why != group.waiting_for:
                         group.waiting_for = why
                         self.note(
-                            f"group {group.index} waits for {group.host} (looked at every "
+                            f"group {group.index} waits for {lost} (looked at every "
                             f"{NODE_RETRY_EVERY:g} s): {why}"
                         )
                     await asyncio.sleep(NODE_RETRY_EVERY)
@@ -315,7 +340,7 @@ class GroupsRun:
             group.waiting_for = None
             group.runs += 1
             group.result = None
-            group.node_lost = False
+            group.node_lost = None
             group.run = JobRun(
                 prepared,
                 job,
@@ -325,6 +350,7 @@ class GroupsRun:
                 color=self.color,
                 hang_timeout=self.hang_timeout,
                 sweeper=functools.partial(self._sweep_lost, group),
+                on_timing=self.slow.timed,
             )
             if self.interrupted:
                 group.run.interrupt()
@@ -333,7 +359,7 @@ class GroupsRun:
                 return
             self.note(f"group {group.index} on {group.host} ended: {group.result.reason}")
             if group.node_lost:
-                self._to_spare(group)
+                self._to_spare(group, group.node_lost)
 
     def _group_job(self, group: Group, lighthouse: str, addr: str | None = None) -> JobSpec:
         """The group's own job. Its variables travel in the job's env, so that every plan
@@ -344,37 +370,40 @@ class GroupsRun:
             job_id=f"{self.job.job_id}-g{group.index}",
             kind="replica-group",
             attempt=group.runs,
-            min_nodes=1,
+            # A group runs on all of its nodes or not at all (a lost one: a spare or a wait).
+            min_nodes=len(group.nodes),
             env=env,
         )
 
     async def _group_plan(self, group: Group, lighthouse: str) -> tuple[Prepared, JobSpec]:
-        # The address the launch's plan found for the node, advertised to the other groups;
-        # a spare's is planned as the launch's would have been (its route to the first node).
-        planned = self.prepared.plan.nodes[group.index]
-        if planned.host == group.host:
-            addr = planned.local_addr
-        else:
-            first = self.prepared.plan.nodes[0].host
-            both = self.prepared.cluster.select([first, group.host])
-            plan = make_plan(both, self.job, self.prepared.facts, self.prepared.secrets)
-            addr = next(n.local_addr for n in plan.nodes if n.host == group.host)
-        job = self._group_job(group, lighthouse, addr)
-        prepared = await replan(self.prepared, job, self.transport, nodes=[group.host], links={})
+        job = self._group_job(group, lighthouse, self._address(group.nodes[0]))
+        prepared = await replan(self.prepared, job, self.transport, nodes=group.nodes, links={})
         return prepared, job
+
+    def _address(self, host: str) -> str | None:
+        """The address the launch's plan found for a node (a group's first node, where its
+        rank 0 runs, advertises it to the other groups); a spare's is planned as the launch's
+        would have been (its route to the first node)."""
+        for planned in self.prepared.plan.nodes:
+            if planned.host == host:
+                return planned.local_addr
+        first = self.prepared.plan.nodes[0].host
+        both = self.prepared.cluster.select([first, host])
+        plan = make_plan(both, self.job, self.prepared.facts, self.prepared.secrets)
+        return next(n.local_addr for n in plan.nodes if n.host == host)
 
     async def _sweep_lost(self, group: Group, last: LaunchPlan, node: NodePlan) -> bool:
         """The group's run asks whether its lost node can be swept before a restart there.
         With a spare free, the answer is no at once: the group moves to the spare instead of
         waiting on the node (its leftovers are swept once it answers again, ``_to_spare``)."""
         if self._free_spares():
-            group.node_lost = True
+            group.node_lost = node.host
             return False
         assert group.run is not None
         return await group.run.sweep_lost_node(last, node)
 
     def _free_spares(self) -> list[str]:
-        taken = {g.host for g in self.groups} | {self.prepared.plan.nodes[0].host}
+        taken = {h for g in self.groups for h in g.nodes} | {self.prepared.plan.nodes[0].host}
         return [
             n.host
             for n in self.prepared.cluster.spares
@@ -382,30 +411,28 @@ class GroupsRun:
             and n.host not in self.lost_nodes
         ]  # fmt: skip
 
-    def _to_spare(self, group: Group) -> bool:
-        """A group whose node does not answer moves to a free spare at once (its data shard
-        and number stay; it heals from the live groups like a group restarted in place).
-        False: no spare is free, the group waits for its node."""
+    def _to_spare(self, group: Group, lost: str) -> bool:
+        """A group whose node ``lost`` does not answer moves to a free spare at once (its data
+        shard and number stay; it heals from the live groups like a group restarted in
+        place). False: no spare is free, the group waits for its node."""
         free = self._free_spares()
         if not free:
             return False
-        lost, group.host = group.host, free[0]
+        group.nodes[group.nodes.index(lost)] = free[0]
         group.hosts.append(group.host)
         self.lost_nodes.add(lost)
         if group.run is not None:
             # Its worker there may still run, cut off: once the node answers, it is ended, so
             # that it never rejoins the quorum beside the group's new worker.
-            fence = self._sweep_when_back(group.index, group.run.prepared.plan)
+            fence = self._sweep_when_back(group.index, group.run.prepared.plan, lost)
             self.fences.append(asyncio.create_task(fence))
-        self.note(
-            f"group {group.index}: {lost} does not answer; spare {group.host} takes its place"
-        )
+        self.note(f"group {group.index}: {lost} does not answer; spare {free[0]} takes its place")
         self._write_record(None)
         return True
 
-    async def _sweep_when_back(self, index: int, plan: LaunchPlan) -> None:
-        """End the group's last attempt on its lost node (``plan``'s one node) once it answers."""
-        last = plan.nodes[0]
+    async def _sweep_when_back(self, index: int, plan: LaunchPlan, lost: str) -> None:
+        """End the group's last attempt (``plan``) on its lost node once it answers."""
+        last = next(n for n in plan.nodes if n.host == lost)
         while True:
             swept = await sweep_attempt(
                 self.transport, self.prepared.cluster, plan.job_id, last, grace=plan.grace
@@ -449,6 +476,20 @@ class GroupsRun:
                 self._progress(group, now, steps[group.index], others, attempt)
             self._all_down()
 
+    async def _judge_slow(self) -> None:
+        """Name the rank the groups wait for, with its node's word on why (said by its
+        group's attempt, as any slow rank), and keep it in the job's record."""
+        while True:
+            await asyncio.sleep(CHECK_EVERY)
+            found = self.slow.check(self.prepared.plan.world_size)
+            if found is None:
+                continue
+            group = next((g for g in self.groups if found.host in g.nodes), None)
+            attempt = group.run.current if group is not None and group.run is not None else None
+            named = await attempt.slow.announce(found) if attempt is not None else found
+            self.record.slow = f"group {group.index if group else '?'}: {named.line()}"
+            self._write_record(None)
+
     def _all_down(self) -> None:
         """Said once each time every group is down at once: none is left to heal from, so
         the groups resume from the run's last snapshot as they restart (torchft keeps
@@ -467,6 +508,8 @@ class GroupsRun:
         # The node it was last seen running on (it may have moved to a spare since).
         outage = Outage(group.index, group.seen_on, group.alive_at, steps)
         group.outages.append(outage)
+        # Its ranks' next attempt starts afresh (a warm-up), wherever it runs.
+        self.slow.forget([*group.seen_on.split(","), *group.nodes])
         self.note(
             f"replica group {group.index} on {outage.host} went down at step "
             f"{outage.steps_before}; the other groups go on without it"
@@ -523,6 +566,7 @@ class GroupsRun:
             {
                 "group": g.index,
                 "host": g.host,
+                "nodes": list(g.nodes),
                 "hosts": g.hosts,
                 "runs": g.runs,
                 "exit_code": g.result.exit_code if g.result is not None else None,
@@ -536,4 +580,4 @@ class GroupsRun:
             finish_record(self.record, result, list(self.prepared.plan.secret_env.values()))
 
 
-__all__ = ["GroupsRun", "Outage", "group_env", "lighthouse_job"]
+__all__ = ["GroupsRun", "Outage", "group_env", "lighthouse_job", "split_into_groups"]

@@ -33,7 +33,7 @@ from ..plan import JobSpec, LaunchPlan, NodePlan, make_plan, node_workers
 from ..records import JobRecord, attempt_entry, job_dir
 from ..recovery import HangWatch, RestartPolicy
 from ..recovery.policy import Action, Bench, Decision, Ended, History, Signals
-from ..recovery.straggler import Slow
+from ..recovery.straggler import Slow, StepTiming
 from ..redact import redact_text
 from ..results import RunResult
 from ..spec import ClusterSpec
@@ -99,6 +99,7 @@ class JobRun:
         replanner: Replanner = replan,
         sweeper: Sweeper | None = None,
         verbose: bool = False,
+        on_timing: Callable[[str, int, StepTiming], None] | None = None,
     ) -> None:
         self.prepared = prepared
         self.job = job
@@ -110,6 +111,8 @@ class JobRun:
         """Starts the next attempt on the current plan (a test passes a fake)."""
         self.replan = replanner
         self.sweep: Sweeper = sweeper or self.sweep_lost_node
+        self.on_timing = on_timing
+        """Every rank's step timing also goes here (replica groups judge across groups)."""
         self.full_cluster = prepared.cluster
         """Every node the job may use (the plan may use fewer after a loss)."""
         plan = prepared.plan
@@ -291,6 +294,7 @@ class JobRun:
             evidence_dir=self.log_dir / "stacks" / f"attempt-{self.number}",
             prewarm_next=self.restarts < self.policy.max_restarts,
             on_slow=self._slow,
+            on_timing=self.on_timing,
             send=self._sent_lines(plan),
             on_first_step=self._started,
         )

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from ..agent.protocol import missing_module
 from ..errors import NodeNotReady, NodesUnreachable
 from ..facts import NodeFacts
-from ..plan import JobSpec, LaunchPlan, make_plan
+from ..plan import JobSpec, LaunchPlan, check_group_split, make_plan
 from ..spec import ClusterSpec, NodeSpec, read_env_file
 from ..startup import process_started
 from ..transport import CommandResult, Transport
@@ -264,6 +264,8 @@ async def prepare(
     origin = process_started(entered)
     secrets = read_env_file(cluster.env_file) if cluster.env_file else {}
     cluster = cluster.with_workdir().with_spares(job.spares)
+    if job.replica_groups:
+        check_group_split(len(cluster.active), job.group_nodes)  # before any node is touched
     environment = None
     if cluster.env_sync:
         from ..envs.at_launch import LaunchEnvironment

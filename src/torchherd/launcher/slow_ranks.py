@@ -34,6 +34,7 @@ class SlowRanks:
         world_size: int,
         say: Callable[[str], None],
         on_slow: Callable[[Slow], None] | None = None,
+        on_timing: Callable[[str, int, StepTiming], None] | None = None,
     ) -> None:
         self.links = links
         self.running = running
@@ -41,6 +42,8 @@ class SlowRanks:
         self.world_size = world_size
         self.say = say
         self.on_slow = on_slow
+        self.on_timing = on_timing
+        """Also handed every timing (replica groups: a judge across the groups' jobs)."""
         self.watch = StragglerWatch()
         self.named: list[Slow] = []
         self._ids = itertools.count(1)
@@ -56,7 +59,10 @@ class SlowRanks:
         """A rank's waits for its latest steps, from its beat (None: not reported)."""
         if isinstance(wait, int | float) and isinstance(cycle, int | float):
             spent = float(data) if isinstance(data, int | float) else 0.0
-            self.watch.timed(host, rank, StepTiming(float(wait), float(cycle), spent))
+            timing = StepTiming(float(wait), float(cycle), spent)
+            self.watch.timed(host, rank, timing)
+            if self.on_timing is not None:
+                self.on_timing(host, rank, timing)
 
     def looked(self, host: str, event: Mapping[str, Any], at: float) -> None:
         """A look event; only the ones this watch asked for count as samples."""
@@ -89,9 +95,10 @@ class SlowRanks:
                 since_check = 0.0
                 found = self.watch.check(self.world_size)
                 if found is not None:
-                    await self._announce(found)
+                    await self.announce(found)
 
-    async def _announce(self, found: Slow) -> None:
+    async def announce(self, found: Slow) -> Slow:
+        """Say a rank of this attempt is slow, with its node's word on the likely cause."""
         link = self.links.get(found.host)
         causes: list[str] = []
         if link is not None:
@@ -107,3 +114,4 @@ class SlowRanks:
         self.say(f"herd: slow rank: {named.line()}")
         if self.on_slow is not None:
             self.on_slow(named)
+        return named

@@ -244,6 +244,14 @@ class StragglerWatch:
     def computed(self, host: str, rank: int, seconds: float) -> None:
         self.times.setdefault((host, rank), deque(maxlen=WINDOW)).append(seconds)
 
+    def forget(self, hosts: Iterable[str]) -> None:
+        """Drop what these nodes' ranks reported (their job went down: a new attempt there
+        starts with a warm-up of its own)."""
+        gone = set(hosts)
+        for table in (self.times, self.waits, self.beats_seen):
+            for key in [k for k in table if k[0] in gone]:
+                del table[key]
+
     def timed(self, host: str, rank: int, timing: StepTiming) -> None:
         """A rank's beat with its waits (its first WARMUP beats are left out)."""
         key = (host, rank)

@@ -74,15 +74,18 @@ class WaitTimer:
     as waiting.
     """
 
-    def __init__(self, model: Any, device: torch.device) -> None:
+    def __init__(self, model: Any, device: torch.device, across_groups: bool = False) -> None:
         from torch.nn.parallel import DistributedDataParallel
 
-        self.enabled = isinstance(model, DistributedDataParallel) and device.type == "cpu"
+        hooked = isinstance(model, DistributedDataParallel)
+        # Replica groups: the all-reduce over the groups comes after backward (``reducing``),
+        # so a group of one worker, without DDP, is timed too.
+        self.enabled = (hooked or across_groups) and device.type == "cpu"
         self._ready: float | None = None
         self._synced: float | None = None
         self._data = 0.0
         self._clean = False
-        if self.enabled:
+        if self.enabled and hooked:
             from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
             # Unannotated: DDP checks a hook's annotations, and this module's are strings.
@@ -95,6 +98,12 @@ class WaitTimer:
     def fetching(self) -> Any:
         """A context around the wait for the step's batches."""
         return _Stopwatch(self)
+
+    def reducing(self) -> None:
+        """This rank's gradients are ready for the all-reduce over the replica groups: its
+        work for the step is done (unless DDP's hook already said so, inside its group)."""
+        if self.enabled and self._ready is None:
+            self._ready = time.perf_counter()
 
     def synced(self) -> tuple[float | None, float | None, float | None]:
         """The step's gradients were all-reduced (``backward()`` of its last micro-batch

@@ -117,7 +117,7 @@ class Trainer:
         self.loss_fn = loss_fn
         self.parallel = self._choose_parallel(config.parallel)
         self.model = self._wrap(model.to(self.ctx.device))
-        self._waits = WaitTimer(self.model, self.ctx.device)
+        self._waits = WaitTimer(self.model, self.ctx.device, across_groups=bool(group_env()))
         self._timings: tuple[float | None, float | None, float | None] = (None, None, None)
         self.optimizer = self._build_optimizer(optimizer)
         self.scheduler = scheduler(self.optimizer) if callable(scheduler) else scheduler
@@ -247,15 +247,17 @@ class Trainer:
         return optimizer(self.model.parameters())
 
     def _sampler(self, dataset: Any, shuffle: bool, drop_last: bool) -> ResumableSampler:
-        # Replica groups: each group (one worker) keeps to its own shard of the data.
+        # Replica groups: each rank of each group keeps to its own shard of the data (a group's
+        # ranks are numbered from 0 within it, by its own torchrun).
         where = group_env()
+        groups, group = (where.groups, where.group) if where else (1, 0)
         return ResumableSampler(
             dataset,
             shuffle=shuffle,
             seed=self.config.seed,
             drop_last=drop_last,
-            rank=where.group if where else self.ctx.rank,
-            world_size=where.groups if where else self.ctx.world_size,
+            rank=group * self.ctx.world_size + self.ctx.rank,
+            world_size=groups * self.ctx.world_size,
         )
 
     def _loader(
@@ -369,7 +371,7 @@ class Trainer:
                     self._forward.stop()
                 scaled = loss / len(micro)
                 (self.scaler.scale(scaled) if self.scaler else scaled).backward()
-            if index == len(micro) - 1:
+            if index == len(micro) - 1 and self.groups is None:
                 self._timings = self._waits.synced()
             detached = loss.detach().float()
             total = detached if total is None else total + detached
@@ -380,7 +382,13 @@ class Trainer:
             record["_grad_norm"] = nn.utils.clip_grad_norm_(
                 self.model.parameters(), self.config.max_grad_norm
             ).detach()
-        if self.groups is not None and not self.groups.commit(self.model.parameters()):
+        committed = True
+        if self.groups is not None:
+            # The wait for the other groups counts as waiting (who waits least holds them up).
+            self._waits.reducing()
+            committed = self.groups.commit(self.model.parameters())
+            self._timings = self._waits.synced()
+        if not committed:
             # A replica group died during this step: the step is dropped everywhere it ran
             # (its batch is not trained on again), and the live groups go on.
             self.optimizer.zero_grad(set_to_none=True)

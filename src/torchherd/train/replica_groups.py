@@ -1,7 +1,8 @@
 """Replica groups inside a training script: torchft's Manager from the variables herd sets.
 
-Under ``herd launch --replica-groups`` every node runs its own group (its own torchrun, its own
-store) and the groups keep each other's weights equal through torchft: each step starts a
+Under ``herd launch --replica-groups`` every node (or every ``--group-nodes K`` nodes) runs its
+own group (its own torchrun, its own store) and the groups keep each other's weights equal
+through torchft: each step starts a
 quorum with the live groups (a group that is behind heals, by copying a live peer's
 state), the gradients are averaged over the groups that take part, and a step is committed
 only where every all-reduce of it succeeded. A group that dies mid-step makes the survivors
@@ -11,6 +12,14 @@ Why not ``torchft.DistributedDataParallel``: in torchft 0.2.0 its communication 
 every survivor when a peer dies during the gradient all-reduce (``assert fut._fut``). This
 module uses the Manager's own ``allreduce``, which turns such an error into a step that is not
 committed (``should_commit()`` is False), the documented lower-level path.
+
+A group of several workers: inside it the Trainer's own DDP averages the gradients over the
+group's ranks (torchrun's process group, as in any job), then each rank averages its result with
+the same rank of the other groups (the Manager's all-reduce; torchft's Manager makes one
+per rank, with the group's store and rank from torchrun's variables), so every rank ends with
+the mean over all groups' ranks. Each group's rank 0 talks to the lighthouse; a rank that is
+behind heals from the same rank of a live group; a step is committed only when every rank of
+every group in the quorum says so.
 
 Variables herd provides (plain scripts read the same, see the README's recipe):
     TORCHFT_LIGHTHOUSE   http://ADDR:PORT of the lighthouse herd runs and restarts
@@ -89,11 +98,6 @@ class ReplicaGroups:
                 "this job runs as replica groups, but torchft is not installed on this node",
                 remedy="pip install 'torchherd[ft]' on every node (herd exec -- pip install ...)",
             ) from None
-        if int(os.environ.get("LOCAL_WORLD_SIZE", "1")) > 1:
-            raise TrainError(
-                "the Trainer runs replica groups of one worker each (one per node) for now",
-                remedy="launch with --nproc 1, or without --replica-groups",
-            )
         self.where = where
         extra = {"hostname": where.addr} if where.addr else {}
         # Collectives wait TORCHFT_TIMEOUT_SEC (herd sets a short one: a quorum formed just

@@ -1,6 +1,7 @@
 """examples/minimal.py run as replica groups (herd launch --replica-groups): every step slowed
 by 50 ms so a test can kill a group mid-run; at the end each group writes its weights to
-<run-dir>/weights-<group>.json (weights-<rank>.json without groups), so a test can compare
+<run-dir>/weights-<group>.json (a group's other ranks: weights-<group>-<rank>.json; without
+groups: weights-<rank>.json), so a test can compare
 the groups' weights; it also runs as a plain job (bench/train_through.py's baseline)."""
 
 import json
@@ -31,9 +32,12 @@ def slow_supervised(loss):  # type: ignore[no-untyped-def]
 
 def fit_and_write(self):  # type: ignore[no-untyped-def]
     result = fit(self)
-    group = os.environ.get("HERD_REPLICA_GROUP", os.environ.get("RANK", "0"))
+    rank = os.environ.get("RANK", "0")
+    group = os.environ.get("HERD_REPLICA_GROUP")
+    # weights-<group>.json from a group's rank 0 (its other ranks: weights-<group>-<rank>.json)
+    name = rank if group is None else group if rank == "0" else f"{group}-{rank}"
     weights = [p.detach().flatten().tolist() for p in self.module.parameters()]
-    out = Path(self.config.run_dir) / f"weights-{group}.json"
+    out = Path(self.config.run_dir) / f"weights-{name}.json"
     out.write_text(json.dumps({"step": self.step, "weights": weights}))
     return result
 

@@ -26,7 +26,7 @@ from ...plan import LaunchPlan
 from ...recovery import Evidence, HangWatch, NodeLiveness
 from ...recovery.failures import NodeRun, NodeState
 from ...recovery.liveness import SILENCE
-from ...recovery.straggler import Slow
+from ...recovery.straggler import Slow, StepTiming
 from ...spec import ClusterSpec
 from ...transport import Transport
 from ..links import AgentLink
@@ -59,6 +59,7 @@ class Attempt:
         clock: Callable[[], float] = time.monotonic,
         prewarm_next: bool = False,
         on_slow: Callable[[Slow], None] | None = None,
+        on_timing: Callable[[str, int, StepTiming], None] | None = None,
         send: dict[str, Any] | None = None,
         on_first_step: Callable[[], None] | None = None,
     ) -> None:
@@ -82,7 +83,13 @@ class Attempt:
             self.state, links, self.teardown, output, self.evidence, prewarm_next=prewarm_next
         )
         self.slow = SlowRanks(
-            links, self.state.running, self.hang.silent_for, plan.world_size, output.note, on_slow
+            links,
+            self.state.running,
+            self.hang.silent_for,
+            plan.world_size,
+            output.note,
+            on_slow,
+            on_timing,
         )
         self.events = AgentEvents(
             self.state,
