@@ -10,7 +10,9 @@ Two kinds:
   agent's own shutdown lines ("Received 15 death signal, shutting down workers", "Sending
   process N closing signal SIGTERM"): herd stops the job and says so; and the C++ frames
   torch prints under an error ("Exception raised from recvBytes at ...", "frame #3: ... (0x7f..
-  in libtorch_cpu.so)"), dozens of lines of addresses whose message line above them stays.
+  in libtorch_cpu.so)"), dozens of lines of addresses whose message line above them stays;
+  and torchft's chatter as a replica group heals (a note on NCCL's flight recorder, its
+  checkpoint server's access log, torch's warning on the received weights).
 - noise once herd has given its verdict (a failure, a hang, a lost node, Ctrl-C): the dying
   words of ranks and agents that herd is stopping: torch's glog-style warnings and errors
   (``[W1124 10:00:00.123 42 file.cpp:12] [c10d] ...``) about the store herd closed, a peer
@@ -31,6 +33,13 @@ ALWAYS = re.compile(
     r"|Sending process \d+ closing signal SIG[A-Z]+"
     r"|^\s*frame #\d+: .*\(0x[0-9a-f]+"
     r"|^\s*Exception raised from \S+ at \S+ \(most recent call first\):"
+    # torchft, as a replica group heals (herd and the Trainer say it in their words): its
+    # reconfigure's note about NCCL's flight recorder (on Gloo too), the checkpoint server's
+    # access log, and torch's warning (and its source line) on the weights it received.
+    r"|Unable to reset NCCL flight recorder recording"
+    r"|\"GET /checkpoint/\d+/\S* HTTP/1\.[01]\" \d+ "
+    r"|_serialization\.py:\d+: UserWarning: The given buffer is not writable"
+    r"|^\s*storage = torch\.frombuffer\($"
 )
 """Lines never shown on the console (kept in the logs)."""
 

@@ -26,6 +26,13 @@ ALWAYS = [
     "/venv/lib/python3.11/site-packages/torch/lib/libc10.so)",
     "frame #1: <unknown function> + 0x5d4b2ae (0x7f3c0a94b2ae in /venv/lib/python3.11/"
     "site-packages/torch/lib/libtorch_cpu.so)",
+    # torchft as a replica group heals
+    "[group0:4aa9a447-823f-4ae1-8b27-b36f819078ef/1 - step 142] Unable to reset NCCL flight "
+    "recorder recording so traces will be incorrect.",
+    '::ffff:10.155.192.14 - - [25/Nov/2026 06:25:39] "GET /checkpoint/142/full HTTP/1.1" 200 -',
+    "/venv/lib/python3.11/site-packages/torch/distributed/_serialization.py:63: UserWarning: The "
+    "given buffer is not writable, and PyTorch does not support non-writable tensors.",
+    "  storage = torch.frombuffer(",
 ]
 STOPPING = [
     "[W1124 16:02:15.100270 4107 torch/csrc/distributed/c10d/TCPStore.cpp:138] [c10d] recvVector "
