@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import time
 from pathlib import Path
 
@@ -213,3 +214,31 @@ def test_the_step_time_column_shows_a_sparkline_per_node_on_one_scale() -> None:
     plain = io.StringIO()
     Console(file=plain, width=200).print(render([node("n1", None)], 200))
     assert "STEP TIME" not in plain.getvalue()  # no job times its steps: no column
+
+
+def test_replica_groups_show_each_groups_step_from_its_first_node_or_how_long_it_is_down(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from torchherd.ops.top import NodeLoad, replica_groups
+    from torchherd.records import JobRecord
+
+    monkeypatch.setenv("HERD_HOME", str(tmp_path))
+    down_at = time.time() - 12
+    JobRecord(
+        id="j1", state="running", started=time.time() - 60, source="ssh", nodes=[],
+        world_size=4, command=[], rdzv_endpoint=None, log_dir=str(tmp_path),
+        groups=[
+            {"group": 0, "host": "n1,n2", "nodes": ["n1", "n2"], "exit_code": None,
+             "outages": []},
+            {"group": 1, "host": "n3,n4", "nodes": ["n3", "n4"], "exit_code": None,
+             "outages": [{"down_at": down_at, "steps_before": 40, "healed_s": None}]},
+        ],
+    ).save()  # fmt: skip
+    loads = [
+        NodeLoad("n1", jobs=({"job_id": "j1-g0", "step": 57}, {"job_id": "j1-lighthouse"})),
+        NodeLoad("n2", jobs=({"job_id": "j1-g0", "step": None},)),
+    ]
+    (line,) = replica_groups(loads)
+    said = re.fullmatch(r"job j1: replica groups: g0 n1,n2 step 57; g1 n3,n4 down (\d+) s "
+                        r"\(since step 40\)", line)  # fmt: skip
+    assert said and 11 <= int(said.group(1)) <= 14, line

@@ -192,7 +192,8 @@ def replica_groups(loads: list[NodeLoad]) -> list[str]:
                 since = time.time() - float(last.get("down_at") or time.time())
                 state = f"down {since:.0f} s (since step {last.get('steps_before')})"
             else:
-                step = steps.get((str(host), f"{record.id}-g{index}"))
+                first = (group.get("nodes") or [host])[0]  # where its rank 0 logs its steps
+                step = steps.get((str(first), f"{record.id}-g{index}"))
                 state = f"step {step}" if step is not None else "starting"
             healed = sum(1 for o in outages if o.get("healed_s") is not None)
             back = f", back {healed}x" if healed else ""
