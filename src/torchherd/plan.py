@@ -93,6 +93,9 @@ class JobSpec:
     replica_groups: bool = False
     """Run every node as its own torchft replica group (--replica-groups): a lost node costs
     one group, which rejoins and heals, never the job (launcher/groups.py)."""
+    swap_slow: float | None = None
+    """Swap out a node named slow that is still the slowest this many seconds later
+    (--swap-slow): at its next snapshot, for a spare, or without it where --min-nodes allows."""
     group_nodes: int = 1
     """Nodes per replica group (--group-nodes): each group one torchrun across that many."""
     kind: str = "job"

@@ -1,7 +1,9 @@
 """The slow node at 1.2x, named while the job runs, with its cause: one Trainer job on two
 testbed nodes, first balanced (nobody is named), then node2's worker held by a real cgroup quota
 to 1/1.2 of the CPU it used: named within two minutes, with the quota as the cause and no
-other. (A busy process competing on a node is named by pid in tests/unit/test_slow_causes.py;
+other; with --swap-slow, still slow SWAP_AFTER seconds later, it is swapped out: the workers
+save, and the job goes on from that snapshot with the hot spare node3 in its place. (A busy
+process competing on a node is named by pid in tests/unit/test_slow_causes.py;
 its time to name is bench/straggler.py's.)"""
 
 from __future__ import annotations
@@ -30,6 +32,9 @@ BALANCED_FOR = 60.0
 # The bound on naming a rank slowed 1.2x (the target), with no margin taken off it.
 NAMED_WITHIN = 120.0
 SLOWDOWN = 1.2
+# --swap-slow: seconds a node named slow must stay the slowest before it is swapped out (long
+# enough for the `herd top` look below to see the job as it was).
+SWAP_AFTER = 10
 
 
 def cpu_share(pid: int, seconds: float = 5.0) -> float:
@@ -89,16 +94,20 @@ def test_a_node_slowed_by_a_quota_is_named_with_its_cause_and_a_balanced_job_is_
     home = tmp_path / "home"
     path = testbed.write_cluster_file(
         tmp_path / "herd.toml",
-        nodes=[{"host": "node1", "nproc": 1}, {"host": "node2", "nproc": 1}],
+        nodes=[
+            {"host": "node1", "nproc": 1},
+            {"host": "node2", "nproc": 1},
+            {"host": "node3", "nproc": 1, "spare": True},
+        ],
         workdir=str(SCRIPTS),
         # One core per worker: on this two-core machine the balanced job is balanced.
         env={"HERD_HOME": str(home), "OMP_NUM_THREADS": "1"},
     )
     run_dir = str(tmp_path / "run")
     # 512 samples a step: about 150 ms of work against 30 ms of all-reduce.
-    herd = LiveHerd(
-        ["-c", str(path), "heavy.py", "--run-dir", run_dir, "--batch-size", "512"], home, testbed
-    )
+    swap = ["--swap-slow", str(SWAP_AFTER)]
+    script = ["heavy.py", "--run-dir", run_dir, "--batch-size", "512", "--snapshot-every", "100"]
+    herd = LiveHerd(["-c", str(path), *swap, *script], home, testbed)
     group = cpu_cgroup()
     try:
         found = herd.wait_for(r"HEAVY rank=(?P<rank>\d) pid=(?P<pid>\d+)", 180, count=2)
@@ -125,8 +134,11 @@ def test_a_node_slowed_by_a_quota_is_named_with_its_cause_and_a_balanced_job_is_
         assert "slow rank: node2 rank 1" in top.stdout, top.stdout + top.stderr
         # Each node's recent step times, from its agent (a sparkline and the newest).
         assert "STEP TIME" in top.stdout, top.stdout
-        rows = [line for line in top.stdout.splitlines() if line.startswith("node")]
+        rows = [line for line in top.stdout.splitlines() if line.startswith(("node1", "node2"))]
         assert len(rows) == 2 and all(re.search(r" \d+ms\s*$", r) for r in rows), top.stdout
+        # Still the slowest SWAP_AFTER s later: swapped out at a snapshot, the spare in.
+        herd.wait_for(r"herd: node2 is still slow \d+ s after it was named: swapping it out", 60)
+        resumed = herd.wait_for(r"node1:0 .*\bresumed from \S*step-(?P<step>\d+)", 120)[0]
         herd.signal(signal.SIGINT)
         code = herd.finish(timeout=120)
     finally:
@@ -136,10 +148,19 @@ def test_a_node_slowed_by_a_quota_is_named_with_its_cause_and_a_balanced_job_is_
     assert code == 130, herd.output
     record = herd.record()
     assert record["slow"].startswith("node2 rank 1"), record
-    assert record["attempts"][-1]["slow"] == [record["slow"]]
+    slowed, swapped = record["attempts"]
+    assert slowed["slow"] == [record["slow"]]
+    # The swap: the same world on node1 and the spare, from the snapshot the workers wrote
+    # when asked (the last step they reached: nothing trained twice), node2 left out.
+    assert swapped["how"] == "spare" and "swapping it out" in swapped["why"], swapped
+    assert [n["host"] for n in swapped["nodes"]] == ["node1", "node3"], swapped["nodes"]
+    assert swapped["world_size"] == slowed["world_size"] == 2
+    saved = re.findall(r"node1:0 .*\bsnapshot \S*step-(\d+)", herd.output)
+    assert saved and resumed.group("step") == saved[-1], (saved, resumed.group(0))
+    assert int(resumed.group("step")) >= slowed["max_step"] - 1, (resumed.group(0), slowed)
     # Each node's step time over the run (the report page's strips): node2's work per step
     # is higher than node1's while held, and the strip is marked where it was named.
-    nodes = {n["host"]: n for n in record["attempts"][-1]["nodes"]}
+    nodes = {n["host"]: n for n in slowed["nodes"]}
     assert nodes["node2"]["named_slow_at"] > held_at and "named_slow_at" not in nodes["node1"]
 
     def held(host: str) -> float:
@@ -148,4 +169,4 @@ def test_a_node_slowed_by_a_quota_is_named_with_its_cause_and_a_balanced_job_is_
 
     assert nodes["node1"]["step_times_measure"] == "work"
     assert held("node2") > 1.05 * held("node1"), (held("node1"), held("node2"))
-    herd.assert_clean(["node1", "node2"])
+    herd.assert_clean(["node1", "node2", "node3"])

@@ -334,3 +334,24 @@ def test_a_flapping_node_waits_longer_each_time() -> None:
     assert delays[0] == 0.0  # down once: back as soon as it answers
     assert delays[1] > 0 and all(a < b for a, b in zip(delays[1:5], delays[2:6], strict=True))
     assert max(delays) == COMEBACK_MAX
+
+
+SWAP = "n2 is still slow 30 s after it was named: swapping it out"
+
+
+def test_a_node_that_stayed_slow_gives_its_place_to_a_spare_at_no_cost() -> None:
+    """--swap-slow: the workers saved and stopped; the next attempt runs without n2."""
+    slow = ended(EXIT_SAVED, growing=SWAP, swap_out=("n2",), failed_host=None)
+    decision = RestartPolicy(max_restarts=0).decide(slow, bench(spares=("s1",)), History())
+    assert decision.action is Action.RESTART and not decision.in_place and not decision.counted
+    assert decision.set_aside == ("n2",)
+    assert decision.choice is not None and decision.choice.nodes == ("n1", "n3", "s1")
+    assert decision.why.startswith(SWAP) and "attempts in a row" not in decision.why
+    fewer = RestartPolicy(max_restarts=0, min_nodes=2).decide(slow, bench(), History())
+    assert fewer.choice is not None and fewer.choice.nodes == ("n1", "n3")
+
+
+def test_a_slow_node_nothing_can_replace_stays() -> None:
+    slow = ended(EXIT_SAVED, growing=SWAP, swap_out=("n2",), failed_host=None)
+    decision = RestartPolicy(max_restarts=0).decide(slow, bench(), History())
+    assert decision.in_place and not decision.set_aside

@@ -245,3 +245,19 @@ def test_a_node_forgotten_after_its_job_went_down_starts_a_new_warm_up() -> None
     for check in range(WARMUP):  # its new attempt's warm-up is left out again
         watch.timed("n2", 0, slow[check])
     assert ("n2", 0) not in watch.waits
+
+
+def test_a_named_rank_is_still_slow_only_while_the_checks_keep_finding_it() -> None:
+    watch = StragglerWatch()
+    slow, fast = beats(25, 100, count=200), beats(40, 100, count=200)
+    for check in range(WARMUP + FEWEST_WAITS + CONFIRM_WAIT):
+        watch.timed("n1", 0, fast[check])
+        watch.timed("n2", 1, slow[check])
+        watch.check(world_size=2)
+    assert watch.named is not None and watch.still_slow("n2", 1)
+    assert not watch.still_slow("n1", 0)
+    for check in range(WAIT_WINDOW):  # n2 is as fast as n1 again
+        watch.timed("n1", 0, fast[check])
+        watch.timed("n2", 1, fast[check])
+        watch.check(world_size=2)
+    assert not watch.still_slow("n2", 1)

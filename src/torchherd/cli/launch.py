@@ -116,6 +116,15 @@ def launch_command(
         "on its node once it answers, and heals from the live groups while they go on "
         "stepping. --max-restarts counts per group. See README, When things fail.",
     ),
+    swap_slow: float = typer.Option(
+        None,
+        "--swap-slow",
+        min=0,
+        help="Swap out a node named slow that is still the slowest SECONDS later: the workers "
+        "save and stop, and the next attempt runs with a hot spare in its place (or without it "
+        "where --min-nodes allows); the node is left out like a lost one and comes back as a "
+        "spare once it passes a returning node's checks. Off by default.",
+    ),
     group_nodes: int = typer.Option(
         1,
         "--group-nodes",
@@ -279,6 +288,7 @@ def launch_command(
         name=check_name(name),
         replica_groups=replica_groups,
         group_nodes=group_nodes,
+        swap_slow=swap_slow,
     )
     options = LaunchOptions(
         dry_run=dry_run,

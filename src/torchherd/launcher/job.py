@@ -140,6 +140,8 @@ class JobRun:
         self.size = len(self.full_cluster.active)
         """Nodes the job runs on when none is lost: the cluster's, spares aside."""
         self.history = History()
+        self.swapping: str | None = None
+        """The node the current attempt saves and stops to swap out (--swap-slow)."""
         """What the restart decisions so far leave for the next one."""
         self._save_lock = asyncio.Lock()
         self._saves: set[asyncio.Task[None]] = set()
@@ -221,6 +223,7 @@ class JobRun:
                     self.history, saves_seen=self.history.saves_seen or attempt.state.saves > 0
                 )
                 ended = self._ended(attempt, outcome, time.monotonic() - attempt_started)
+                self.swapping = None
                 decision = await self._decide(ended, before, attempt.plan)
                 self.history = decision.history
                 if decision.action is Action.STOP:
@@ -368,6 +371,41 @@ class JobRun:
         task = asyncio.get_running_loop().create_task(self._save())
         self._saves.add(task)
         task.add_done_callback(self._saves.discard)
+        if self.job.swap_slow is not None and self.current is not None:
+            swap = asyncio.get_running_loop().create_task(self._swap_if_still_slow(slow))
+            self._saves.add(swap)
+            swap.add_done_callback(self._saves.discard)
+
+    async def _swap_if_still_slow(self, slow: Slow) -> None:
+        """--swap-slow: the node named slow is still the slowest ``swap_slow`` seconds later:
+        ask the workers to save and stop (at once if the job has saved before, else at its
+        first snapshot), and the next attempt leaves the node out, a spare in its place, or
+        fewer nodes where --min-nodes allows (recovery.policy); else it stays, said once."""
+        attempt = self.current
+        assert attempt is not None and self.job.swap_slow is not None
+        await asyncio.sleep(self.job.swap_slow)
+        while self.current is attempt and not attempt.state.stopping:
+            if not attempt.slow.watch.still_slow(slow.host, slow.rank):
+                self.output.note(f"herd: {slow.host} is no longer the slowest: it stays")
+                return
+            spare = next((h for h in self.pool.spares if self.pool.answering(h)), None)
+            fewer = len(attempt.plan.nodes) - 1 >= (self.policy.min_nodes or self.size)
+            if spare is None and not fewer:
+                self.output.note(
+                    f"herd: {slow.host} is still slow, but no spare can take its place "
+                    "(spare = true on a [[node]], --spares N, or --min-nodes to go on without it)"
+                )
+                return
+            if self.history.saves_seen or attempt.state.saves:
+                self.swapping = slow.host
+                instead = f"spare {spare} takes its place" if spare else "going on without it"
+                attempt.request_save(
+                    self.save_within,
+                    grow=f"{slow.host} is still slow {self.job.swap_slow:g} s after it was "
+                    f"named: swapping it out ({instead})",
+                )
+                return
+            await asyncio.sleep(1.0)  # no snapshot yet: stopping now would lose the progress
 
     def _ended(self, attempt: Attempt, outcome: AttemptResult, seconds: float) -> Ended:
         """What the decision reads of an attempt's outcome."""
@@ -382,6 +420,7 @@ class JobRun:
             max_step=outcome.max_step,
             seconds=seconds,
             growing=attempt.state.growing,
+            swap_out=(self.swapping,) if self.swapping and attempt.state.growing else (),
             stopped_by_agents=outcome.stopped_by_agents,
             failed_host=failure.host if failure is not None and failure.host else None,
             cause=failure.headline() if failure is not None else "",

@@ -76,7 +76,11 @@ class Ended:
     max_step: int | None = None
     seconds: float = 0.0
     growing: str = ""
-    """Why the workers were asked to save and stop so that the job grows ("" if not)."""
+    """Why the workers were asked to save and stop so that the job grows, or so that a slow
+    node is swapped out ("" if not)."""
+    swap_out: tuple[str, ...] = ()
+    """Nodes to leave out because they stayed slow (--swap-slow), where the job can go on
+    without them (a spare takes their place, or --min-nodes allows)."""
     stopped_by_agents: bool = False
     failed_host: str | None = None
     """The node of the first failure, when one is named."""
@@ -293,6 +297,9 @@ class RestartPolicy:
             trial = self._choose(bench, current, lost | set(set_aside))
             if trial.waiting:
                 set_aside = ()  # the job cannot go on without it: it stays (crash loop rule)
+        slow = tuple(h for h in ended.swap_out if h in current and h not in lost)
+        if slow and not self._choose(bench, current, lost | {*set_aside, *slow}).waiting:
+            set_aside += slow  # else nothing can take its place: it stays
         if not lost and not grow and not set_aside and set(current) <= set(ended.reusable):
             return Decision(
                 Action.RESTART,
@@ -318,8 +325,9 @@ class RestartPolicy:
                 "min_nodes in [cluster]), or keep a spare (spare = true on a [[node]], or "
                 "--spares N)",
             )
-        if set_aside:
-            aside = ", ".join(set_aside)
+        failing = [h for h in set_aside if h not in slow]
+        if failing:
+            aside = ", ".join(failing)
             why = f"{why}; {aside} failed {SET_ASIDE_AFTER} attempts in a row: set aside"
         return Decision(
             Action.RESTART, history, why=why, counted=counted, choice=choice, set_aside=set_aside

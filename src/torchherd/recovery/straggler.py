@@ -244,6 +244,15 @@ class StragglerWatch:
     def computed(self, host: str, rank: int, seconds: float) -> None:
         self.times.setdefault((host, rank), deque(maxlen=WINDOW)).append(seconds)
 
+    def still_slow(self, host: str, rank: int) -> bool:
+        """The rank named slow is the one the latest checks still find, enough in a row."""
+        return (
+            self.named is not None
+            and (self.named.host, self.named.rank) == (host, rank)
+            and self._candidate == (host, rank)
+            and self._streak >= min(CONFIRM, CONFIRM_WAIT)
+        )
+
     def forget(self, hosts: Iterable[str]) -> None:
         """Drop what these nodes' ranks reported (their job went down: a new attempt there
         starts with a warm-up of its own)."""
