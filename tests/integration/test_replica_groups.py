@@ -75,6 +75,8 @@ class GroupsRun:
     """A worker of group 2 still on node3 a minute after its link came back (None: none)."""
     top_while_down: str
     """`herd top --once` while group 2 was out after its worker was killed."""
+    cut_next_commit: float
+    """Seconds from node3's link cut to node1's worker saying it committed its next step."""
 
     def herd_record(self) -> dict:
         """The job's own record (its groups and lighthouse have records of their own)."""
@@ -153,11 +155,19 @@ def groups_run(testbed: Testbed, tmp_path_factory: pytest.TempPathFactory) -> Gr
         top = herd_cli(["top", "--once", "-c", str(path)], home, tmp_path)
         herd.wait_for(r"group 2 on node3 rejoined and healed", 180)
         old = wait_pid(f"{job}-lighthouse", "node1", testbed, 10)
-        # Two faults at once: the lighthouse killed (herd restarts it) and node3's link cut
-        # (group 2 is lost with it; the spare takes its place and heals).
-        os.kill(old, signal.SIGKILL)
+        # Two faults at once: node3's link cut (group 2 is lost with it; the spare takes its
+        # place and heals) and, while it is cut, the lighthouse killed (herd restarts it).
+        # node3's link cut first: the survivors' next commit, on the test's clock from the
+        # cut to their line saying it (their all-reduce with node3 times out: a dropped step).
+        committed = r"node1:0\b.*step \d+ committed [\d.]+ s after the dropped step"
+        before_cut = len(re.findall(committed, herd.output))
+        cut_at = time.monotonic()
         testbed.partition("node3")
         try:
+            herd.wait_for(committed, 60, count=before_cut + 1)
+            said_at = [t for t, line in list(herd.lines) if re.search(committed, line)]
+            cut_next_commit = said_at[before_cut] - cut_at
+            os.kill(old, signal.SIGKILL)
             new = wait_pid(f"{job}-lighthouse", "node1", testbed, 90, other_than=old)
             herd.wait_for(rf"group 2: node3 does not answer; spare {SPARE} takes its place", 90)
         finally:
@@ -181,7 +191,7 @@ def groups_run(testbed: Testbed, tmp_path_factory: pytest.TempPathFactory) -> Gr
             herd.finish(timeout=60)
     return GroupsRun(
         herd, code, job, run_dir, home, killed_at, survivor_stack, survivors, (old, new), before,
-        last, left_on_cut_node, top.stdout + top.stderr,
+        last, left_on_cut_node, top.stdout + top.stderr, cut_next_commit,
     )  # fmt: skip
 
 
@@ -291,6 +301,8 @@ def test_a_cut_off_groups_place_goes_to_the_spare(groups_run: GroupsRun) -> None
     assert group["hosts"] == ["node3", SPARE] and group["host"] == SPARE, group
     cut = group["outages"][1]
     assert cut["host"] == "node3" and cut["healed_s"] is not None, group["outages"]
+    # The survivors went on within the bound though node3 did not die but went silent.
+    assert groups_run.cut_next_commit <= NEXT_COMMIT_WITHIN, groups_run.cut_next_commit
     # The cut-off worker never rejoins beside its replacement: ended once its node is back.
     assert groups_run.left_on_cut_node is None
 
