@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.herd_cli import SCRIPTS
+from tests.integration.herd_cli import SCRIPTS, one_worker_cluster
 from tests.integration.herd_cli import herd as herd_cli
 from tests.integration.live import LiveHerd
 from tests.integration.training import worker_on
@@ -313,14 +313,7 @@ def test_groups_of_two_nodes_lose_a_worker_and_train_through(
     """--group-nodes 2: node1+node2 and node3+node4 are two groups of one torchrun each.
     node4's worker killed: group 1 restarts as a whole and heals, group 0 goes on; every
     rank of both groups ends with the same weights."""
-    home = tmp_path / "home"
-    hosts = [*NODES, SPARE]
-    path = testbed.write_cluster_file(
-        tmp_path / "herd.toml",
-        nodes=[{"host": h, "nproc": 1} for h in hosts],
-        workdir=str(SCRIPTS),
-        env={"HERD_HOME": str(home)},
-    )
+    path, home = one_worker_cluster(testbed, tmp_path, [*NODES, SPARE])
     run_dir = tmp_path / "run"
     args = ["-c", str(path), "--replica-groups", "--group-nodes", "2", "--max-restarts", "1"]
     script = ["groups_minimal.py", "--max-steps", str(TWO_NODE_STEPS), "--batch-size", "16"]
@@ -379,13 +372,7 @@ def test_a_slow_group_is_named_by_the_judge_across_the_groups(
     waits for the slowest in the all-reduce over the groups. node3's worker held stopped
     35 ms of every 100 is named, and kept in the job's record with its group. (A stop that
     lands in the script's 50 ms sleep a step costs nothing: herd read 1.15x.)"""
-    home = tmp_path / "home"
-    path = testbed.write_cluster_file(
-        tmp_path / "herd.toml",
-        nodes=[{"host": h, "nproc": 1} for h in NODES],
-        workdir=str(SCRIPTS),
-        env={"HERD_HOME": str(home)},
-    )
+    path, home = one_worker_cluster(testbed, tmp_path, NODES)
     script = ["groups_minimal.py", "--max-steps", "5000", "--batch-size", "16"]
     args = ["-c", str(path), "--replica-groups", "--grace", "3", *script]
     herd = LiveHerd([*args, "--run-dir", str(tmp_path / "run")], home)
