@@ -24,6 +24,7 @@ import json
 import os
 import shlex
 import socket
+import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -35,6 +36,7 @@ from torchherd.plan import JobSpec
 from torchherd.spec import ClusterSpec, NodeSpec
 
 STANDIN = Path(__file__).resolve().with_name("standin.py")
+REPO = Path(__file__).resolve().parents[2]
 # Set by every node's shim: what the simulated cluster started carries it.
 ROOT_VAR = "SIMCLUSTER_ROOT"
 
@@ -44,6 +46,14 @@ SHIM = """#!/bin/sh
 if [ "$1" = "-m" ] && [ "$2" = "torchherd.agent.elastic" ]; then
     shift 2
     exec nice -n {standin_nice} {python} -S {standin} "$@"
+fi
+if [ "$1" = "-m" ] && [ "$2" = "torchherd.agent" ] && [ -p {requests} ]; then
+    # herd's agent, forked by the fork server (forkserver.py): this shell waits for its exit.
+    # The server takes its streams from descriptors 5-7 (``read`` moves 0 while it waits).
+    answer={answers}/$$
+    exec 5<&0 6>&1 7>&2
+    mkfifo -m 600 "$answer" && exec 3<>"$answer" && echo $$ >{requests} && read code <&3
+    exit "${{code:-255}}"
 fi
 exec nice -n {agent_nice} {python} "$@"
 """
@@ -101,6 +111,7 @@ class SimCluster:
 
     def build(self, **control: Any) -> SimCluster:
         """Write the directory (shims, job script, control file); returns self."""
+        from .forkserver import requests_fifo
         from .standin import NODE_INDEX_VAR
 
         for index in range(self.nodes):
@@ -116,6 +127,8 @@ class SimCluster:
                     standin=shlex.quote(str(STANDIN)),
                     agent_nice=AGENT_NICE,
                     standin_nice=STANDIN_NICE,
+                    requests=shlex.quote(str(requests_fifo(self.root))),
+                    answers=shlex.quote(str(requests_fifo(self.root).parent)),
                 )
             )
             shim.chmod(0o755)
@@ -185,6 +198,26 @@ class SimCluster:
             if len(seen) >= count or time.monotonic() > deadline:
                 return sorted(seen.values())
             time.sleep(0.2)
+
+    def start_forkserver(self, timeout: float = 60.0) -> subprocess.Popen[bytes]:
+        """The fork server the nodes' agents come from (forkserver.py), ready; end it with
+        SIGTERM once the launch is over (it exits when its agents have)."""
+        from .forkserver import requests_fifo
+
+        server = subprocess.Popen(
+            [sys.executable, "-m", "tests.simcluster.forkserver", str(self.root)],
+            cwd=REPO,
+            env=dict(os.environ, **{ROOT_VAR: str(self.root)}),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + timeout
+        while not requests_fifo(self.root).is_fifo():
+            if server.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the fork server did not start (exit {server.poll()})")
+            time.sleep(0.01)
+        return server
 
     def processes(self) -> list[int]:
         """Pids of live processes the simulated nodes run (agents, stand-ins, workers)."""

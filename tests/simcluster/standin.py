@@ -59,7 +59,7 @@ NO_ERROR_FILE = "To enable traceback see: https://pytorch.org/docs/stable/elasti
 STOP_GRACE = 5.0
 # Seconds between the ranks' lines and beats: short at high rates, long at low ones, so that a
 # thousand idle stand-ins on one machine do not take its cores by waking up.
-FAST_TICK, SLOW_TICK = 0.1, 0.5
+FAST_TICK, SLOW_TICK = 0.1, 1.0
 LOOK_EVERY = 0.5
 MAX_BEATS_PER_SECOND = 2.0  # torchherd.progress.beat writes at most twice a second
 
