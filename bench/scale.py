@@ -22,7 +22,9 @@ agents are its children and are not counted):
              per line at the largest N measured
   silent     one node freezes (its agent stopped, as a machine that hangs): seconds until the
              launcher says it stopped answering, then until the launcher has stopped every
-             node and exited (it first takes the other nodes' stacks)
+             node and exited (it first takes the other nodes' stacks), waited for up to
+             --stop-wait seconds (on this machine every node's agent reads the one /proc of
+             all N x 10 processes to find and sweep its own, which a real node does not)
   misjudged  any node called lost or failed that was not the frozen one, or an agent that
              stopped its job for want of the launcher's pings, before the frozen node was
              noticed (after it, herd takes every node's stacks: N x 8 py-spy on this
@@ -39,12 +41,16 @@ met lines:
   - worst line (heartbeat) delay <= 1 s with every rank at 10 lines/s;
   - no node loss misjudged at any N.
 
-Memory: every simulated node is an agent, a stand-in and NPROC sleeping workers (about 20 MB
-per node); an N that does not fit in the memory available now is skipped, with the reason.
+A simulated node is herd's agent and torchrun's stand-in, both forked from one process that
+imported them (tests/simcluster/forkserver.py; about 8 and 4 MB of their own: CPython's
+reference counts unshare what the code touches), two waiting shells and NPROC sleeping
+workers: about 13 MB a node. An N that does not fit in the memory available now is skipped,
+with the reason. The fork server is started before the clock: on a real cluster every node
+has its interpreter already, and the agents' start is excluded from the judged start anyway.
 
     python bench/scale.py [--nodes 10,100,300,1000] [--nproc 8] [--steady 60] [--full 20]
                           [--full-max-nodes 100] [--steady-lines 1] [--steady-beats 1]
-                          [--plain-ranks] [--json FILE] [--profile DIR]
+                          [--plain-ranks] [--stop-wait S] [--json FILE] [--profile DIR]
 
 With --profile, py-spy samples the launcher during the start, steady and full-speed phases
 (raw stacks in DIR) and the bench prints where its CPU went: the functions with the most
@@ -102,9 +108,9 @@ STEADY: dict[str, float | None] = {
 # (--stop-wait).
 STOP_WAIT = {"seconds": 600.0}
 SILENT_FOR = 20.0  # longer than herd's 10 s of silence, so the node is called lost
-# Memory a simulated node takes until measured (agent ~10 MB, stand-in ~4, workers ~2), and
-# what is left free for everything else on the machine.
-NODE_MB_GUESS = 20.0
+# Memory a simulated node takes until measured (agent ~8 MB, stand-in ~4, workers and shims
+# ~1), and what is left free for everything else on the machine.
+NODE_MB_GUESS = 14.0
 RESERVE_MB = 2048.0
 STAMP = re.compile(rb"at=(\d+\.\d+)")
 NOTICED = re.compile(r"herd: (\S+) stopped answering")

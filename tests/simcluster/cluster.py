@@ -4,7 +4,10 @@ A simulated cluster is a directory:
 
     nodes/<k>/python   node k's interpreter: a shim that runs the torchrun stand-in
                        (standin.py) for ``-m torchherd.agent.elastic`` and the real
-                       interpreter for everything else (probe, agent, verbs)
+                       interpreter for everything else (probe, agent, verbs); while the
+                       fork server runs (forkserver.py), the agent and the stand-in are
+                       forked from it instead, and the shim waits for them
+    forkserver/        the fork server's request FIFO and the shims' answer FIFOs
     work/simjob.py     the job's script (the stand-in reads its arguments; nothing runs it)
     home/              the launcher's HERD_HOME: job records, the job's logs
     node-home/         the nodes' HERD_HOME: node directories, beat files (or elsewhere: a
@@ -42,18 +45,31 @@ ROOT_VAR = "SIMCLUSTER_ROOT"
 
 SHIM = """#!/bin/sh
 # Simulated node {index}: the real python, except for torchrun's wrapper, which is stood in for.
-{var}={index}; {root_var}={root}; export {var} {root_var}
+if [ "${root_var}" != {root} ] || [ "${var}" != {index} ]; then
+    # Once more with the node's variables in this shell's own environment, where /proc shows
+    # them: what the simulated cluster runs is found by them (SimCluster.processes).
+    {var}={index} {root_var}={root} exec /bin/sh "$0" "$@"
+fi
+if [ "$1" = "-m" ] && [ -p {requests} ] && {{ [ "$2" = torchherd.agent ] ||
+    [ "$2" = torchherd.agent.elastic ]; }}; then
+    # herd's agent or torchrun's stand-in, forked by the fork server (forkserver.py): this
+    # shell passes on the signals it gets and ends with the forked process's exit status. The
+    # server takes its streams from descriptors 5-7 (``read`` moves 0 while it waits), its
+    # variables from its environment (the two above are not there: they come with the pid).
+    answer={answers}/$$
+    exec 5<&0 6>&1 7>&2
+    for sig in TERM INT HUP; do
+        trap "caught=$sig; \\${{pid:+kill -$sig \\$pid}}" $sig
+    done
+    mkfifo -m 600 "$answer" && exec 3<>"$answer" && echo $$ {index} >{requests} || exit 255
+    until read pid <&3; do :; done
+    [ -n "$caught" ] && kill -"$caught" "$pid"
+    until read code <&3; do :; done
+    exit "$code"
+fi
 if [ "$1" = "-m" ] && [ "$2" = "torchherd.agent.elastic" ]; then
     shift 2
     exec nice -n {standin_nice} {python} -S {standin} "$@"
-fi
-if [ "$1" = "-m" ] && [ "$2" = "torchherd.agent" ] && [ -p {requests} ]; then
-    # herd's agent, forked by the fork server (forkserver.py): this shell waits for its exit.
-    # The server takes its streams from descriptors 5-7 (``read`` moves 0 while it waits).
-    answer={answers}/$$
-    exec 5<&0 6>&1 7>&2
-    mkfifo -m 600 "$answer" && exec 3<>"$answer" && echo $$ >{requests} && read code <&3
-    exit "${{code:-255}}"
 fi
 exec nice -n {agent_nice} {python} "$@"
 """

@@ -13,19 +13,25 @@ working directory and standard streams as the interpreter it stands for.
 
 How a node's shim (cluster.py) asks for one, with nothing but the shell (no interpreter of
 its own, which would cost what is saved): it opens an answer FIFO of its own (read-write, so
-that neither side ever waits for the other to open it), writes its pid to the server's
-request FIFO, and waits on the answer. The server reads the rest from /proc: the shim's
-command line (what follows ``-m torchherd.agent``), environment and working directory, and
-its standard streams (its copies at /proc/PID/fd/5-7 open the same pipes the launcher
-holds, so the agent reads and writes them as the shim would). The agent is forked in a
-session of its own; when it ends, its exit status (128 + N for signal N, as a shell says it)
-goes to the answer FIFO, and the shim exits with it. The shim stands where the interpreter
-stood: the launcher's link and the node's agent are the same pipes and the same exit code;
-only the agent's pid differs from the shim's, and the launcher never reads a link's pid.
+that neither side ever waits for the other to open it), writes its pid and its node's index
+to the server's request FIFO, and waits on the answer. The server reads the rest from /proc:
+the shim's command line (what follows ``-m torchherd.agent``), environment and working
+directory, and its standard streams (its copies at /proc/PID/fd/5-7 open the same pipes the
+launcher holds, so the agent reads and writes them as the shim would). The agent is forked
+in a session of its own; the server answers with its pid (the shim passes SIGTERM, SIGINT
+and SIGHUP on to it), and when it ends, with its exit status (128 + N for signal N, as a
+shell says it); the shim exits with that. The shim stands where the interpreter stood: the
+launcher's link and the node's agent are the same pipes and the same exit code; only the
+agent's pid differs from the shim's, and the launcher never reads a link's pid.
+
+torchrun's stand-in (standin.py, ``-m torchherd.agent.elastic``) is forked the same way, at
+the lowest CPU priority: the agent's child is then the shim, which passes the agent's
+signals on, and a shim killed outright (SIGKILL to its process group) ends the stand-in at
+its next tick; the ranks' workers are the stand-in's children, as torchrun's are.
 
     python -m tests.simcluster.forkserver ROOT     (run by the simulated launcher, launcher.py)
 
-SIGTERM: no new agents (the request FIFO goes); the server exits once its agents have.
+SIGTERM: no new agents (the request FIFO goes); the server exits once its children have.
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ import sys
 from pathlib import Path
 
 AGENT_MODULE = "torchherd.agent"
+WRAPPER_MODULE = "torchherd.agent.elastic"  # torchrun's wrapper: the stand-in (standin.py)
 # The shim's copies of its standard streams (0, 1, 2 at 5, 6, 7): fixed while it waits.
 SHIM_STREAMS = 5
 
@@ -56,22 +63,25 @@ def read_proc(pid: int, name: str) -> list[bytes]:
         return handle.read().split(b"\0")
 
 
-def agent_arguments(cmdline: list[bytes]) -> list[str] | None:
-    """What follows ``-m torchherd.agent`` on the shim's command line; None if it is not an
-    agent command."""
+def module_arguments(cmdline: list[bytes]) -> tuple[str, list[str]] | None:
+    """(module, what follows it) for ``-m torchherd.agent`` or ``-m torchherd.agent.elastic``
+    on the shim's command line; None for anything else."""
     words = [w.decode(errors="surrogateescape") for w in cmdline if w]
     for index in range(len(words) - 1):
-        if words[index] == "-m" and words[index + 1] == AGENT_MODULE:
-            return words[index + 2 :]
+        if words[index] == "-m" and words[index + 1] in (AGENT_MODULE, WRAPPER_MODULE):
+            return words[index + 1], words[index + 2 :]
     return None
 
 
 def preload() -> None:
-    """The modules every agent command needs, imported once, before any fork."""
+    """The modules every agent command and the stand-in need, imported once, before any
+    fork."""
     import torchherd.agent.__main__
     import torchherd.agent.control
     import torchherd.agent.probe
     import torchherd.agent.runner  # noqa: F401
+
+    from . import standin  # noqa: F401
 
 
 def reopen(path: str, mode: int) -> int:
@@ -90,10 +100,14 @@ def reopen(path: str, mode: int) -> int:
     return fd
 
 
-def become_agent(shim: int, arguments: list[str]) -> None:
-    """In the forked child: take the shim's streams, variables and directory, run the agent,
-    never return."""
+def become(shim: int, node: str, root: Path, module: str, arguments: list[str]) -> None:
+    """In the forked child: take the shim's streams, variables and directory, run the agent
+    (or the stand-in), never return."""
     import torchherd.agent.__main__ as agent_main
+
+    from . import standin
+    from .cluster import ROOT_VAR, STANDIN_NICE
+    from .standin import NODE_INDEX_VAR
 
     code = 255
     try:
@@ -111,8 +125,15 @@ def become_agent(shim: int, arguments: list[str]) -> None:
             key, sep, value = item.partition(b"=")
             if sep:
                 os.environb[key] = value
-        sys.argv = [agent_main.__file__, *arguments]
-        code = agent_main.main(arguments)
+        os.environ.update({NODE_INDEX_VAR: node, ROOT_VAR: str(root)})  # the shim's own
+        if module == WRAPPER_MODULE:
+            os.nice(STANDIN_NICE)
+            standin.SHIM = shim
+            sys.argv = [standin.__file__, *arguments]
+            code = standin.main(arguments)
+        else:
+            sys.argv = [agent_main.__file__, *arguments]
+            code = agent_main.main(arguments)
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     except BaseException as exc:  # noqa: BLE001 - the shim's caller must see why, as python would
@@ -179,23 +200,25 @@ class Server:
             return
         *lines, self.pending = self.pending.split(b"\n")
         for line in lines:
-            if line.strip().isdigit():
-                self.fork(int(line))
+            words = line.split()
+            if len(words) == 2 and all(word.isdigit() for word in words):
+                self.fork(int(words[0]), words[1].decode())
 
-    def fork(self, shim: int) -> None:
+    def fork(self, shim: int, node: str) -> None:
         try:
-            arguments = agent_arguments(read_proc(shim, "cmdline"))
+            found = module_arguments(read_proc(shim, "cmdline"))
         except OSError:
             return  # the shim is gone already
-        if arguments is None:
-            self.answer(shim, 2)
+        if found is None:
+            self.answer(shim, "0\n2")
             return
         pid = os.fork()
         if pid == 0:
-            become_agent(shim, arguments)
+            become(shim, node, self.root, *found)
         pidfd = os.pidfd_open(pid)
         self.children[pid] = (pidfd, shim)
         self.selector.register(pidfd, selectors.EVENT_READ, pid)
+        self.answer(shim, str(pid), last=False)  # the shim passes its signals on to it
 
     def reap(self, pid: int) -> None:
         pidfd, shim = self.children.pop(pid)
@@ -203,21 +226,23 @@ class Server:
         os.close(pidfd)
         _, status = os.waitpid(pid, 0)
         code = os.waitstatus_to_exitcode(status)
-        self.answer(shim, 128 - code if code < 0 else code)
+        self.answer(shim, str(128 - code if code < 0 else code))
 
-    def answer(self, shim: int, code: int) -> None:
+    def answer(self, shim: int, words: str, last: bool = True) -> None:
+        """Tell the shim its process's pid, then (``last``) its exit status."""
         path = answer_fifo(self.root, shim)
         try:
             fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
         except OSError:
             return  # the shim is gone (killed), nobody waits for the answer
         try:
-            os.write(fd, f"{code}\n".encode())
+            os.write(fd, f"{words}\n".encode())
         except OSError:
             pass
         finally:
             os.close(fd)
-            path.unlink(missing_ok=True)
+            if last:
+                path.unlink(missing_ok=True)
 
 
 def main(argv: list[str]) -> int:
