@@ -569,6 +569,7 @@ def silent_phase(run: Run, result: Result) -> None:
         )
     else:
         result.stop_s = time.time() - noticed[0]
+        run.server.terminate()  # it exits with the last process it forked
         left = wait_for(lambda: None if run.sim.processes() else True, 120)
         result.gone_s = time.time() - noticed[0] if left else None
     result.misjudged += run.misjudged(frozen=f"sim{frozen}", until=noticed[0])

@@ -8,6 +8,7 @@ A simulated cluster is a directory:
                        fork server runs (forkserver.py), the agent and the stand-in are
                        forked from it instead, and the shim waits for them
     forkserver/        the fork server's request FIFO and the shims' answer FIFOs
+    forkserver.log     what the fork server said (a traceback, if it failed)
     work/simjob.py     the job's script (the stand-in reads its arguments; nothing runs it)
     home/              the launcher's HERD_HOME: job records, the job's logs
     node-home/         the nodes' HERD_HOME: node directories, beat files (or elsewhere: a
@@ -220,14 +221,18 @@ class SimCluster:
         SIGTERM once the launch is over (it exits when its agents have)."""
         from .forkserver import requests_fifo
 
-        server = subprocess.Popen(
-            [sys.executable, "-m", "tests.simcluster.forkserver", str(self.root)],
-            cwd=REPO,
-            env=dict(os.environ, **{ROOT_VAR: str(self.root)}),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            start_new_session=True,
-        )
+        # Its own output goes to a file: it outlives the launcher (until the last of its
+        # agents), and must not hold the launcher's streams open for the launcher's caller.
+        with open(self.root / "forkserver.log", "ab") as log:
+            server = subprocess.Popen(
+                [sys.executable, "-m", "tests.simcluster.forkserver", str(self.root)],
+                cwd=REPO,
+                env=dict(os.environ, **{ROOT_VAR: str(self.root)}),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                start_new_session=True,
+            )
         deadline = time.monotonic() + timeout
         while not requests_fifo(self.root).is_fifo():
             if server.poll() is not None or time.monotonic() > deadline:
