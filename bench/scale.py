@@ -104,6 +104,11 @@ STEADY: dict[str, float | None] = {
     "beats_per_second": 1.0,
     "compute_seconds": 0.1,
 }
+# Processes and threads a simulated node holds while herd stops a job taking every rank's
+# stacks (shims, agent and its threads, stand-in, 8 workers; 8 py-spy and their threads).
+TASKS_PER_NODE_AT_STOP = 45
+with open("/proc/sys/kernel/pid_max") as _handle:
+    PID_MAX = int(_handle.read())
 # Seconds the bench waits for the launcher to have stopped every node after the lost one
 # (--stop-wait).
 STOP_WAIT = {"seconds": 600.0}
@@ -444,7 +449,16 @@ def measure(
     # The nodes' files (beats every second from every rank) on a tmpfs: they are other
     # machines' disks, and must not slow the launcher's own.
     node_home = Path(tempfile.mkdtemp(prefix="herd-scale-nodes-", dir="/dev/shm"))
-    sim = SimCluster(scratch / f"sim{nodes}", nodes, nproc, node_home).build(**STEADY)
+    # Every node's stacks at the stop (N x NPROC py-spy and their threads at once) must fit in
+    # this machine's process table beside the simulation's own processes and threads.
+    py_spy = nodes * TASKS_PER_NODE_AT_STOP < 0.8 * PID_MAX
+    if not py_spy:
+        result.notes.append(
+            f"{nodes} nodes: the simulated nodes have no py-spy (herd reports it missing "
+            f"instead of the stacks): {nodes} x ~{TASKS_PER_NODE_AT_STOP} processes and "
+            f"threads at the stop would not fit this machine's {PID_MAX} pids"
+        )
+    sim = SimCluster(scratch / f"sim{nodes}", nodes, nproc, node_home, py_spy).build(**STEADY)
     run = Run(sim, profile)
     try:
         profiler = Profiler(run.pid, profile / f"start-{nodes}.txt") if profile else None

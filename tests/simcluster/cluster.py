@@ -101,6 +101,11 @@ class SimCluster:
     nodes: int
     nproc: int = 8
     node_home: Path | None = None
+    py_spy: bool = True
+    """Whether the nodes' agents have py-spy (forked agents only: without it, herd reports
+    "py-spy is not installed on this node" for every rank instead of its stacks). Above a few
+    hundred nodes, N x 8 py-spy at once (herd takes every rank's stacks when it stops a job)
+    would take more of this one machine's process table than it has."""
     """The nodes' HERD_HOME; default: ROOT/node-home."""
 
     @property
@@ -160,6 +165,7 @@ class SimCluster:
             "nproc": self.nproc,
             "addr": this_machine_address(),
             "node_home": str(self.nodes_home),
+            "py_spy": self.py_spy,
         }
         (self.root / "cluster.json").write_text(json.dumps(description))
         return self
@@ -167,7 +173,13 @@ class SimCluster:
     @classmethod
     def open(cls, root: Path) -> SimCluster:
         description = json.loads((root / "cluster.json").read_text())
-        return cls(root, description["nodes"], description["nproc"], Path(description["node_home"]))
+        return cls(
+            root,
+            description["nodes"],
+            description["nproc"],
+            Path(description["node_home"]),
+            description.get("py_spy", True),
+        )
 
     def spec(self) -> ClusterSpec:
         addr = json.loads((self.root / "cluster.json").read_text())["addr"]

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import errno
 import gc
+import json
 import os
 import selectors
 import signal
@@ -100,6 +101,13 @@ def reopen(path: str, mode: int) -> int:
     return fd
 
 
+def without_py_spy() -> None:
+    """This node has no py-spy: neither beside its interpreter nor on its PATH."""
+    import torchherd.agent.stacks
+
+    torchherd.agent.stacks.py_spy = lambda: None
+
+
 def become(shim: int, node: str, root: Path, module: str, arguments: list[str]) -> None:
     """In the forked child: take the shim's streams, variables and directory, run the agent
     (or the stand-in), never return."""
@@ -132,6 +140,8 @@ def become(shim: int, node: str, root: Path, module: str, arguments: list[str]) 
             sys.argv = [standin.__file__, *arguments]
             code = standin.main(arguments)
         else:
+            if not json.loads((root / "cluster.json").read_text()).get("py_spy", True):
+                without_py_spy()
             sys.argv = [agent_main.__file__, *arguments]
             code = agent_main.main(arguments)
     except SystemExit as exc:
