@@ -698,6 +698,11 @@ def _maybe(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}"
 
 
+def maybe_ratio(small: float | None, large: float | None) -> str:
+    """xRATIO, or "-" where either was not measured."""
+    return f"x{large / small:.2f}" if small and large is not None else "-"
+
+
 def ratios(small: Result, large: Result) -> list[str]:
     def ratio(a: float, b: float) -> str:
         return f"{b / a:.2f}" if a else "-"
@@ -718,8 +723,8 @@ def ratios(small: Result, large: Result) -> list[str]:
             if large.full_measured
             else "- (not simulated at this N)"
         ),
-        f"  silent node noticed after     x{ratio(small.notice_s or 0, large.notice_s or 0)}",
-        f"  launcher done after           x{ratio(small.stop_s or 0, large.stop_s or 0)}",
+        f"  silent node noticed after     {maybe_ratio(small.notice_s, large.notice_s)}",
+        f"  launcher done after           {maybe_ratio(small.stop_s, large.stop_s)}",
     ]
 
 
