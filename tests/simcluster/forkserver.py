@@ -1,4 +1,4 @@
-"""The nodes' agents, forked from one process that has herd's agent imported already.
+"""The nodes' agents (and torchrun's stand-ins), forked from one process that imported them.
 
 A simulated node's agent is herd's real agent (``python -m torchherd.agent COMMAND``), one
 process per node; what the fork server saves is what a thousand of them cost on one machine.
@@ -7,9 +7,9 @@ modules: ~13 MB of memory of its own and ~0.1 s of CPU per node, so 1,000 nodes 
 and minutes of both cores before the launcher is measured. Forked from a process that
 imported them once (and froze them out of the garbage collector, which would otherwise write
 to every object and unshare its page), an agent starts in a few milliseconds and keeps
-~7 MB of its own (CPython's reference counts still unshare every page the agent's code
-touches). It then runs the same code with the same arguments, variables,
-working directory and standard streams as the interpreter it stands for.
+~8 MB of its own (CPython's reference counts still unshare every page the agent's code
+touches). It then runs the same code with the same arguments, variables, working directory
+and standard streams as the interpreter it stands for.
 
 How a node's shim (cluster.py) asks for one, with nothing but the shell (no interpreter of
 its own, which would cost what is saved): it opens an answer FIFO of its own (read-write, so
@@ -40,6 +40,7 @@ import errno
 import gc
 import json
 import os
+import resource
 import selectors
 import signal
 import sys
@@ -161,7 +162,7 @@ def become(shim: int, node: str, root: Path, module: str, arguments: list[str]) 
 
 
 class Server:
-    """Forks agents on request; reports each one's exit status to its shim."""
+    """Forks agents and stand-ins on request; reports each one's exit status to its shim."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
@@ -169,6 +170,9 @@ class Server:
         self.children: dict[int, tuple[int, int]] = {}  # agent pid -> (pidfd, shim pid)
         self.pending = b""
         self.stopping = False
+        # A descriptor per process it forked (two a node): more than the usual 1,024.
+        _, most = resource.getrlimit(resource.RLIMIT_NOFILE)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (most, most))
         wake_read, wake_write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         signal.set_wakeup_fd(wake_write)
         signal.signal(signal.SIGTERM, lambda *_: None)  # the wake-up pipe says it
@@ -220,7 +224,7 @@ class Server:
         except OSError:
             return  # the shim is gone already
         if found is None:
-            self.answer(shim, "0\n2")
+            self.answer(shim, "none\n2")  # no process to pass signals to; usage error
             return
         pid = os.fork()
         if pid == 0:
