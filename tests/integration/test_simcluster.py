@@ -20,7 +20,7 @@ import pytest
 
 from tests.simcluster import SimCluster
 
-# Runs alone (scripts/test): 300 simulated nodes on two cores, with a 15 s bound.
+# Runs alone (scripts/test): a frozen node must be named within 25 s on two loaded cores.
 pytestmark = pytest.mark.serial
 
 REPO = Path(__file__).resolve().parents[2]
