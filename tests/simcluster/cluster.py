@@ -4,7 +4,11 @@ A simulated cluster is a directory:
 
     nodes/<k>/python   node k's interpreter: a shim that runs the torchrun stand-in
                        (standin.py) for ``-m torchherd.agent.elastic`` and the real
-                       interpreter for everything else (probe, agent, verbs)
+                       interpreter for everything else (probe, agent, verbs); while the
+                       fork server runs (forkserver.py), the agent and the stand-in are
+                       forked from it instead, and the shim waits for them
+    forkserver/        the fork server's request FIFO and the shims' answer FIFOs
+    forkserver.log     what the fork server said (a traceback, if it failed)
     work/simjob.py     the job's script (the stand-in reads its arguments; nothing runs it)
     home/              the launcher's HERD_HOME: job records, the job's logs
     node-home/         the nodes' HERD_HOME: node directories, beat files (or elsewhere: a
@@ -24,6 +28,7 @@ import json
 import os
 import shlex
 import socket
+import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -35,12 +40,34 @@ from torchherd.plan import JobSpec
 from torchherd.spec import ClusterSpec, NodeSpec
 
 STANDIN = Path(__file__).resolve().with_name("standin.py")
+REPO = Path(__file__).resolve().parents[2]
 # Set by every node's shim: what the simulated cluster started carries it.
 ROOT_VAR = "SIMCLUSTER_ROOT"
 
 SHIM = """#!/bin/sh
 # Simulated node {index}: the real python, except for torchrun's wrapper, which is stood in for.
-{var}={index}; {root_var}={root}; export {var} {root_var}
+if [ "${root_var}" != {root} ] || [ "${var}" != {index} ]; then
+    # Once more with the node's variables in this shell's own environment, where /proc shows
+    # them: what the simulated cluster runs is found by them (SimCluster.processes).
+    {var}={index} {root_var}={root} exec /bin/sh "$0" "$@"
+fi
+if [ "$1" = "-m" ] && [ -p {requests} ] && {{ [ "$2" = torchherd.agent ] ||
+    [ "$2" = torchherd.agent.elastic ]; }}; then
+    # herd's agent or torchrun's stand-in, forked by the fork server (forkserver.py): this
+    # shell passes on the signals it gets and ends with the forked process's exit status. The
+    # server takes its streams from descriptors 5-7 (``read`` moves 0 while it waits), its
+    # variables from its environment (the two above are not there: they come with the pid).
+    answer={answers}/$$
+    exec 5<&0 6>&1 7>&2
+    for sig in TERM INT HUP; do
+        trap "caught=$sig; \\${{pid:+kill -$sig \\$pid}}" $sig
+    done
+    mkfifo -m 600 "$answer" && exec 3<>"$answer" && echo $$ {index} >{requests} || exit 255
+    until read pid <&3; do :; done
+    [ -n "$caught" ] && kill -"$caught" "$pid"
+    until read code <&3; do :; done
+    exit "$code"
+fi
 if [ "$1" = "-m" ] && [ "$2" = "torchherd.agent.elastic" ]; then
     shift 2
     exec nice -n {standin_nice} {python} -S {standin} "$@"
@@ -74,6 +101,11 @@ class SimCluster:
     nodes: int
     nproc: int = 8
     node_home: Path | None = None
+    py_spy: bool = True
+    """Whether the nodes' agents have py-spy (forked agents only: without it, herd reports
+    "py-spy is not installed on this node" for every rank instead of its stacks). Above a few
+    hundred nodes, N x 8 py-spy at once (herd takes every rank's stacks when it stops a job)
+    would take more of this one machine's process table than it has."""
     """The nodes' HERD_HOME; default: ROOT/node-home."""
 
     @property
@@ -101,6 +133,7 @@ class SimCluster:
 
     def build(self, **control: Any) -> SimCluster:
         """Write the directory (shims, job script, control file); returns self."""
+        from .forkserver import requests_fifo
         from .standin import NODE_INDEX_VAR
 
         for index in range(self.nodes):
@@ -116,6 +149,8 @@ class SimCluster:
                     standin=shlex.quote(str(STANDIN)),
                     agent_nice=AGENT_NICE,
                     standin_nice=STANDIN_NICE,
+                    requests=shlex.quote(str(requests_fifo(self.root))),
+                    answers=shlex.quote(str(requests_fifo(self.root).parent)),
                 )
             )
             shim.chmod(0o755)
@@ -130,6 +165,7 @@ class SimCluster:
             "nproc": self.nproc,
             "addr": this_machine_address(),
             "node_home": str(self.nodes_home),
+            "py_spy": self.py_spy,
         }
         (self.root / "cluster.json").write_text(json.dumps(description))
         return self
@@ -137,7 +173,13 @@ class SimCluster:
     @classmethod
     def open(cls, root: Path) -> SimCluster:
         description = json.loads((root / "cluster.json").read_text())
-        return cls(root, description["nodes"], description["nproc"], Path(description["node_home"]))
+        return cls(
+            root,
+            description["nodes"],
+            description["nproc"],
+            Path(description["node_home"]),
+            description.get("py_spy", True),
+        )
 
     def spec(self) -> ClusterSpec:
         addr = json.loads((self.root / "cluster.json").read_text())["addr"]
@@ -185,6 +227,30 @@ class SimCluster:
             if len(seen) >= count or time.monotonic() > deadline:
                 return sorted(seen.values())
             time.sleep(0.2)
+
+    def start_forkserver(self, timeout: float = 60.0) -> subprocess.Popen[bytes]:
+        """The fork server the nodes' agents come from (forkserver.py), ready; end it with
+        SIGTERM once the launch is over (it exits when its agents have)."""
+        from .forkserver import requests_fifo
+
+        # Its own output goes to a file: it outlives the launcher (until the last of its
+        # agents), and must not hold the launcher's streams open for the launcher's caller.
+        with open(self.root / "forkserver.log", "ab") as log:
+            server = subprocess.Popen(
+                [sys.executable, "-m", "tests.simcluster.forkserver", str(self.root)],
+                cwd=REPO,
+                env=dict(os.environ, **{ROOT_VAR: str(self.root)}),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                start_new_session=True,
+            )
+        deadline = time.monotonic() + timeout
+        while not requests_fifo(self.root).is_fifo():
+            if server.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the fork server did not start (exit {server.poll()})")
+            time.sleep(0.01)
+        return server
 
     def processes(self) -> list[int]:
         """Pids of live processes the simulated nodes run (agents, stand-ins, workers)."""

@@ -21,6 +21,7 @@ from torchherd.launcher.launch import LaunchOptions, launch
 from torchherd.results import RunResult
 
 from .cluster import SimCluster
+from .forkserver import requests_fifo
 from .transport import SimulatedHosts
 
 
@@ -45,11 +46,17 @@ def main(argv: list[str]) -> int:
         ranks=parse_ranks(args.ranks),
         every_rank=every_rank_asked(args.ranks),
     )
+    # The agents' fork server: the caller's, when it started one (a benchmark, before its
+    # clock starts), else this launcher's own.
+    server = None if requests_fifo(sim.root).is_fifo() else sim.start_forkserver()
     try:
         result = launch(cluster, job, options, transport=SimulatedHosts(cluster))
     except HerdError as exc:
         print(f"error: {exc.message}\n  fix: {exc.remedy}", file=sys.stderr)
         return exc.exit_code
+    finally:
+        if server is not None:
+            server.terminate()  # it ends once the agents it forked have
     assert isinstance(result, RunResult)
     return result.exit_code
 

@@ -3,7 +3,8 @@
 The simulated cluster runs herd's real node agents; only torch is stood in for, because a
 thousand torch processes do not fit on one machine. A node's ``python`` is a shim that starts
 this program where the agent starts torchrun's wrapper, and the real interpreter for everything
-else (probe, agent, verbs). From the agent's point of view this program behaves as the wrapper:
+else (probe, agent, verbs); or, while the simulated cluster's fork server runs, forks it from
+the server (see SHIM below). From the agent's point of view it behaves as the wrapper:
 
   - it takes torchrun's arguments (``--nnodes``, ``--nproc-per-node``, ... then the script and
     its arguments) or, started with ``--herd-prewarm``, waits for the job on stdin;
@@ -36,7 +37,8 @@ While the control names a frozen node, the other nodes' ranks stop stepping, as 
 a frozen rank wait in their collective.
 
 For the benchmark, this program appends what it did to the events file (one line each,
-``run|silent|exit NODE WALLTIME [CODE]``). Standard library only: it runs with ``python -S``.
+``run|silent|exit NODE WALLTIME [CODE]``). Standard library only: started on its own, it runs
+with ``python -S``.
 """
 
 from __future__ import annotations
@@ -59,9 +61,13 @@ NO_ERROR_FILE = "To enable traceback see: https://pytorch.org/docs/stable/elasti
 STOP_GRACE = 5.0
 # Seconds between the ranks' lines and beats: short at high rates, long at low ones, so that a
 # thousand idle stand-ins on one machine do not take its cores by waking up.
-FAST_TICK, SLOW_TICK = 0.1, 0.5
+FAST_TICK, SLOW_TICK = 0.1, 1.0
 LOOK_EVERY = 0.5
 MAX_BEATS_PER_SECOND = 2.0  # torchherd.progress.beat writes at most twice a second
+# Forked by the fork server (forkserver.py), this program is not the agent's child: the shell
+# shim that asked for it is (it passes on its signals). SHIM is that shell's pid: its parent
+# is the node's agent, and a shim that is gone (SIGKILL to its group) ends this program.
+SHIM: int | None = None
 
 
 def parse_torchrun(argv: list[str]) -> dict[str, Any]:
@@ -273,7 +279,9 @@ class StandIn:
 
     def freeze(self, seconds: float) -> None:
         """The whole node stops answering: its agent and this program stop for ``seconds``."""
-        agent = os.getppid()
+        agent = os.getppid() if SHIM is None else parent(SHIM)
+        if agent is None:
+            return  # the node is going already
         self.event("silent", self.node)
         os.kill(agent, signal.SIGSTOP)
         time.sleep(seconds)
@@ -324,6 +332,8 @@ class StandIn:
             fast = float(self.control.value("lines_per_second", 1.0)) > 1 / SLOW_TICK
             time.sleep(FAST_TICK if fast else SLOW_TICK)
             now = time.monotonic()
+            if self.stop_signal is None and SHIM is not None and parent(SHIM) is None:
+                self.stop_signal = signal.SIGKILL  # the agent killed torchrun's process group
             if self.stop_signal is not None:
                 self.stop_workers()
                 name = signal.Signals(self.stop_signal).name
@@ -362,6 +372,16 @@ class StandIn:
 
     def _on_signal(self, signum: int, _frame: object) -> None:
         self.stop_signal = signum
+
+
+def parent(pid: int) -> int | None:
+    """The parent of a live process; None once it has ended (gone, or a zombie)."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            fields = handle.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return None if fields[0] in ("Z", "X") else int(fields[1])
 
 
 def prewarmed() -> int:
