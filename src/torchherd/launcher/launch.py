@@ -23,6 +23,7 @@ from ..records import job_dir
 from ..results import RunResult
 from ..spec import ClusterSpec
 from ..transport import Transport, for_cluster
+from ..transport.children import wait_for_children_with_pidfds
 from .prepare import (
     Prepared,
     connect_all,
@@ -78,6 +79,7 @@ def launch(
 ) -> RunResult | LaunchPlan:
     """Run the job to its end and return its result (or the plan, for a dry run)."""
     options = options or LaunchOptions()
+    wait_for_children_with_pidfds()  # no thread per ssh client (transport/children.py)
     return asyncio.run(
         _launch(cluster, job, options, stream or sys.stdout, err or sys.stderr, transport)
     )
