@@ -1,0 +1,45 @@
+"""The tree's shape (transport/tree.py) and the fan-out's ssh lines (agent/fanout.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from torchherd.agent.fanout import node_argv
+from torchherd.transport.tree import inner_count, shape
+
+
+def test_about_sqrt_n_inner_nodes_each_with_its_share_of_the_rest() -> None:
+    hosts = [f"n{k}" for k in range(1, 13)]
+    parents = shape(hosts)
+    assert inner_count(12) == 4 and inner_count(1000) == 32 and inner_count(3) == 2
+    inner = [h for h, p in parents.items() if h == p]
+    assert inner == ["n1", "n2", "n3", "n4"]
+    below = {i: [h for h, p in parents.items() if p == i and h != i] for i in inner}
+    assert below == {
+        "n1": ["n5", "n9"],
+        "n2": ["n6", "n10"],
+        "n3": ["n7", "n11"],
+        "n4": ["n8", "n12"],
+    }
+
+
+def test_the_fanout_names_the_launcher_and_keeps_only_a_config_file_it_has(
+    tmp_path: Path,
+) -> None:
+    config = tmp_path / "ssh_config"
+    config.write_text("")
+    line = "cd /w && env HERD_RELAY_HOST=@ssh-client python3 -m torchherd.agent.relay"
+    argv = ["ssh", "-F", str(config), "-o", "BatchMode=yes", "-T", "n5", "--", line]
+    assert node_argv(argv, "10.0.0.1") == [
+        "ssh",
+        "-F",
+        str(config),
+        "-o",
+        "BatchMode=yes",
+        "-T",
+        "n5",
+        "--",
+        "cd /w && env HERD_RELAY_HOST=10.0.0.1 python3 -m torchherd.agent.relay",
+    ]
+    missing = ["ssh", "-F", str(tmp_path / "not-here"), "-T", "n5", "--", line]
+    assert node_argv(missing, "10.0.0.1")[:3] == ["ssh", "-T", "n5"]
