@@ -154,8 +154,8 @@ class ClusterSpec(BaseModel):
     their collectives), up to launcher_silence."""
     tree_above: int = Field(default=64, ge=1)
     """Over ssh, a launch of more nodes than this starts the agents through a tree: ssh from
-    the launcher to about sqrt(N) inner nodes only, which start the others over their own ssh;
-    every node's agent still links straight back to the launcher."""
+    the launcher to a few inner nodes only (one per 33 nodes, at least 2), which start the
+    others over their own ssh; every node's agent still links straight back to the launcher."""
     setup: str | None = None
     """Shell commands run in the shell that starts each node's agent, e.g.
     "module load cuda/12.6 && source ~/venv/bin/activate"; a failure stops the launch."""

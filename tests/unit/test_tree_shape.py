@@ -8,18 +8,15 @@ from torchherd.agent.fanout import node_argv
 from torchherd.transport.tree import inner_count, shape
 
 
-def test_about_sqrt_n_inner_nodes_each_with_its_share_of_the_rest() -> None:
-    hosts = [f"n{k}" for k in range(1, 13)]
-    parents = shape(hosts)
-    assert inner_count(12) == 4 and inner_count(1000) == 32 and inner_count(3) == 2
+def test_inner_nodes_of_at_most_32_others_each_and_at_least_two() -> None:
+    assert [inner_count(n) for n in (3, 12, 32, 66, 67, 1000)] == [2, 2, 2, 2, 3, 31]
+    parents = shape([f"n{k}" for k in range(1, 13)])
     inner = [h for h, p in parents.items() if h == p]
-    assert inner == ["n1", "n2", "n3", "n4"]
+    assert inner == ["n1", "n2"]
     below = {i: [h for h, p in parents.items() if p == i and h != i] for i in inner}
     assert below == {
-        "n1": ["n5", "n9"],
-        "n2": ["n6", "n10"],
-        "n3": ["n7", "n11"],
-        "n4": ["n8", "n12"],
+        "n1": ["n3", "n5", "n7", "n9", "n11"],
+        "n2": ["n4", "n6", "n8", "n10", "n12"],
     }
 
 

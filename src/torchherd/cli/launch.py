@@ -151,9 +151,10 @@ def launch_command(
         None,
         "--tree-above",
         min=1,
-        help="Over ssh, with more nodes than this, connect to about sqrt(N) inner nodes only "
-        "and start the other nodes' agents through them (each node still links straight "
-        "back here; -v says which node went through which). Default: \\[cluster] "
+        help="Over ssh, with more nodes than this, connect to a few inner nodes only (one "
+        "per 33 nodes, at least 2) and start the other nodes' agents through them (each "
+        "node still links straight back here; -v says which node went through which). "
+        "Default: \\[cluster] "
         "tree_above, 64.",
     ),
     detach: bool = typer.Option(

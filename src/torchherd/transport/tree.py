@@ -3,14 +3,17 @@
 Over flat ssh every node costs the launching machine an ssh connection (a key exchange, ~75 ms
 of CPU with OpenSSH's default post-quantum one) and an ssh client per command. Above
 ``[cluster] tree_above`` nodes (``herd launch --tree-above N``) herd opens ssh connections to
-ceil(sqrt(N)) inner nodes only (the first ones of the cluster); every other node belongs to
-one inner node's subtree (in turn). herd's agent commands on a subtree's nodes, started
+a few inner nodes only (the first ones of the cluster), each with a subtree of at most
+SUBTREE other nodes (in turn), and at least two of them: 2 inner nodes for 32 nodes, 31 for
+1,000. (Not sqrt(N): the launcher's cost is per inner node, and an inner node starts its
+subtree's ssh sessions in parallel, so below ~1,000 nodes fewer, wider inner nodes cost the
+launcher less for the same start.) herd's agent commands on a subtree's nodes, started
 together, become one ssh session to the inner node, running the fan-out (agent/fanout.py),
 which starts over its own ssh the relay (agent/relay.py) on each of them; each relay dials
 straight back to this launcher, as under Slurm (transport/relay.py), says which node it is
 with the launcher's token, receives its command, and leaves the session that started it. So:
 
-- the launcher holds O(sqrt(N)) ssh connections and clients, and one TCP link per node;
+- the launcher holds O(N / SUBTREE) ssh connections and clients, and one TCP link per node;
 - an inner node carries nothing once its subtree has connected: losing it is a node loss for
   it alone (its own agent runs over its own ssh session, as under flat ssh), while its
   subtree's links, which never went through it, go on;
@@ -49,6 +52,8 @@ if TYPE_CHECKING:
 
 RELAY_MODULE = "torchherd.agent.relay"
 FANOUT_MODULE = "torchherd.agent.fanout"
+# Nodes an inner node starts (its fan-out runs their ssh clients in parallel).
+SUBTREE = 32
 # ssh's exit code for its own failures.
 SSH_ERROR = 255
 # ssh options that belong to the launcher's own connections, not to an inner node's.
@@ -57,13 +62,14 @@ _LABEL = re.compile(r"^\s*\d+: ?")
 
 
 def inner_count(nodes: int) -> int:
-    """How many inner nodes a tree of ``nodes`` nodes has: about sqrt(N), at least 2."""
-    return max(2, math.ceil(math.sqrt(nodes)))
+    """How many inner nodes a tree of ``nodes`` nodes has: enough for subtrees of at most
+    SUBTREE nodes, and at least 2 (one lost inner node must not leave none)."""
+    return max(2, math.ceil(nodes / (SUBTREE + 1)))
 
 
 def shape(hosts: list[str]) -> dict[str, str]:
     """host -> the inner node whose subtree it is in (inner nodes map to themselves): the
-    first ceil(sqrt(N)) hosts are inner, the others go to them in turn."""
+    first inner_count(N) hosts are inner, the others go to them in turn."""
     count = inner_count(len(hosts))
     inner = hosts[:count]
     parents = {host: host for host in inner}
