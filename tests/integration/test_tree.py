@@ -106,3 +106,34 @@ def test_a_tree_launch_reaches_every_node_and_loses_only_a_cut_inner_node(
     hosts = [node["host"] for node in herd.record()["nodes"]]
     assert hosts == [node.name for node in bed.nodes if node.name != "node2"], hosts
     herd.assert_clean([node.name for node in bed.nodes], settle=90)
+
+
+def test_a_node_its_inner_node_cannot_reach_is_reached_directly(
+    bed: Testbed, tmp_path: Path
+) -> None:
+    """node3 refuses ssh from node1 (its inner node) but not from the launcher: herd reaches
+    it directly, says so with ssh's reason, and the job runs on all five nodes."""
+    home = tmp_path / "home"
+    path = bed.write_cluster_file(
+        tmp_path / "herd.toml",
+        nodes=[{"host": node.name, "nproc": 1} for node in bed.nodes[:5]],
+        workdir=str(SCRIPTS),
+        env={"HERD_HOME": str(home)},
+        connect_timeout=30,
+    )
+    iptables = bed._iptables_bin()
+    rule = ["INPUT", "-s", bed.node("node1").addr, "-p", "tcp", "--dport", "22", "-j", "REJECT"]
+    bed.ns_run("node3", [iptables, "-w", "5", "-A", *rule])
+    try:
+        args = ["-c", str(path), "--grace", "3", "-v", "--tree-above", "1", "--ranks", "all"]
+        herd = LiveHerd([*args, "steps.py", "--steps", "20", "--quiet"], home, bed)
+        code = herd.finish(timeout=300)
+    finally:
+        bed.ns_run("node3", [iptables, "-w", "5", "-D", *rule])
+    out = herd.output
+    assert code == 0, out
+    assert len(re.findall(r"STEPPING rank=", out)) == 5, out
+    assert re.search(r"herd: reached directly: node3 \(node1 could not reach it: .*refused", out)
+    assert "herd: reached through node1: node5\n" in out + "\n", out
+    assert "herd: reached through node2: node4\n" in out + "\n", out
+    herd.assert_clean([node.name for node in bed.nodes[:5]])
