@@ -40,3 +40,15 @@ def test_the_fanout_names_the_launcher_and_keeps_only_a_config_file_it_has(
     ]
     missing = ["ssh", "-F", str(tmp_path / "not-here"), "-T", "n5", "--", line]
     assert node_argv(missing, "10.0.0.1")[:3] == ["ssh", "-T", "n5"]
+
+
+def test_a_relay_that_cannot_dial_back_or_whose_link_dropped_is_an_unreachable_node() -> None:
+    from torchherd.agent.relay import CANNOT_CONNECT
+    from torchherd.transport.relay import LINK_LOST, LINK_LOST_MARK
+    from torchherd.transport.tree import classify_relay_failure
+
+    found = classify_relay_failure("n5", 1, f"{CANNOT_CONNECT}: 10.0.0.1:4000 refused\n")
+    assert found is not None and found.reason == "relay" and "tree_above" in found.remedy
+    lost = classify_relay_failure("n5", LINK_LOST, f"{LINK_LOST_MARK} n5\n")
+    assert lost is not None and lost.reason == "link-lost"
+    assert classify_relay_failure("n5", 3, "Traceback ...\n") is None

@@ -275,6 +275,12 @@ class SshTransport(Transport):
         )
 
     def classify_failure(self, node: NodeSpec, returncode: int, stderr: str) -> Unreachable | None:
+        if self.tree is not None and not self.tree.is_inner(node):
+            from .tree import classify_relay_failure
+
+            found = classify_relay_failure(node.host, returncode, stderr)
+            if found is not None:
+                return found
         return classify_ssh_failure(node.host, returncode, stderr, self.cluster.connect_timeout)
 
     def master_pids(self) -> list[int]:
