@@ -9,6 +9,14 @@ relays its stdin, stdout, stderr and exit code over that one connection, as an s
 would. When the connection drops (the launcher is gone, or cut the node off) the command's
 stdin closes, which a node agent takes as "stop the job"; the relay ends with the command.
 
+Over ssh (a tree of nodes: transport/tree.py) the relay is started by another node's fan-out
+(agent/fanout.py), over an ssh session that must not hold the command: with HERD_RELAY_DETACH
+set, once the launcher has given it the command the relay leaves that session (a new session of
+its own, its stdio on /dev/null), so the ssh session ends at once, and whatever becomes of the
+node that started it (lost, cut off), the command's link to the launcher stays. The launcher's
+address is then HERD_RELAY_HOST, or, written ``@ssh-client``, the address this node's own ssh
+session came from.
+
 Frames, both ways: one byte for the kind, four for the length (big-endian), then the payload:
     node -> launcher:  H hello (JSON)   o stdout   e stderr   x exit (JSON {"code": int})
     launcher -> node:  C command (JSON {"argv": [...]})   I stdin   E end of stdin
@@ -41,7 +49,12 @@ MAX_FRAME = 1 << 24
 PORT_VAR = "HERD_RELAY_PORT"
 HOST_VAR = "HERD_RELAY_HOST"
 BATCH_VAR = "HERD_RELAY_BATCH"
+NODE_VAR = "HERD_RELAY_NODE"
+DETACH_VAR = "HERD_RELAY_DETACH"
+RELAY_VARS = (PORT_VAR, HOST_VAR, BATCH_VAR, NODE_VAR, DETACH_VAR)
 LAUNCH_ADDR_VARS = ("SLURM_LAUNCH_NODE_IPADDR", HOST_VAR)
+# HERD_RELAY_HOST's value for "where this node's ssh session came from" (SSH_CONNECTION).
+SSH_CLIENT_ADDR = "@ssh-client"
 # The words a relay says when it cannot reach the launcher (the launcher classifies them).
 CANNOT_CONNECT = "herd relay: cannot connect to the launcher"
 CONNECT_TIMEOUT = 30.0
@@ -109,6 +122,8 @@ def connect(environ: dict[str, str]) -> socket.socket:
     errors = []
     for var in LAUNCH_ADDR_VARS:
         host = environ.get(var)
+        if host == SSH_CLIENT_ADDR:
+            host = (environ.get("SSH_CONNECTION") or "").split(" ", 1)[0]
         if not host:
             continue
         try:
@@ -146,7 +161,7 @@ def feed_stdin(link: Link, stdin: IO[bytes]) -> None:
 
 
 def run(argv: list[str], link: Link, environ: dict[str, str]) -> int:
-    env = {k: v for k, v in environ.items() if k not in (PORT_VAR, HOST_VAR, BATCH_VAR)}
+    env = {k: v for k, v in environ.items() if k not in RELAY_VARS}
     argv = [os.path.expanduser(argv[0]), *argv[1:]]
     try:
         process = subprocess.Popen(
@@ -173,6 +188,19 @@ def _stay(*_: object) -> None:
     pass
 
 
+def detach() -> None:
+    """Leave the session that started this relay: the parent exits (so the ssh session that
+    ran it ends), the child goes on in a session of its own with its stdio on /dev/null."""
+    if os.fork():
+        os._exit(0)
+    os.setsid()
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(null, fd)
+    if null > 2:
+        os.close(null)
+
+
 def main(environ: dict[str, str] | None = None) -> int:
     environ = dict(os.environ if environ is None else environ)
     # The step's end (scancel, a time limit) signals every process of the step: the command
@@ -191,13 +219,15 @@ def main(environ: dict[str, str] | None = None) -> int:
     hello: dict[str, Any] = {
         "token": token,
         "batch": environ.get(BATCH_VAR, ""),
-        "node": environ.get("SLURMD_NODENAME") or socket.gethostname(),
+        "node": environ.get(NODE_VAR) or environ.get("SLURMD_NODENAME") or socket.gethostname(),
         "task": environ.get("SLURM_PROCID"),
     }
     link.send(HELLO, json.dumps(hello).encode())
     received = link.receive()
     if received is None or received[0] != COMMAND:
         return 0  # not wanted (a wrong token, or the launcher gave up on this node)
+    if environ.get(DETACH_VAR):
+        detach()
     code = run(list(json.loads(received[1])["argv"]), link, environ)
     link.send(EXIT, json.dumps({"code": code}).encode())
     try:

@@ -164,6 +164,16 @@ def launch_command(
     no_preflight: bool = typer.Option(
         False, "--no-preflight", help="Start even when a fast check fails."
     ),
+    tree_above: int = typer.Option(
+        None,
+        "--tree-above",
+        min=1,
+        help="Over ssh, with more nodes than this, connect to a few inner nodes only (one "
+        "per 33 nodes, at least 2) and start the other nodes' agents through them (each "
+        "node still links straight back here; -v says which node went through which). "
+        "Default: \\[cluster] "
+        "tree_above, 64.",
+    ),
     detach: bool = typer.Option(
         False,
         "--detach",
@@ -247,6 +257,8 @@ def launch_command(
     cluster = cluster_for(config, hosts, nodes=nodes, nproc=nproc)
     if env_sync:
         cluster = cluster.model_copy(update={"env_sync": True})
+    if tree_above is not None:
+        cluster = cluster.model_copy(update={"tree_above": tree_above})
     check_single_node(cluster)
     if module:
         if script is not None:

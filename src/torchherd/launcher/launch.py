@@ -93,7 +93,7 @@ async def _launch(
     err: TextIO,
     transport: Transport | None,
 ) -> RunResult | LaunchPlan:
-    transport = transport or for_cluster(cluster)
+    transport = transport or for_cluster(cluster, tree=True)
     loop = asyncio.get_running_loop()
     try:
         progress = _Progress(err)
@@ -135,6 +135,9 @@ async def _launch(
             progress.clear()
         if prepared.environment:
             err.write(f"herd: {prepared.environment}\n")
+        if options.verbose:
+            for line in transport.route_lines():
+                stream.write(f"herd: {line}\n")
         plan = prepared.plan
         if options.dry_run:
             from .dry_run import spare_notes

@@ -54,6 +54,8 @@ CLUSTER_HINTS = """\
 #                                   # launcher, a suspended laptop), then it stops its share
 # link_silence = 10                 # seconds of a node's silence before herd calls it lost
 #                                   # (longer while the others still step)
+# tree_above = 64                   # more nodes than this: ssh to a few inner nodes only,
+#                                   # which start the rest (every node links back to herd)
 """
 
 

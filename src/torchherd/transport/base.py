@@ -90,6 +90,12 @@ Command = str | Sequence[str]
 """A shell command line (run by the node's shell, so pipes work) or an argv (quoted for you)."""
 
 
+def agent_verb(command: Command) -> bool:
+    """Whether a command is one of herd's agent verbs (``python -m torchherd.agent ...``),
+    which a relay link can carry (transport/relay.py)."""
+    return not isinstance(command, str) and list(command[1:3]) == ["-m", "torchherd.agent"]
+
+
 def as_shell(command: Command) -> str:
     """An argv as one shell line; its program may start with ``~/`` (expanded on the node)."""
     if isinstance(command, str):
@@ -205,6 +211,10 @@ class Transport(ABC):
 
     async def close(self) -> None:  # noqa: B027 - optional hook; most transports keep nothing
         """Drop kept links."""
+
+    def route_lines(self) -> list[str]:
+        """How the nodes were reached, where that is not simply one link each (a tree)."""
+        return []
 
     async def run(
         self,

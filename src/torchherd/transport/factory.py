@@ -11,8 +11,9 @@ from ..spec import ClusterSpec
 from .base import Transport
 
 
-def for_cluster(cluster: ClusterSpec) -> Transport:
-    """The transport a cluster asks for."""
+def for_cluster(cluster: ClusterSpec, *, tree: bool = False) -> Transport:
+    """The transport a cluster asks for. ``tree``: over ssh, a cluster of more than
+    ``tree_above`` nodes starts herd's agents through a tree of inner nodes (a launch's)."""
     if cluster.transport == "local":
         from .local import LocalTransport
 
@@ -27,4 +28,4 @@ def for_cluster(cluster: ClusterSpec) -> Transport:
         return PbsTransport(cluster)
     from .ssh import SshTransport
 
-    return SshTransport(cluster)
+    return SshTransport(cluster, tree=tree)

@@ -161,6 +161,11 @@ class RelayedProcess(asyncio.subprocess.Process):
     def finished(self) -> bool:
         return self._code is not None
 
+    @property
+    def attached(self) -> bool:
+        """Its relay has connected (from then on only its link says how it ends)."""
+        return self._link is not None
+
     def send(self, kind: bytes, payload: bytes = b"") -> None:
         data = frame(kind, payload)
         if self._link is None:
@@ -324,8 +329,9 @@ def _listening_socket() -> socket.socket:
 
 
 # srun's line for a task that ended badly: "srun: error: node2: task 1: Exited with exit code 3"
-# (also "tasks 0-2: ..." and "Killed"/"Terminated" for a signal).
-_TASK_END = re.compile(r"srun: error: (\S+): tasks? ([\d,\-]+): (.*)$")
+# (also "tasks 0-2: ..." and "Killed"/"Terminated" for a signal); a tree's fan-out
+# (agent/fanout.py) says the same of a node's ssh as "herd fanout: error: ...".
+_TASK_END = re.compile(r"(?:srun|herd fanout): error: (\S+): tasks? ([\d,\-]+): (.*)$")
 _EXIT_CODE = re.compile(r"Exited with exit code (\d+)")
 _LABEL = re.compile(r"^\s*(\d+): ?(.*)$")
 
@@ -356,19 +362,26 @@ class StepBatch:
     async def watch(self, server: RelayServer) -> None:
         """Read the step's output until srun ends; then finish every command still waiting
         for its relay with what the step said about it."""
-        assert self.srun is not None and self.srun.stdout and self.srun.stderr
-        await asyncio.gather(self._read(self.srun.stdout), self._read(self.srun.stderr))
-        code = await self.srun.wait()
+        code = await self.read_step()
         for name, process in self.processes.items():
             server.forget(self.batch, name)
-            if process.finished:
-                continue
-            ended = self.task_ends.get(name)
-            lines = list(self.labelled.get(ended[0], [])) if ended else []
-            lines += [line for line in self.own if name in line or ": error:" not in line]
-            found = _EXIT_CODE.search(ended[1]) if ended else None
-            result = int(found.group(1)) if found else (code if code else 1)
-            process.finish(result, "".join(f"{line}\n" for line in lines).encode())
+            if not process.finished:
+                process.finish(*self.ended(name, code))
+
+    async def read_step(self) -> int:
+        """Read the step's output to its end; the step's exit code."""
+        assert self.srun is not None and self.srun.stdout and self.srun.stderr
+        await asyncio.gather(self._read(self.srun.stdout), self._read(self.srun.stderr))
+        return await self.srun.wait()
+
+    def ended(self, name: str, code: int) -> tuple[int, bytes]:
+        """How the step says a node's task ended: its exit code and error output."""
+        ended = self.task_ends.get(name)
+        lines = list(self.labelled.get(ended[0], [])) if ended else []
+        lines += [line for line in self.own if name in line or ": error:" not in line]
+        found = _EXIT_CODE.search(ended[1]) if ended else None
+        result = int(found.group(1)) if found else (code if code else 1)
+        return result, "".join(f"{line}\n" for line in lines).encode()
 
     async def _read(self, stream: asyncio.StreamReader) -> None:
         async for raw in stream:
@@ -407,9 +420,16 @@ Launch = Callable[[StepBatch, list[str]], Awaitable[asyncio.subprocess.Process]]
 class StepGatherer:
     """Gathers per-node starts of the same command, made together, into one step each."""
 
-    def __init__(self, server: RelayServer, launch: Launch) -> None:
+    def __init__(
+        self,
+        server: RelayServer,
+        launch: Launch,
+        settle: Callable[[StepBatch], Awaitable[None]] | None = None,
+    ) -> None:
         self.server = server
         self._launch = launch
+        self._settle = settle
+        """Watches a started step to its end instead of StepBatch.watch (the tree's)."""
         self._open: dict[Any, tuple[StepBatch, asyncio.Future[None]]] = {}
         self._timers: dict[Any, asyncio.TimerHandle] = {}
         self._first: dict[Any, float] = {}
@@ -464,7 +484,10 @@ class StepGatherer:
             process.pid = batch.srun.pid
         self.batches.append(batch)
         launched.set_result(None)
-        await batch.watch(self.server)
+        if self._settle is not None:
+            await self._settle(batch)
+        else:
+            await batch.watch(self.server)
 
     async def close(self, grace: float = 5.0) -> None:
         """End what is left: a step whose commands all ended is given ``grace`` seconds to

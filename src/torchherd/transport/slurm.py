@@ -40,7 +40,7 @@ from collections.abc import Iterable, Mapping
 from ..agent.relay import BATCH_VAR, CANNOT_CONNECT, HOST_VAR, PORT_VAR
 from ..errors import ConfigError
 from ..spec import ClusterSpec, NodeSpec
-from .base import DEFAULT_FANOUT, Command, Transport, Unreachable, shell_for
+from .base import DEFAULT_FANOUT, Command, Transport, Unreachable, agent_verb, shell_for
 from .relay import LIMIT, LINK_LOST, LINK_LOST_MARK, RelayServer, StepBatch, StepGatherer
 
 RELAY_MODULE = "torchherd.agent.relay"
@@ -75,7 +75,7 @@ def cpus_per_node(hosts: tuple[str, ...], environ: Mapping[str, str]) -> dict[st
 
 def relayed(command: Command) -> bool:
     """Whether a command is one of herd's agent verbs (which run through a step's relay)."""
-    return not isinstance(command, str) and list(command[1:3]) == ["-m", "torchherd.agent"]
+    return agent_verb(command)
 
 
 def step_argv(srun: str, job_id: str | None, nodes: Iterable[str], cpus: int) -> list[str]:

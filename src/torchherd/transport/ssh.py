@@ -13,12 +13,16 @@ import shutil
 import signal
 import tempfile
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from ..agent.workers import process_state
 from ..errors import ConfigError
 from ..spec import ClusterSpec, NodeSpec
-from .base import Command, Transport, Unreachable
+from .base import Command, Transport, Unreachable, agent_verb
 from .host_keys import HostKeyPolicy
+
+if TYPE_CHECKING:
+    from .tree import SshTree
 
 # ssh's words for each way a connection fails, checked in this order; first match wins.
 _FAILURES: tuple[tuple[str, tuple[str, ...], str], ...] = (
@@ -109,7 +113,9 @@ def _kill_group(pgid: int) -> None:
 
 
 class SshTransport(Transport):
-    def __init__(self, cluster: ClusterSpec, fanout: int = 64) -> None:
+    def __init__(self, cluster: ClusterSpec, fanout: int = 64, *, tree: bool = False) -> None:
+        """``tree``: above ``cluster.tree_above`` nodes, start herd's agents through a tree of
+        inner nodes (transport/tree.py) instead of a connection per node."""
         super().__init__(cluster, fanout)
         if cluster.ssh_config and not os.path.isfile(os.path.expanduser(cluster.ssh_config)):
             raise ConfigError(
@@ -129,6 +135,11 @@ class SshTransport(Transport):
         self._masters: set[str] = set()
         config = ["-F", os.path.expanduser(cluster.ssh_config)] if cluster.ssh_config else []
         self._host_keys = HostKeyPolicy([self._ssh, *config])
+        self.tree: SshTree | None = None
+        if tree and len(cluster.nodes) > cluster.tree_above:
+            from .tree import SshTree
+
+            self.tree = SshTree(self)
 
     def base_argv(self, node: NodeSpec, *, master: bool = False) -> list[str]:
         assert self._ssh is not None
@@ -155,7 +166,18 @@ class SshTransport(Transport):
             argv += ["-o", f"{key}={value}"]
         return argv
 
+    def connected(self, host: str) -> bool:
+        """Whether this node's master connection was opened."""
+        return host in self._masters
+
     async def connect(self, node: NodeSpec) -> Unreachable | None:
+        """A node's link: its master connection (connect_direct), or, in a tree, nothing yet
+        for a node below an inner node (its first agent command says whether it is up)."""
+        if self.tree is not None and not self.tree.is_inner(node):
+            return None
+        return await self.connect_direct(node)
+
+    async def connect_direct(self, node: NodeSpec) -> Unreachable | None:
         """Open this node's master connection: a real login, so failures say why.
 
         The first try passes no StrictHostKeyChecking (a known key connects the same under
@@ -220,6 +242,24 @@ class SshTransport(Transport):
         cwd: str | None = None,
         env: Mapping[str, str] | None = None,
     ) -> asyncio.subprocess.Process:
+        if self.tree is not None and not self.tree.is_inner(node):
+            if agent_verb(command):
+                process = await self.tree.start(node, [str(w) for w in command], cwd, env)
+                if process is not None:
+                    return process
+            # Directly: over a master opened on first use (a failure there, ssh says again).
+            await self.connect_direct(node)
+        return await self.start_flat(node, command, cwd=cwd, env=env)
+
+    async def start_flat(
+        self,
+        node: NodeSpec,
+        command: Command,
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> asyncio.subprocess.Process:
+        """A command over this launcher's own ssh session to the node."""
         remote = self.shell_line(node, command, cwd, env)
         argv = self.base_argv(node) + ["-T", node.host, "--", remote]
         return await asyncio.create_subprocess_exec(
@@ -235,6 +275,12 @@ class SshTransport(Transport):
         )
 
     def classify_failure(self, node: NodeSpec, returncode: int, stderr: str) -> Unreachable | None:
+        if self.tree is not None and not self.tree.is_inner(node):
+            from .tree import classify_relay_failure
+
+            found = classify_relay_failure(node.host, returncode, stderr)
+            if found is not None:
+                return found
         return classify_ssh_failure(node.host, returncode, stderr, self.cluster.connect_timeout)
 
     def master_pids(self) -> list[int]:
@@ -256,6 +302,9 @@ class SshTransport(Transport):
             except OSError:
                 continue  # gone meanwhile
         return found
+
+    def route_lines(self) -> list[str]:
+        return self.tree.lines() if self.tree is not None else []
 
     async def close(self) -> None:
         """End every master (SIGTERM: it closes its connection and its socket), wait until

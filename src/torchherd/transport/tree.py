@@ -1,0 +1,284 @@
+"""A tree of nodes over ssh: the launcher connects to a few inner nodes, they start the rest.
+
+Over flat ssh every node costs the launching machine an ssh connection (a key exchange, ~75 ms
+of CPU with OpenSSH's default post-quantum one) and an ssh client per command. Above
+``[cluster] tree_above`` nodes (``herd launch --tree-above N``) herd opens ssh connections to
+a few inner nodes only (the first ones of the cluster), each with a subtree of at most
+SUBTREE other nodes (in turn), and at least two of them: 2 inner nodes for 32 nodes, 31 for
+1,000. (Not sqrt(N): the launcher's cost is per inner node, and an inner node starts its
+subtree's ssh sessions in parallel, so below ~1,000 nodes fewer, wider inner nodes cost the
+launcher less for the same start.) herd's agent commands on a subtree's nodes, started
+together, become one ssh session to the inner node, running the fan-out (agent/fanout.py),
+which starts over its own ssh the relay (agent/relay.py) on each of them; each relay dials
+straight back to this launcher, as under Slurm (transport/relay.py), says which node it is
+with the launcher's token, receives its command, and leaves the session that started it. So:
+
+- the launcher holds O(N / SUBTREE) ssh connections and clients, and one TCP link per node;
+- an inner node carries nothing once its subtree has connected: losing it is a node loss for
+  it alone (its own agent runs over its own ssh session, as under flat ssh), while its
+  subtree's links, which never went through it, go on;
+- events and lines travel each node's own link, batched by its agent as over ssh.
+
+Where an inner node cannot reach a node of its subtree (its own ssh keys or config do not get
+there, or that node cannot dial the launcher at the address the inner node saw), and where an
+inner node itself is unreachable, that node is reached directly instead, as flat ssh would,
+and ``herd launch -v`` says so with ssh's reason. Other commands (``herd exec``'s) run over
+flat ssh, with a connection opened on first use.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import re
+from collections.abc import Coroutine, Mapping
+from typing import TYPE_CHECKING, Any
+
+from ..agent.relay import (
+    BATCH_VAR,
+    CANNOT_CONNECT,
+    DETACH_VAR,
+    HOST_VAR,
+    NODE_VAR,
+    PORT_VAR,
+    SSH_CLIENT_ADDR,
+)
+from ..spec import NodeSpec
+from .base import Unreachable
+from .relay import LINK_LOST, LINK_LOST_MARK, RelayedProcess, RelayServer, StepBatch, StepGatherer
+
+if TYPE_CHECKING:
+    from .ssh import SshTransport
+
+RELAY_MODULE = "torchherd.agent.relay"
+FANOUT_MODULE = "torchherd.agent.fanout"
+# Nodes an inner node starts (its fan-out runs their ssh clients in parallel).
+SUBTREE = 32
+# ssh's exit code for its own failures.
+SSH_ERROR = 255
+# ssh options that belong to the launcher's own connections, not to an inner node's.
+_LAUNCHER_ONLY = ("ControlPath=", "ControlMaster=", "ControlPersist=")
+_LABEL = re.compile(r"^\s*\d+: ?")
+
+
+def inner_count(nodes: int) -> int:
+    """How many inner nodes a tree of ``nodes`` nodes has: enough for subtrees of at most
+    SUBTREE nodes, and at least 2 (one lost inner node must not leave none)."""
+    return max(2, math.ceil(nodes / (SUBTREE + 1)))
+
+
+def shape(hosts: list[str]) -> dict[str, str]:
+    """host -> the inner node whose subtree it is in (inner nodes map to themselves): the
+    first inner_count(N) hosts are inner, the others go to them in turn."""
+    count = inner_count(len(hosts))
+    inner = hosts[:count]
+    parents = {host: host for host in inner}
+    for index, host in enumerate(hosts[count:]):
+        parents[host] = inner[index % count]
+    return parents
+
+
+class SshTree:
+    """The tree of one ssh transport: which node is reached through which inner node."""
+
+    def __init__(self, ssh: SshTransport) -> None:
+        self.ssh = ssh
+        self.parent = shape([node.host for node in ssh.cluster.nodes])
+        self.inner = [host for host, parent in self.parent.items() if host == parent]
+        self.down: set[str] = set()
+        """Inner nodes that could not be reached, or could not run the fan-out."""
+        self.routes: dict[str, str] = {}
+        """host -> the inner node it was reached through."""
+        self.direct: dict[str, str] = {}
+        """host -> why it was reached directly instead."""
+        self._steps = StepGatherer(RelayServer(), self._start_fanout, self._settle)
+        self._count = 0
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def is_inner(self, node: NodeSpec) -> bool:
+        return self.parent.get(node.host) == node.host
+
+    def inner_for(self, node: NodeSpec) -> str | None:
+        """The inner node to start ``node``'s command through: its own, else another that is
+        up, else None (then it is reached directly)."""
+        mine = self.parent.get(node.host)
+        if mine is None or mine == node.host:
+            return None
+        up = [host for host in self.inner if host not in self.down and self.ssh.connected(host)]
+        if not up:
+            return None
+        return mine if mine in up else up[self.inner.index(mine) % len(up)]
+
+    async def start(
+        self,
+        node: NodeSpec,
+        argv: list[str],
+        cwd: str | None,
+        env: Mapping[str, str] | None,
+    ) -> RelayedProcess | None:
+        """An agent command on a subtree node, through its inner node; None when no inner
+        node can take it (the caller starts it directly)."""
+        inner = self.inner_for(node)
+        if inner is None:
+            return None
+        key = (inner, argv[0], cwd, tuple(sorted((env or {}).items())))
+        return await self._steps.start(key, node.name, node.host, argv)
+
+    def _relay_line(self, node: NodeSpec, key: tuple, batch: str) -> str:
+        """The shell line that runs the relay on ``node`` for a batch, detached once it has
+        its command, dialling the launcher where ``node``'s ssh session came from."""
+        _, python, cwd, env = key
+        variables = dict(env) | {
+            PORT_VAR: str(self._steps.server.port),
+            BATCH_VAR: batch,
+            NODE_VAR: node.name,
+            HOST_VAR: SSH_CLIENT_ADDR,
+            DETACH_VAR: "1",
+        }
+        return self.ssh.shell_line(node, [python, "-m", RELAY_MODULE], cwd, variables)
+
+    def _onward_argv(self, node: NodeSpec) -> list[str]:
+        """The ssh an inner node runs to reach ``node``: the launcher's options for it, less
+        its private connection sharing, with the inner node's own ``ssh``."""
+        argv = self.ssh.base_argv(node)
+        out = ["ssh"]
+        words = iter(argv[1:])
+        for word in words:
+            if word == "-o":
+                option = next(words)
+                if not option.startswith(_LAUNCHER_ONLY):
+                    out += ["-o", option]
+            else:
+                out.append(word)
+        return out
+
+    async def _start_fanout(self, batch: StepBatch, hosts: list[str]) -> asyncio.subprocess.Process:
+        inner = self.ssh.cluster.node(batch.key[0])
+        nodes = []
+        for name in batch.processes:
+            node = self.ssh.cluster.node(name)
+            line = self._relay_line(node, batch.key, batch.batch)
+            argv = [*self._onward_argv(node), "-T", node.host, "--", line]
+            nodes.append({"name": name, "argv": argv})
+            self.routes[node.host] = inner.host
+            self.direct.pop(node.host, None)
+        python = self.ssh.cluster.python_for(inner)
+        process = await self.ssh.start_flat(inner, [python, "-m", FANOUT_MODULE])
+        assert process.stdin is not None
+        request = json.dumps({"nodes": nodes})
+        process.stdin.write(f"{self._steps.server.token}\n{request}\n".encode())
+        try:
+            await process.stdin.drain()
+        except (ConnectionError, OSError):
+            pass  # the session ended at once: its output says why
+        process.stdin.close()
+        return process
+
+    async def _settle(self, batch: StepBatch) -> None:
+        """Once the fan-out's session ends: a node whose relay never connected is reached
+        directly where the inner node could not reach it (or could not run the fan-out at
+        all); otherwise its command ended as the fan-out says (no python there, a failed
+        setup: the node's own failure, passed on as flat ssh would)."""
+        code = await batch.read_step()
+        inner = batch.key[0]
+        for name, process in batch.processes.items():
+            self._steps.server.forget(batch.batch, name)
+            if process.finished or process.attached:
+                continue  # a connected relay's link says how its command ends
+            result, err = batch.ended(name, code)
+            text = err.decode(errors="replace")
+            if code != 0:
+                self.down.add(inner)
+                why = f"{inner} could not start its subtree: {_last_line(text, code)}"
+            elif result == SSH_ERROR or CANNOT_CONNECT in text:
+                why = f"{inner} could not reach it: {_last_line(text, result)}"
+            else:
+                process.finish(result, err)
+                continue
+            node = self.ssh.cluster.node(name)
+            self.routes.pop(node.host, None)
+            self.direct[node.host] = why
+            self._spawn(self._start_directly(node, process, batch.key))
+
+    def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _start_directly(self, node: NodeSpec, process: RelayedProcess, key: tuple) -> None:
+        """The relay on ``node`` over the launcher's own ssh: the same command, the same link."""
+        failure = await self.ssh.connect_direct(node)
+        if failure is not None:
+            process.finish(SSH_ERROR, f"{failure.detail}\n".encode())
+            return
+        self._count += 1
+        batch = f"d{self._count}"
+        self._steps.server.expect(batch, node.name, process)
+        try:
+            session = await self.ssh.start_flat(node, self._relay_line(node, key, batch))
+            out, err = await session.communicate(f"{self._steps.server.token}\n".encode())
+        except OSError as exc:
+            process.finish(SSH_ERROR, f"cannot run ssh: {exc}\n".encode())
+            return
+        finally:
+            self._steps.server.forget(batch, node.name)
+        if not process.finished and not process.attached:
+            code = session.returncode
+            process.finish(code if code else 1, err)
+
+    def lines(self) -> list[str]:
+        """What ``herd launch -v`` says about the tree: which node went through which."""
+        if not self.routes and not self.direct:
+            return []
+        through: dict[str, list[str]] = {host: [] for host in self.inner}
+        for host, inner in self.routes.items():
+            through.setdefault(inner, []).append(host)
+        reached = sum(len(hosts) for hosts in through.values())
+        lines = [
+            f"a tree of {len(self.inner)} inner nodes: ssh from here to "
+            f"{', '.join(self.inner)}; {reached} nodes reached through them"
+        ]
+        for inner, hosts in through.items():
+            if hosts:
+                lines.append(f"reached through {inner}: {', '.join(hosts)}")
+        for host, why in self.direct.items():
+            lines.append(f"reached directly: {host} ({why})")
+        return lines
+
+    async def close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        await self._steps.close()
+
+
+def classify_relay_failure(host: str, returncode: int, stderr: str) -> Unreachable | None:
+    """An Unreachable when a node's relay link failed (it could not dial this launcher, or
+    its link dropped); None otherwise (ssh's own failures are classified as ssh's)."""
+    if returncode != 0 and CANNOT_CONNECT in stderr:
+        line = next(text for text in stderr.splitlines() if CANNOT_CONNECT in text)
+        return Unreachable(
+            host,
+            "relay",
+            line.strip(),
+            f"{host} cannot open a TCP connection back to this machine: allow connections "
+            "from the nodes to it, or keep the tree off ([cluster] tree_above)",
+        )
+    if returncode == LINK_LOST and LINK_LOST_MARK in stderr:
+        return Unreachable(
+            host,
+            "link-lost",
+            f"the link to {host} dropped",
+            f"check that {host} is up and reachable from this machine",
+        )
+    return None
+
+
+def _last_line(text: str, code: int) -> str:
+    """The last thing ssh (or the relay) said, without the fan-out's task labels."""
+    lines = [
+        _LABEL.sub("", line).strip()
+        for line in text.splitlines()
+        if line.strip() and "herd fanout: error:" not in line
+    ]
+    return lines[-1] if lines else f"exit code {code}"
