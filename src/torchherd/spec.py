@@ -152,10 +152,11 @@ class ClusterSpec(BaseModel):
     """Seconds without a word from a node's agent (not even its 2-s "alive") after which herd
     calls the node lost; while the other nodes' ranks still step (so its ranks take part in
     their collectives), up to launcher_silence."""
-    tree_above: int = Field(default=64, ge=1)
+    tree_above: int | None = Field(default=None, ge=1)
     """Over ssh, a launch of more nodes than this starts the agents through a tree: ssh from
     the launcher to a few inner nodes only (one per 33 nodes, at least 2), which start the
-    others over their own ssh; every node's agent still links straight back to the launcher."""
+    others over their own ssh; every node's agent still links straight back to the launcher.
+    Off unless set: those links are plain TCP, not encrypted as ssh is."""
     setup: str | None = None
     """Shell commands run in the shell that starts each node's agent, e.g.
     "module load cuda/12.6 && source ~/venv/bin/activate"; a failure stops the launch."""

@@ -170,9 +170,8 @@ def launch_command(
         min=1,
         help="Over ssh, with more nodes than this, connect to a few inner nodes only (one "
         "per 33 nodes, at least 2) and start the other nodes' agents through them (each "
-        "node still links straight back here; -v says which node went through which). "
-        "Default: \\[cluster] "
-        "tree_above, 64.",
+        "node still links straight back here, over plain TCP; -v says which node went "
+        "through which). Default: \\[cluster] tree_above; off unless set.",
     ),
     detach: bool = typer.Option(
         False,

@@ -55,7 +55,8 @@ CLUSTER_HINTS = """\
 # link_silence = 10                 # seconds of a node's silence before herd calls it lost
 #                                   # (longer while the others still step)
 # tree_above = 64                   # more nodes than this: ssh to a few inner nodes only,
-#                                   # which start the rest (every node links back to herd)
+#                                   # which start the rest (every node links back to herd
+#                                   # over plain TCP: off unless set)
 """
 
 

@@ -136,7 +136,7 @@ class SshTransport(Transport):
         config = ["-F", os.path.expanduser(cluster.ssh_config)] if cluster.ssh_config else []
         self._host_keys = HostKeyPolicy([self._ssh, *config])
         self.tree: SshTree | None = None
-        if tree and len(cluster.nodes) > cluster.tree_above:
+        if tree and cluster.tree_above is not None and len(cluster.nodes) > cluster.tree_above:
             from .tree import SshTree
 
             self.tree = SshTree(self)
