@@ -356,12 +356,13 @@ def test_a_slow_group_is_named_by_the_judge_across_the_groups(
         slowed_at = time.monotonic()
         named = herd.wait_for(r"herd: slow rank: (?P<host>node\d) rank (?P<rank>\d+) is ", 150)
         took = time.monotonic() - slowed_at
-        record = read_record(home, job)
     finally:
         done.set()
         if herd.process.poll() is None:
             herd.signal(signal.SIGTERM)
             herd.finish(timeout=60)
+    # Read once herd has ended: the record is written just after the line is said.
+    record = read_record(home, job)
     assert (named[0].group("host"), named[0].group("rank")) == ("node3", "0"), named[0].group(0)
     assert took <= NAMED_WITHIN, took
     assert (record.get("slow") or "").startswith("group 2: node3 rank 0 is "), record.get("slow")

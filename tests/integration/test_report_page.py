@@ -240,8 +240,9 @@ def start_phases_are_explained(out: str, home: Path, run_dir: Path, commanded: f
         total = sum(phases.values())
         assert total == pytest.approx(entry["start_seconds"], abs=0.01)
         # A restart is counted from the moment herd saw the kill (torchrun's monitor, the
-        # agent's exit event: tenths of a second after it).
-        assert total == pytest.approx(seconds, rel=0.05, abs=0.3), (entry["n"], phases, seconds)
+        # agent's exit event: tenths of a second after it, up to half a second on a loaded
+        # machine, where 0.32 s was seen).
+        assert total == pytest.approx(seconds, rel=0.05, abs=0.5), (entry["n"], phases, seconds)
         assert set(entry["phases_slowest"]) == set(names)
         assert set(entry["phases_slowest"].values()) <= {"node1", "node2"}
         for node in entry["nodes"]:
