@@ -144,7 +144,9 @@ def test_a_node_that_comes_back_grows_the_job_back(clean_faults: Testbed, tmp_pa
     assert record["world_size"] == 3 and "node3 back in the job" in record["attempts"][2]["why"]
     steps = [step for step, _ in losses(run_dir)]
     assert steps[-1] == 1500 and len(steps) == len(set(steps)), steps[-5:]
-    herd.assert_clean(["node1", "node2", "node3"], settle=30)
+    # node3's first agent, cut off, ends when its sshd finds that session gone (TCP's next
+    # retransmission after the heal, backed off over the partition): as in the spare test.
+    herd.assert_clean(["node1", "node2", "node3"], settle=90)
 
 
 def test_a_spare_takes_a_lost_nodes_place_and_the_loss_is_unchanged(
