@@ -85,11 +85,12 @@ class LiveHerd:
             if self.watch is not None:
                 self.watch.stop()
 
-    def assert_clean(self, nodes: Iterable[str], settle: float = 30.0) -> None:
+    def assert_clean(self, nodes: Iterable[str], settle: float = 60.0) -> None:
         """Nothing this herd started is left on the launcher or on ``nodes``. The launcher
         side must be clean at once; a node's agent and torchrun get ``settle`` seconds to
         notice herd is gone and end (a poll: a clean node costs nothing; on a machine running
-        three testbeds a node's torchrun was seen still ending 10 s after the job)."""
+        three testbeds a node's agent and torchrun were seen still ending 10 s, then 30 s,
+        after the job)."""
         assert self.watch is not None, "LiveHerd was started without a testbed to watch"
         assert_all_stopped(self.watch, nodes, settle=settle)
 
