@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..agent.relay import (
+    CANNOT_CONNECT,
     COMMAND,
     EXIT,
     HELLO,
@@ -44,6 +45,7 @@ from ..agent.relay import (
     FrameReader,
     frame,
 )
+from .base import Unreachable
 
 LIMIT = 1 << 24
 # Seconds a relay gets to say who it is once connected.
@@ -512,3 +514,17 @@ class StepGatherer:
         for watcher in self._watchers:
             watcher.cancel()
         await self.server.close()
+
+
+def relay_link_failure(
+    host: str, returncode: int, stderr: str, *, cannot_connect: str, link_lost: str
+) -> Unreachable | None:
+    """An Unreachable when a node's relay link failed: it could not dial this launcher
+    (``cannot_connect``: the fix), or its link dropped (``link_lost``: the fix); None when the
+    failure, if any, is not the link's. Shared by every transport that runs relays."""
+    if returncode != 0 and CANNOT_CONNECT in stderr:
+        line = next(text for text in stderr.splitlines() if CANNOT_CONNECT in text)
+        return Unreachable(host, "relay", line.strip(), cannot_connect)
+    if returncode == LINK_LOST and LINK_LOST_MARK in stderr:
+        return Unreachable(host, "link-lost", f"the link to {host} dropped", link_lost)
+    return None

@@ -37,11 +37,17 @@ import shutil
 import socket
 from collections.abc import Iterable, Mapping
 
-from ..agent.relay import BATCH_VAR, CANNOT_CONNECT, HOST_VAR, PORT_VAR
+from ..agent.relay import BATCH_VAR, HOST_VAR, PORT_VAR
 from ..errors import ConfigError
 from ..spec import ClusterSpec, NodeSpec
 from .base import DEFAULT_FANOUT, Command, Transport, Unreachable, agent_verb, shell_for
-from .relay import LIMIT, LINK_LOST, LINK_LOST_MARK, RelayServer, StepBatch, StepGatherer
+from .relay import (
+    LIMIT,
+    RelayServer,
+    StepBatch,
+    StepGatherer,
+    relay_link_failure,
+)
 
 RELAY_MODULE = "torchherd.agent.relay"
 
@@ -247,22 +253,16 @@ def classify_srun_failure(host: str, returncode: int, stderr: str) -> Unreachabl
     None for the command's own exit (its exit code is passed on)."""
     if returncode == 0:
         return None
-    if CANNOT_CONNECT in stderr:
-        line = next(text for text in stderr.splitlines() if CANNOT_CONNECT in text)
-        return Unreachable(
-            host,
-            "relay",
-            line.strip(),
-            f"{host} cannot open a TCP connection back to this machine (srun's own I/O "
-            "needs the same): allow connections from the allocation's nodes to it",
-        )
-    if returncode == LINK_LOST and LINK_LOST_MARK in stderr:
-        return Unreachable(
-            host,
-            "link-lost",
-            f"the link to {host} dropped",
-            f"check that {host} is up (`scontrol show node {host}`)",
-        )
+    link = relay_link_failure(
+        host,
+        returncode,
+        stderr,
+        cannot_connect=f"{host} cannot open a TCP connection back to this machine (srun's own "
+        "I/O needs the same): allow connections from the allocation's nodes to it",
+        link_lost=f"check that {host} is up (`scontrol show node {host}`)",
+    )
+    if link is not None:
+        return link
     lines = [line.strip() for line in stderr.splitlines() if line.strip().startswith("srun:")]
     for line in reversed(lines):
         if any(pattern in line for pattern in _STEP_FAILURES):

@@ -46,7 +46,13 @@ from ..agent.relay import (
 )
 from ..spec import NodeSpec
 from .base import Unreachable
-from .relay import LINK_LOST, LINK_LOST_MARK, RelayedProcess, RelayServer, StepBatch, StepGatherer
+from .relay import (
+    RelayedProcess,
+    RelayServer,
+    StepBatch,
+    StepGatherer,
+    relay_link_failure,
+)
 
 if TYPE_CHECKING:
     from .ssh import SshTransport
@@ -255,23 +261,14 @@ class SshTree:
 def classify_relay_failure(host: str, returncode: int, stderr: str) -> Unreachable | None:
     """An Unreachable when a node's relay link failed (it could not dial this launcher, or
     its link dropped); None otherwise (ssh's own failures are classified as ssh's)."""
-    if returncode != 0 and CANNOT_CONNECT in stderr:
-        line = next(text for text in stderr.splitlines() if CANNOT_CONNECT in text)
-        return Unreachable(
-            host,
-            "relay",
-            line.strip(),
-            f"{host} cannot open a TCP connection back to this machine: allow connections "
-            "from the nodes to it, or keep the tree off ([cluster] tree_above)",
-        )
-    if returncode == LINK_LOST and LINK_LOST_MARK in stderr:
-        return Unreachable(
-            host,
-            "link-lost",
-            f"the link to {host} dropped",
-            f"check that {host} is up and reachable from this machine",
-        )
-    return None
+    return relay_link_failure(
+        host,
+        returncode,
+        stderr,
+        cannot_connect=f"{host} cannot open a TCP connection back to this machine: allow "
+        "connections from the nodes to it, or keep the tree off ([cluster] tree_above)",
+        link_lost=f"check that {host} is up and reachable from this machine",
+    )
 
 
 def _last_line(text: str, code: int) -> str:
