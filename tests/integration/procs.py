@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -167,4 +170,34 @@ def assert_all_stopped(watch: ProcessWatch, nodes: Iterable[str], settle: float 
     while left and time.monotonic() < deadline:
         time.sleep(0.1)
         left = watch.leftovers(nodes)
-    assert not left, "left behind:\n" + "\n".join(left)
+    assert not left, "left behind:\n" + "\n".join(left) + _evidence(watch, nodes)
+
+
+def _evidence(watch: ProcessWatch, nodes: list[str]) -> str:
+    """What each process left behind was doing (state, kernel wait, Python stacks), so that a
+    teardown failure seen once in CI explains itself."""
+    parts = []
+    for node in nodes:
+        for pid in watch.testbed.node_processes(node):
+            if pid in watch._before:
+                continue
+            try:
+                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+                wchan = Path(f"/proc/{pid}/wchan").read_text().strip()
+            except OSError:
+                continue
+            state, parent = fields[0], fields[1]
+            parts.append(f"\n--- {node}: {pid}: state {state}, parent {parent}, wchan {wchan}")
+            tool = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+            if b"python" in (cmdline(pid) or b"") and Path(tool).exists():
+                try:
+                    dumped = subprocess.run(
+                        [tool, "dump", "--pid", str(pid)],
+                        capture_output=True,
+                        text=True,
+                        timeout=20,
+                    )
+                    parts.append(dumped.stdout[-4000:] + dumped.stderr[-1000:])
+                except subprocess.TimeoutExpired:
+                    parts.append("py-spy took longer than 20 s")
+    return "".join(parts)

@@ -187,3 +187,43 @@ def test_emitting_never_waits_on_a_link_nobody_reads(monkeypatch: pytest.MonkeyP
         assert [json.loads(line)["e"] for line in received.splitlines()][-1] == "exit"
     finally:
         os.close(read_end)
+
+
+def test_a_silent_launcher_stops_the_job_even_when_stderr_blocks(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The agent's stderr goes to the same cut link as its events: a full pipe blocks a write
+    to it for good. The watch for a silent launcher must stop the attempt all the same."""
+    import os
+    import threading
+
+    read_end, write_end = os.pipe()  # a real pipe nobody reads, filled to the brim
+    os.set_blocking(write_end, False)
+    try:
+        while True:
+            os.write(write_end, b"x" * 65536)
+    except BlockingIOError:
+        pass
+    os.set_blocking(write_end, True)
+    monkeypatch.setattr(sys, "stderr", os.fdopen(write_end, "w"))
+
+    class Attempt:
+        stop_requested = threading.Event()
+        why = ""
+
+        def request_stop(self, why: str = "asked", stacks_first: bool = False) -> None:
+            self.why = why
+            self.stop_requested.set()
+
+    request = {"job_id": "j", "node": "node2", "heartbeat": 1.0, "silence": 1.0}
+    agent = runner.Agent(request, lambda event: None, runner.Lines(io.BytesIO(b"")))
+    attempt = Attempt()
+    agent.current = attempt  # type: ignore[assignment]
+    agent.last_heard -= 5.0  # five seconds without a word against a limit of one
+    threading.Thread(target=agent.watch_launcher, daemon=True).start()
+    try:
+        assert attempt.stop_requested.wait(10.0), "a blocked stderr kept the job running"
+        assert attempt.why == "launcher-silent"
+    finally:
+        agent.leaving.set()
+        os.close(read_end)

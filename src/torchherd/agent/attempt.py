@@ -461,10 +461,13 @@ class NodeAttempt:
         try:
             process.wait(timeout=grace)
         except subprocess.TimeoutExpired:
-            # Workers that outlive their grace period hang somewhere: say where, then kill.
-            if not self._kill_now.is_set():
-                self.send_stacks(f"still running {self.grace:g} s after SIGTERM")
-            signal_group(process.pid, signal.SIGKILL)
+            # Workers that outlive their grace period hang somewhere: say where, then kill
+            # (whatever became of the evidence: a stop must never hang on it).
+            try:
+                if not self._kill_now.is_set():
+                    self.send_stacks(f"still running {self.grace:g} s after SIGTERM")
+            finally:
+                signal_group(process.pid, signal.SIGKILL)
         processes.end_job(self.job_id, self.node, 0, self.attempt)
 
     def send_stacks(self, reason: str) -> None:

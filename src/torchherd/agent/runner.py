@@ -17,6 +17,7 @@ back before it exits. SIGTERM, SIGINT or SIGHUP (`herd stop`) end the attempt an
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import queue
 import signal
@@ -394,13 +395,16 @@ class Agent:
                 and current is not None
                 and not current.stop_requested.is_set()
             ):
-                print(
-                    f"torchherd agent: no word from the launcher for {silent:.0f} s; "
-                    "stopping the job here",
-                    file=sys.stderr,
-                    flush=True,
-                )
+                # The stop first: stderr goes to the same dead link, and a write to it may
+                # block once the pipe is full; the line is only for the node's own log.
                 current.request_stop("launcher-silent")
+                with contextlib.suppress(OSError, ValueError):
+                    print(
+                        f"torchherd agent: no word from the launcher for {silent:.0f} s; "
+                        "stopping the job here",
+                        file=sys.stderr,
+                        flush=True,
+                    )
 
 
 class Lines:
