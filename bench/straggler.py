@@ -11,22 +11,26 @@ rank again only after another one), with RECOVER seconds of calm between rows:
     quota     a real cgroup CPU quota on the worker's threads of 1/s of the CPU it used
     busy      a busy process on the worker's node that shares its CPU cgroup and its CPU,
               niced so that its weight is s - 1 times the worker's
+    stop      SIGSTOP and SIGCONT in turn, every PERIOD s: stopped 1 - 1/s of the time
+    loader    the worker's data-loader worker takes s times the job's step time a batch
+              (heavy.py --loader-control; the Trainer only: a plain loop has no loader)
 
 For each row: the seconds until herd names the slowed rank (or "not named" within --cap), the
 ratio herd reports, and the cause: right (the quota; the competing process by pid), unknown
-(no cause given) or WRONG (any other). Then a balanced run of --balanced minutes counts every
-rank herd names: false names per node-hour.
+(no cause given) or WRONG (any other). Then a balanced run of --balanced minutes on
+--balanced-nodes nodes counts every rank herd names: false names per node-hour.
 
 Targets: 1.2x named within 120 s, 1.1x within 300 s, causes never wrong, 0 false names in a
 node-hour. Needs root.
 
-    python bench/straggler.py [--slowdowns 1.1,1.2,1.5,3] [--causes quota,busy]
-                              [--balanced 30] [--plain] [--cap 300]
+    python bench/straggler.py [--slowdowns 1.1,1.2,1.5,3] [--causes quota,busy,stop,loader]
+                              [--balanced 30] [--balanced-nodes 2] [--plain] [--cap 300]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import signal
@@ -46,21 +50,30 @@ SCRIPTS = ROOT / "tests" / "integration" / "scripts"
 NAMED = re.compile(r"herd: slow rank: ((\S+) rank (\d+) .*)")
 # Seconds of calm after a row, so the watch's window holds no earlier slowness.
 RECOVER = 45.0
-PERIOD = 0.1
+# Seconds of one stop-and-go cycle (the stop cause).
+PERIOD = 1.0
+SAMPLES_PER_S = re.compile(r"\b(\d+(?:\.\d+)?)([kMG]?) samples/s")
 
 
 class Job:
     """`herd launch heavy.py` on the testbed, its lines read as they come."""
 
-    def __init__(self, bed: Testbed, work: Path, plain: bool) -> None:
+    def __init__(self, bed: Testbed, work: Path, plain: bool, nodes: int = 2) -> None:
         home = work / "home"
         cluster = bed.write_cluster_file(
             work / "herd.toml",
-            nodes=[{"host": n.name, "nproc": 1} for n in bed.nodes],
+            nodes=[{"host": n.name, "nproc": 1} for n in bed.nodes[:nodes]],
             workdir=str(SCRIPTS),
             env={"HERD_HOME": str(home), "OMP_NUM_THREADS": "1"},
         )
-        script = ["heavy.py", "--plain"] if plain else ["heavy.py", "--run-dir", str(work / "run")]
+        # The Trainer's batches come through a loader worker the loader cause can slow.
+        self.loader_control = work / "loader.json"
+        script = (
+            ["heavy.py", "--plain"]
+            if plain
+            else ["heavy.py", "--run-dir", str(work / "run")]
+            + ["--loader-control", str(self.loader_control)]
+        )
         script += ["--batch-size", "512"]  # about 150 ms of work a step, 30 ms of all-reduce
         self.process = subprocess.Popen(
             [sys.executable, "-m", "torchherd", "launch", "-c", str(cluster), *script],
@@ -91,6 +104,15 @@ class Job:
                 return found
             time.sleep(0.2)
         raise RuntimeError("the job did not start:\n" + "\n".join(t for _, t in self.lines))
+
+    def step_seconds(self) -> float:
+        """The job's latest step time, from rank 0's progress line (the job's samples/s)."""
+        for _, line in reversed(list(self.lines)):
+            found = SAMPLES_PER_S.search(line)
+            if found:
+                scale = {"": 1, "k": 1e3, "M": 1e6, "G": 1e9}[found.group(2)]
+                return 2 * 512 / (float(found.group(1)) * scale)
+        raise RuntimeError("no progress line yet: the Trainer logs every 50 steps")
 
     def named(self, after: float = 0.0) -> list[tuple[float, re.Match[str]]]:
         return [(t, m) for t, line in list(self.lines) if (m := NAMED.search(line)) and t >= after]
@@ -190,6 +212,54 @@ class Busy:
         pin(self.pid, ",".join(str(c) for c in sorted(self.cpus)))
 
 
+class StopAndGo:
+    """SIGSTOP and SIGCONT in turn on the worker: stopped 1 - 1/s of every PERIOD seconds."""
+
+    def __init__(self, pid: int, slowdown: float) -> None:
+        self.pid, self.stopped_for = pid, PERIOD * (1 - 1 / slowdown)
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._cycle, daemon=True)
+        self.thread.start()
+
+    def _cycle(self) -> None:
+        while not self.done.is_set():
+            os.kill(self.pid, signal.SIGSTOP)
+            time.sleep(self.stopped_for)
+            os.kill(self.pid, signal.SIGCONT)
+            self.done.wait(PERIOD - self.stopped_for)
+
+    def release(self) -> None:
+        self.done.set()
+        self.thread.join()
+        os.kill(self.pid, signal.SIGCONT)
+
+
+class SlowLoader:
+    """The victim rank's data-loader worker takes s times the job's step time a batch: the
+    rank then waits for its batches (heavy.py --loader-control)."""
+
+    def __init__(self, job: Job, rank: int, slowdown: float) -> None:
+        self.control = job.loader_control
+        batch_s = slowdown * job.step_seconds()
+        self.control.write_text(json.dumps({"rank": rank, "batch_s": round(batch_s, 4)}))
+
+    def release(self) -> None:
+        self.control.write_text(json.dumps({"rank": -1}))
+
+
+Harm = Quota | Busy | StopAndGo | SlowLoader
+
+
+def harm_for(cause: str, job: Job, bed: Testbed, victim: int, pid: int, slowdown: float) -> Harm:
+    if cause == "quota":
+        return Quota(pid, cpu_share(pid) / slowdown)
+    if cause == "busy":
+        return Busy(bed, bed.nodes[victim].name, pid, slowdown)
+    if cause == "stop":
+        return StopAndGo(pid, slowdown)
+    return SlowLoader(job, victim, slowdown)
+
+
 def verdict(line: str, cause: str, culprits: list[int]) -> str:
     """right, unknown or WRONG: the cause herd gave for a slowdown of a known cause."""
     if "(likely: " not in line:
@@ -197,8 +267,12 @@ def verdict(line: str, cause: str, culprits: list[int]) -> str:
     said = line.split("(likely: ", 1)[1]
     if cause == "quota":
         right = "CPU throttled by its cgroup" in said and "competing" not in said
-    else:
+    elif cause == "busy":
         right = any(f"(pid {pid}," in said for pid in culprits) and "throttled" not in said
+    elif cause == "stop":
+        right = "it was stopped" in said and "throttled" not in said
+    else:
+        right = "its data loader" in said and "stopped" not in said and "throttled" not in said
     return "right" if right else "WRONG"
 
 
@@ -216,11 +290,7 @@ def slow_rows(
             for slowdown in slowdowns:
                 node, pid = bed.nodes[victim].name, workers[victim]
                 started = time.monotonic()
-                harm: Quota | Busy = (
-                    Quota(pid, cpu_share(pid) / slowdown)
-                    if cause == "quota"
-                    else Busy(bed, node, pid, slowdown)
-                )
+                harm = harm_for(cause, job, bed, victim, pid, slowdown)
                 culprits = [p.pid for p in harm.processes] if isinstance(harm, Busy) else []
                 seconds, ratio, judged = None, "", "-"
                 try:
@@ -251,10 +321,10 @@ def slow_rows(
     return rows
 
 
-def false_names(bed: Testbed, scratch: Path, minutes: float, plain: bool) -> list[str]:
-    job = Job(bed, Path(tempfile.mkdtemp(dir=scratch)), plain)
+def false_names(bed: Testbed, scratch: Path, minutes: float, plain: bool, nodes: int) -> list[str]:
+    job = Job(bed, Path(tempfile.mkdtemp(dir=scratch)), plain, nodes)
     try:
-        job.workers(2)
+        job.workers(nodes)
         time.sleep(minutes * 60)
         return [m.group(1) for _, m in job.named()]
     finally:
@@ -264,20 +334,32 @@ def false_names(bed: Testbed, scratch: Path, minutes: float, plain: bool) -> lis
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--slowdowns", default="1.1,1.2,1.5,3")
-    parser.add_argument("--causes", default="quota,busy")
+    parser.add_argument("--causes", default="quota,busy,stop,loader")
     parser.add_argument("--balanced", type=float, default=30.0, help="minutes of balanced run")
+    parser.add_argument("--balanced-nodes", type=int, default=2, help="nodes of the balanced run")
     parser.add_argument("--plain", action="store_true", help="a job without torchherd.train")
     parser.add_argument("--cap", type=float, default=300.0)
     args = parser.parse_args()
     slowdowns = [float(s) for s in args.slowdowns.split(",") if s]
     causes = [c for c in args.causes.split(",") if c]
-    with Testbed(2) as bed, tempfile.TemporaryDirectory(prefix="herd-bench-") as scratch:
+    unknown = set(causes) - {"quota", "busy", "stop", "loader"}
+    if unknown or args.balanced_nodes < 2:
+        parser.error(f"unknown causes {sorted(unknown)}" if unknown else "--balanced-nodes >= 2")
+    if args.plain and "loader" in causes:
+        causes.remove("loader")
+        print("loader: left out (the plain loop has no data loader for herd to see)")
+    nodes = max(2, args.balanced_nodes)
+    with Testbed(nodes) as bed, tempfile.TemporaryDirectory(prefix="herd-bench-") as scratch:
         rows = (
             slow_rows(bed, Path(scratch), slowdowns, causes, args.plain, args.cap)
             if slowdowns
             else []
         )
-        alarms = false_names(bed, Path(scratch), args.balanced, args.plain) if args.balanced else []
+        alarms = (
+            false_names(bed, Path(scratch), args.balanced, args.plain, args.balanced_nodes)
+            if args.balanced
+            else []
+        )
     kind = "hand-written DDP (looks)" if args.plain else "torchherd.train (waits)"
     print(f"\nslow-rank watch, {kind}, 2 nodes")
     print(
@@ -292,7 +374,7 @@ def main() -> int:
             f"<= {target} s: {'met' if met else 'NOT MET'}"
         )
     if args.balanced:
-        node_hours = 2 * args.balanced / 60
+        node_hours = args.balanced_nodes * args.balanced / 60
         rate = len(alarms) / node_hours
         print(
             f"false names on a balanced job: {len(alarms)} in {node_hours:.2f} node-hours "

@@ -46,7 +46,13 @@ def test_newer_keys_are_shown_and_missing_ones_tolerated(tmp_path: Path) -> None
     second = {"n": 1, "nodes": [{"host": "gpu1", "nproc": 2, "steps_per_s": 2.5}]}  # sparse
     record = job(tmp_path, attempts=[first, second, "not an attempt"])
     page = render(gather(record), Path(record.log_dir) / "report.html")
-    assert "slow: [{&#x27;host&#x27;: &#x27;gpu2&#x27;" in page
+    # In words, never as Python's repr: a list's items one after the other.
+    assert "slow: host gpu2, rank 3, step_time 1.9<" in page
+    assert "[" not in page.split("slow: ", 1)[1].split("<", 1)[0]
+    named = attempt_entry(2, [{"host": "gpu1", "nproc": 2}], 4, None)
+    named["slow"] = ["gpu2 rank 3 is 1.3x slower", "gpu1 rank 0 is 1.2x slower"]
+    shown = render(gather(job(tmp_path / "n", attempts=[named])), Path(record.log_dir) / "r.html")
+    assert "slow: gpu2 rank 3 is 1.3x slower; gpu1 rank 0 is 1.2x slower<" in shown
     assert "noticed: the node went silent" in page
     assert "<td>2.50</td><td>this node</td>" in page  # a per-node rate the record carries
     assert 'href="rank-0.log"' in page

@@ -4,7 +4,10 @@ Asked by the launcher once it has named a slow rank, the agent reads the node tw
 seconds apart (``gather``), and a pure function judges what it read (``judge``); a wrong cause
 is worse than none, so each cause needs its own evidence and nothing is said without it:
 
-    stopped    the rank was stopped (state T) at one of the reads: SIGSTOP, a debugger
+    stopped    the rank was stopped (state T) at some of the window's state reads (one every
+               STATE_EVERY s): SIGSTOP, a debugger; said with the share of the window, so
+               a stop for a fifth of each second (a 1.25x slowdown) is seen, not only a
+               stop that lasts
     cgroup     the rank's CPU cgroup throttled it for at least THROTTLED of the window
                (cpu.stat's throttled_usec in cgroup v2, throttled_time in v1), with the quota
     CPU        the rank's busiest thread was runnable but not running (/proc/PID/task/*/
@@ -36,6 +39,9 @@ from . import workers as procs
 
 # Seconds between the two reads a cause is judged on.
 WINDOW = 2.0
+# Seconds between reads of the rank's state within the window: a rank stopped for a fraction
+# of every second (SIGSTOP and SIGCONT in turn) is caught by many reads, not by two.
+STATE_EVERY = 0.02
 # Shares of the window: throttled by the cgroup, runnable but not running; share of a core a
 # process outside the job must use to be named as competing.
 THROTTLED = 0.02
@@ -59,7 +65,8 @@ class Evidence:
     """What the node showed about one rank over ``window`` seconds."""
 
     window: float
-    stopped: bool = False
+    stopped: float = 0.0
+    """Share of the window's state reads that found the rank stopped (state T)."""
     throttled: float = 0.0
     """Seconds the rank's CPU cgroup was throttled."""
     quota: str | None = None
@@ -74,8 +81,10 @@ class Evidence:
 def judge(seen: Evidence) -> list[str]:
     """The likely causes the evidence supports (see the module docstring); [] when none."""
     causes = []
-    if seen.stopped:
-        causes.append("it was stopped (state T: SIGSTOP, a debugger)")
+    if seen.stopped > 0:
+        causes.append(
+            f"it was stopped {100 * seen.stopped:.0f}% of the time (state T: SIGSTOP, a debugger)"
+        )
     throttled = seen.throttled / seen.window
     if throttled >= THROTTLED:
         limit = f" (quota {seen.quota})" if seen.quota else ""
@@ -274,10 +283,14 @@ def gather(job_id: str, node: str, attempt: str | None, rank: int) -> Evidence |
     before_throttle = {d: throttled(d) for d in groups}
     before_delay = run_delay(worker.pid)
     before_cpu = {pid: procs.cpu_ticks([pid]) for pid in others}
-    states = {procs.process_state(worker.pid)}
     started = time.monotonic()
-    time.sleep(WINDOW)
-    states.add(procs.process_state(worker.pid))
+    reads = stops = 0
+    while True:
+        reads += 1
+        stops += procs.process_state(worker.pid) in ("T", "t")
+        if time.monotonic() - started >= WINDOW:
+            break
+        time.sleep(STATE_EVERY)
     window = time.monotonic() - started
     ticks = procs.CLOCK_TICKS * window
     used = sorted(
@@ -293,7 +306,7 @@ def gather(job_id: str, node: str, attempt: str | None, rank: int) -> Evidence |
             throttled_for, limit = throttled(directory) - before, quota(directory)
     return Evidence(
         window=window,
-        stopped=bool(states & {"T", "t"}),
+        stopped=stops / reads,
         throttled=throttled_for,
         quota=limit,
         run_delay=run_delay(worker.pid) - before_delay,

@@ -251,7 +251,14 @@ def _attempts(story: Story, links: Links) -> str:
 
 
 def _brief(value: Any) -> str:
-    text = value if isinstance(value, str) else repr(value)
+    """A record's value in words: a list (the slow ranks named, say) as its items, one
+    after the other, never as Python's repr."""
+    if isinstance(value, list | tuple):
+        text = "; ".join(_brief(item) for item in value)
+    elif isinstance(value, dict):
+        text = ", ".join(f"{k} {_brief(v)}" for k, v in value.items())
+    else:
+        text = value if isinstance(value, str) else str(value)
     return text if len(text) <= 200 else text[:197] + "..."
 
 
