@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 from torchherd.agent.fanout import node_argv
@@ -52,3 +53,26 @@ def test_a_relay_that_cannot_dial_back_or_whose_link_dropped_is_an_unreachable_n
     lost = classify_relay_failure("n5", LINK_LOST, f"{LINK_LOST_MARK} n5\n")
     assert lost is not None and lost.reason == "link-lost"
     assert classify_relay_failure("n5", 3, "Traceback ...\n") is None
+
+
+def test_a_lost_inner_node_carries_no_subtree_until_it_is_connected_again() -> None:
+    """A cut link closes nothing: the launcher's master to a lost inner node looks open for
+    a while. Once herd has judged it lost (a sweep found no answer), its subtree's commands
+    go through the other inner node at once, and its master is opened again on next use."""
+    from torchherd.spec import ClusterSpec, NodeSpec
+    from torchherd.transport.ssh import SshTransport
+
+    cluster = ClusterSpec(nodes=tuple(NodeSpec(host=f"n{k}") for k in range(1, 13)), tree_above=4)
+    ssh = SshTransport(cluster, tree=True)
+    try:
+        assert ssh.tree is not None and ssh.tree.inner == ["n1", "n2"]
+        ssh._masters |= {"n1", "n2"}  # both inner nodes connected at the launch
+        leaf = cluster.node("n4")  # in n2's subtree
+        assert ssh.tree.inner_for(leaf) == "n2"
+        ssh.lost("n2")
+        assert ssh.tree.inner_for(leaf) == "n1"
+        assert not ssh.connected("n2")
+        ssh.lost("n1")
+        assert ssh.tree.inner_for(leaf) is None  # no inner node left: reached directly
+    finally:
+        asyncio.run(ssh.close())  # its private control directory

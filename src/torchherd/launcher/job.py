@@ -452,6 +452,8 @@ class JobRun:
         back = {h for h, ok in zip(decision.sweep, answers, strict=True) if ok}
         for host in back:
             self.links.pop(host, None)  # its old agent is gone: a new one is opened
+        for host in set(decision.sweep) - back:
+            self.transport.lost(host)
         return self.policy.decide(
             ended, replace(bench, swept=frozenset(back)), history, self._signals()
         )

@@ -212,6 +212,10 @@ class Transport(ABC):
     async def close(self) -> None:  # noqa: B027 - optional hook; most transports keep nothing
         """Drop kept links."""
 
+    def lost(self, host: str) -> None:  # noqa: B027 - optional hook; most transports keep nothing
+        """The launcher judged ``host`` lost and it did not answer a sweep: links kept to it
+        are not to be trusted (a cut link closes nothing) until it is connected again."""
+
     def route_lines(self) -> list[str]:
         """How the nodes were reached, where that is not simply one link each (a tree)."""
         return []

@@ -170,6 +170,14 @@ class SshTransport(Transport):
         """Whether this node's master connection was opened."""
         return host in self._masters
 
+    def lost(self, host: str) -> None:
+        """Its master may still look open (ssh's keep-alives take 15 s to give up on a cut
+        link): it is opened again on next use, and in a tree the node carries no subtree's
+        commands until then (they go through the other inner nodes at once)."""
+        self._masters.discard(host)
+        if self.tree is not None:
+            self.tree.down.add(host)
+
     async def connect(self, node: NodeSpec) -> Unreachable | None:
         """A node's link: its master connection (connect_direct), or, in a tree, nothing yet
         for a node below an inner node (its first agent command says whether it is up)."""
@@ -196,6 +204,8 @@ class SshTransport(Transport):
                 failure = await self._open_master(node)
         if failure is None:
             self._masters.add(node.host)
+            if self.tree is not None:
+                self.tree.down.discard(node.host)  # back: it may carry its subtree again
         return failure
 
     async def _open_master(self, node: NodeSpec) -> Unreachable | None:
