@@ -4,9 +4,13 @@ entrypoint that reaps nothing never does), so `herd` does not wait out its 2 s f
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
+from pathlib import Path
+
+import pytest
 
 from torchherd.agent.workers import process_state
 from torchherd.transport.ssh import _alive
@@ -36,3 +40,33 @@ def test_a_running_process_is_alive() -> None:
     finally:
         child.kill()
         child.wait()
+
+
+def test_a_killed_launchers_empty_control_directory_is_removed_by_the_next(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A SIGKILLed launcher cannot remove its control directory: the next launcher removes
+    it once it is empty (its masters gone), and leaves a live launcher's alone."""
+    import asyncio
+    import tempfile
+
+    from torchherd.spec import ClusterSpec, NodeSpec
+    from torchherd.transport.ssh import CONTROL_PREFIX, SshTransport
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    ended = subprocess.Popen(["true"])
+    ended.wait()  # a pid that is gone
+    dead_empty = tmp_path / f"{CONTROL_PREFIX}{ended.pid}-abcd1234"
+    dead_busy = tmp_path / f"{CONTROL_PREFIX}{ended.pid}-efgh5678"
+    live = tmp_path / f"{CONTROL_PREFIX}{os.getpid()}-ijkl9012"
+    for folder in (dead_empty, dead_busy, live):
+        folder.mkdir()
+    (dead_busy / "socket-of-a-master-still-ending").touch()
+    ssh = SshTransport(ClusterSpec(nodes=(NodeSpec(host="n1"),)))
+    try:
+        assert not dead_empty.exists()
+        assert dead_busy.exists() and live.exists()
+        made = [p.name for p in tmp_path.iterdir() if p.name.startswith(CONTROL_PREFIX)]
+        assert sum(name.startswith(f"{CONTROL_PREFIX}{os.getpid()}-") for name in made) == 2
+    finally:
+        asyncio.run(ssh.close())

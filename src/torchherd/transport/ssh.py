@@ -112,6 +112,30 @@ def _kill_group(pgid: int) -> None:
         pass
 
 
+CONTROL_PREFIX = "herd-ssh-"
+
+
+def _remove_orphaned_control_dirs() -> None:
+    """Remove the empty control directories of this user's launchers that are gone (their
+    masters end ControlPersist seconds after them and take their sockets along; a directory
+    still holding one is left for the next launcher)."""
+    root = tempfile.gettempdir()
+    try:
+        names = [n for n in os.listdir(root) if n.startswith(CONTROL_PREFIX)]
+    except OSError:
+        return
+    for name in names:
+        pid = name[len(CONTROL_PREFIX) :].split("-", 1)[0]
+        path = os.path.join(root, name)
+        if not pid.isdigit() or _alive(int(pid)):
+            continue
+        try:
+            if os.stat(path).st_uid == os.getuid():
+                os.rmdir(path)
+        except OSError:
+            continue  # not empty, or not ours
+
+
 class SshTransport(Transport):
     def __init__(self, cluster: ClusterSpec, fanout: int = 64, *, tree: bool = False) -> None:
         """``tree``: above ``cluster.tree_above`` nodes, start herd's agents through a tree of
@@ -130,7 +154,10 @@ class SshTransport(Transport):
             )
         # A private directory per launcher process: masters are never shared with, or taken
         # over by, another user or another herd run. The path stays short (sockets max ~100 B).
-        self._control_dir = tempfile.mkdtemp(prefix="herd-ssh-")
+        # Its name carries this launcher's pid: a launcher that was SIGKILLed (a laptop that
+        # died) cannot remove its directory, and the next one removes it for it.
+        _remove_orphaned_control_dirs()
+        self._control_dir = tempfile.mkdtemp(prefix=f"{CONTROL_PREFIX}{os.getpid()}-")
         os.chmod(self._control_dir, 0o700)
         self._masters: set[str] = set()
         config = ["-F", os.path.expanduser(cluster.ssh_config)] if cluster.ssh_config else []
