@@ -70,6 +70,8 @@ _save_seen = False
 _phases: list[str] = []
 _phase_lock = threading.Lock()
 _first_beat_marked = False
+# Whether the script beat timings of its own (the Trainer does): DDP's are then not used.
+_script_times = False
 
 
 def _path(suffix: str = "") -> str | None:
@@ -118,6 +120,28 @@ def beat(
     alone: a rank slowed in bursts (a CPU quota pauses it for 70 ms of every 100 ms,
     wherever in the step it happens to be) shows in the mean of its steps, while one step
     in five lands on a pause only by chance."""
+    global _script_times
+    if wait is not None or cycle is not None:
+        _script_times = True  # the script times its own steps: ddp_timing stands aside
+    _beat(step, compute, now, wait=wait, cycle=cycle, data=data)
+
+
+def ddp_timed(wait: float, cycle: float) -> None:
+    """One DDP iteration's timings, read by ``ddp_timing`` for a script that times nothing
+    itself (never the Trainer, which does: the first beat with its own waits ends these)."""
+    if not _script_times:
+        _beat(None, None, False, wait=wait, cycle=cycle)
+
+
+def _beat(
+    step: int | None,
+    compute: float | None,
+    now: bool,
+    *,
+    wait: float | None,
+    cycle: float | None,
+    data: float | None = None,
+) -> None:
     global _last_beat, _last_step, _first_beat_marked
     if step is not None and not _first_beat_marked:
         # The end of the start (startup.py): the first beat with a step (a phase's end beats

@@ -9,8 +9,8 @@ unchanged, whatever it trains with:
     first-step   the first ``progress.beat(step)`` (written by ``progress.beat``)
 
 The process-group marks come from a wrapper put around ``init_process_group`` as
-``torch.distributed.distributed_c10d`` is first imported: nothing imports torch here, and a
-worker that never imports it pays one finder lookup per import. Marks are written with
+``torch.distributed.distributed_c10d`` is first imported (``import_hooks``): nothing imports
+torch here. Marks are written with
 ``progress.mark`` (a line appended to a file on node-local storage); anything that fails here
 leaves the worker as it was: a start without its process-group marks.
 """
@@ -19,13 +19,11 @@ from __future__ import annotations
 
 import functools
 import os
-import sys
-from importlib.abc import Loader, MetaPathFinder
-from importlib.machinery import ModuleSpec
 from types import ModuleType
 from typing import Any
 
 from . import progress
+from .import_hooks import when_imported
 
 C10D = "torch.distributed.distributed_c10d"
 
@@ -37,45 +35,11 @@ def install() -> None:
         if not os.environ.get(progress.PROGRESS_DIR_VAR) or "RANK" not in os.environ:
             return
         progress.mark("worker")
-        if C10D in sys.modules:
-            _wrap(sys.modules[C10D])
-        elif not any(isinstance(f, _C10dFinder) for f in sys.meta_path):
-            sys.meta_path.insert(0, _C10dFinder())
+        # Wrapped once the module has run, before ``torch.distributed`` copies the name
+        # into its own namespace.
+        when_imported(C10D, _wrap)
     except Exception:  # noqa: BLE001 - a worker must start whatever happens here
         pass
-
-
-class _C10dFinder(MetaPathFinder):
-    """Finds nothing itself: when c10d is imported, it lets the other finders find it and
-    wraps ``init_process_group`` once the module has run (before ``torch.distributed``
-    copies the name into its own namespace)."""
-
-    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> ModuleSpec | None:
-        if fullname != C10D:
-            return None
-        sys.meta_path.remove(self)  # once; and the lookup below must not find this finder
-        for finder in sys.meta_path:
-            find = getattr(finder, "find_spec", None)
-            spec = find(fullname, path, target) if find is not None else None
-            if spec is not None and spec.loader is not None:
-                spec.loader = _Wrapping(spec.loader)
-                return spec
-        return None
-
-
-class _Wrapping(Loader):
-    def __init__(self, loader: Loader) -> None:
-        self.loader = loader
-
-    def create_module(self, spec: ModuleSpec) -> ModuleType | None:
-        return self.loader.create_module(spec)
-
-    def exec_module(self, module: ModuleType) -> None:
-        self.loader.exec_module(module)
-        _wrap(module)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.loader, name)  # get_source, get_filename...: the real loader's
 
 
 def _wrap(module: ModuleType) -> None:

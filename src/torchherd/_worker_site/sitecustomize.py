@@ -1,5 +1,6 @@
 """herd's workers' sitecustomize: the exit wait of ``torchherd.exit_guard``, the marks of the
-worker's start (``torchherd.worker_start``), then the
+worker's start (``torchherd.worker_start``), DDP's step timings (``torchherd.ddp_timing``),
+then the
 ``sitecustomize`` this one hides (a virtual environment's, the distribution's), so nothing the
 user's Python loads at start is lost.
 
@@ -37,6 +38,15 @@ def _mark_start() -> None:
         pass
 
 
+def _time_ddp() -> None:
+    try:
+        from torchherd.ddp_timing import install
+
+        install()  # a plain DDP loop's waits, for the slow-rank watch
+    except Exception:  # noqa: BLE001
+        pass
+
+
 def _others() -> list[str]:
     return [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
 
@@ -54,4 +64,5 @@ def _load_the_hidden_one() -> None:
 sys.path[:] = _others()  # the worker's own imports never see this directory
 _guard()
 _mark_start()
+_time_ddp()
 _load_the_hidden_one()
