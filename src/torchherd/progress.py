@@ -65,6 +65,9 @@ _last_step: int | None = None
 # The step timings beaten since the last write (see beat()): name -> [sum of seconds, steps].
 TIMINGS = ("compute", "wait", "cycle", "data")
 _timing_sums: dict[str, list[float]] = {}
+# The same, since the rank's first beat: the agent reads the file less often than it is
+# written, and takes the mean of every step between its reads from the difference.
+_timing_totals: dict[str, list[float]] = {}
 _last_look = 0.0
 _save_seen = False
 _phases: list[str] = []
@@ -152,9 +155,10 @@ def _beat(
         _last_step = int(step)
     for name, seconds in (("compute", compute), ("wait", wait), ("cycle", cycle), ("data", data)):
         if seconds is not None:
-            total = _timing_sums.setdefault(name, [0.0, 0])
-            total[0] += seconds
-            total[1] += 1
+            for table in (_timing_sums, _timing_totals):
+                total = table.setdefault(name, [0.0, 0])
+                total[0] += seconds
+                total[1] += 1
     moment = time.monotonic()
     if not now and moment - _last_beat < BEAT_EVERY:
         return
@@ -163,9 +167,11 @@ def _beat(
         return
     _last_beat = moment
     work = ""
-    if _timing_sums:
+    if _timing_totals:
         means = [_timing_sums.get(name) for name in TIMINGS]
         work = "".join(" -" if m is None else f" {m[0] / m[1]:.6f}" for m in means)
+        totals = [_timing_totals.get(name) for name in TIMINGS]
+        work += "".join(" -" if t is None else f" {t[0]:.6f}/{int(t[1])}" for t in totals)
         _timing_sums.clear()
     _replace(path, f"{'-' if _last_step is None else _last_step} {time.time():.3f}{work}\n")
 
@@ -292,6 +298,9 @@ class RankProgress:
     """Seconds per whole step, when it said."""
     data: float | None = None
     """Seconds per step it waited for its data loader, when it said."""
+    totals: tuple[tuple[float, int] | None, ...] = ()
+    """compute, wait, cycle and data since the rank's first beat: (seconds, steps) each, or
+    None where it never said (``mean_since`` gives the means between two reads)."""
     phase: str | None = None
     phase_since: float | None = None
     phase_limit: float | None = None
@@ -325,6 +334,7 @@ def read_progress(directory: str) -> dict[int, RankProgress]:
                 fields["beat_at"] = float(when)
                 for name, value in zip(TIMINGS, work, strict=False):
                     fields[name] = None if value == "-" else float(value)
+                fields["totals"] = tuple(_total(value) for value in work[len(TIMINGS) :])
             elif "." + suffix == PHASE_SUFFIX:
                 head, _, bound = text.partition("\n")
                 since, _, label = head.partition(" ")
@@ -338,6 +348,36 @@ def read_progress(directory: str) -> dict[int, RankProgress]:
         except (OSError, ValueError):
             continue  # half-written or foreign: the next look gets it
     return {rank: RankProgress(**fields) for rank, fields in found.items()}  # type: ignore[arg-type]
+
+
+def _total(text: str) -> tuple[float, int] | None:
+    if text == "-":
+        return None
+    seconds, _, steps = text.partition("/")
+    return float(seconds), int(steps)
+
+
+def mean_since(
+    now: tuple[tuple[float, int] | None, ...], before: tuple[tuple[float, int] | None, ...]
+) -> list[float | None]:
+    """compute, wait, cycle and data per step over the steps between two reads of a rank's
+    totals (None where no step said it meanwhile)."""
+    means: list[float | None] = []
+    for index in range(len(TIMINGS)):
+        total = now[index] if index < len(now) else None
+        earlier = before[index] if index < len(before) else None
+        seconds, steps = earlier or (0.0, 0)
+        if total is not None and (
+            total[1] < steps or (total[1] == steps and round(total[0] - seconds, 6))
+        ):
+            # Counted from zero again (fewer steps, or as many with other seconds, which one
+            # process never writes): a process of its own.
+            seconds, steps = 0.0, 0
+        if total is None or total[1] <= steps:
+            means.append(None)
+        else:
+            means.append((total[0] - seconds) / (total[1] - steps))
+    return means
 
 
 def read_beats(directory: str) -> dict[int, tuple[int | None, float]]:
@@ -365,6 +405,7 @@ __all__ = [
     "phase",
     "read_beats",
     "read_marks",
+    "mean_since",
     "read_progress",
     "request_save",
     "save_requested",

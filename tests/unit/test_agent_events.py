@@ -11,6 +11,7 @@ import importlib
 import io
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -227,3 +228,28 @@ def test_a_silent_launcher_stops_the_job_even_when_stderr_blocks(
     finally:
         agent.leaving.set()
         os.close(read_end)
+
+
+def test_every_step_between_two_reports_counts_not_only_the_last_write(
+    node_attempt, monkeypatch: pytest.MonkeyPatch
+) -> None:  # type: ignore[no-untyped-def]
+    """The worker rewrites its beat file twice a second, the agent reads it once a second: a
+    slowdown that comes and goes in step with the reads (a rank stopped for a sixth of every
+    second) must still show, so the agent takes the mean of every step since its last read."""
+    attempt, events = node_attempt
+    monkeypatch.setenv("RANK", "0")
+    worker = importlib.reload(progress)
+    sent: dict[tuple[int, str], object] = {}
+    for wait in (0.01, 0.01):
+        worker.beat(1, wait=wait, cycle=0.1, now=True)
+    attempt._send_progress(sent)
+    # Three writes before the next read: the slow one (0.31) is not the last one.
+    for wait in (0.01, 0.31, 0.01):
+        time.sleep(0.002)  # a beat's time is kept to the millisecond
+        worker.beat(2, wait=wait, cycle=0.1, now=True)
+    events.clear()
+    attempt._send_progress(sent)
+    [beats] = [e["b"] for e in events if e["e"] == "beats"]
+    rank, step, _, compute, wait, cycle, data = beats[0]
+    assert (rank, step, compute, data) == (0, 2, None, None)
+    assert round(wait, 3) == 0.11 and round(cycle, 3) == 0.1  # (0.01 + 0.31 + 0.01) / 3

@@ -401,9 +401,15 @@ class NodeAttempt:
         for rank, seen in ranks.items():
             if seen.beat_at is not None and sent.get((rank, "beat")) != seen.beat_at:
                 sent[(rank, "beat")] = seen.beat_at
-                beats.append(
-                    [rank, seen.step, seen.beat_at, seen.compute, seen.wait, seen.cycle, seen.data]
-                )
+                timings = [seen.compute, seen.wait, seen.cycle, seen.data]
+                if seen.totals:
+                    # Every step since the last report, not the last write's alone: the file
+                    # is rewritten more often than it is read here, and a slowdown that comes
+                    # and goes in step with the reads would be missed otherwise.
+                    before = sent.get((rank, "totals"), ())
+                    timings = progress.mean_since(seen.totals, before)  # type: ignore[arg-type]
+                    sent[(rank, "totals")] = seen.totals
+                beats.append([rank, seen.step, seen.beat_at, *timings])
         if beats:
             self.emit({"e": "beats", "b": beats})
         for rank, seen in ranks.items():
