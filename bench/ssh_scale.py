@@ -225,7 +225,7 @@ def main() -> int:
     if args.profile:
         args.profile.mkdir(parents=True, exist_ok=True)
     runs: list[Run] = []
-    with Testbed(args.nodes) as bed, tempfile.TemporaryDirectory(prefix="herd-bench-ssh-") as scratch:
+    with Testbed(args.nodes) as bed, tempfile.TemporaryDirectory(prefix="herd-bssh-") as scratch:
         home = Path(scratch) / "home"
         if args.kex:
             config = bed.ssh_config.read_text()
