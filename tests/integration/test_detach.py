@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tests.integration.herd_cli import herd
+from tests.integration.procs import cmdline
 from tests.testbed import Testbed
 
 JOB = """\
@@ -210,11 +211,14 @@ def test_stopping_one_of_two_jobs_on_the_same_nodes_spares_the_other(
 
 
 # A node's interpreter that is slow to start a detached job's agent: it says so (a marker
-# file), then holds the agent back until the test lets it go (a release file).
+# file), then holds the agent back until the test lets it go (a release file), or drops it
+# (an abandon file: the test is over, and an agent started now would run a job nobody waits
+# for, beside the next test on the same testbed).
 SLOW_START = """#!/bin/sh
 case "$*" in *"torchherd.agent run"*)
     touch {marker}
-    while [ ! -e {release} ]; do sleep 0.05; done ;;
+    while [ ! -e {release} ]; do sleep 0.05; done
+    [ -e {abandon} ] && exit 1 ;;
 esac
 exec {python} "$@"
 """
@@ -227,9 +231,15 @@ class SlowStart:
     def __init__(self, testbed: Testbed, tmp_path: Path) -> None:
         project, self.home, _ = setup(testbed, tmp_path)
         self.marker, self.release = tmp_path / "starting", tmp_path / "release"
-        python = tmp_path / "slow-python"
+        self.abandon = tmp_path / "abandon"
+        python = self.shim = tmp_path / "slow-python"
         python.write_text(
-            SLOW_START.format(marker=self.marker, release=self.release, python=sys.executable)
+            SLOW_START.format(
+                marker=self.marker,
+                release=self.release,
+                abandon=self.abandon,
+                python=sys.executable,
+            )
         )
         python.chmod(0o755)
         config = testbed.write_cluster_file(
@@ -286,9 +296,26 @@ class SlowStart:
         return code
 
     def close(self, testbed: Testbed) -> None:
+        # An agent still held back is dropped, not let go: let go after the test, it started a
+        # job on node2 whose torchrun waited for node1 at the rendezvous for good, and the next
+        # test on this testbed found it running (it began after that test's first look).
+        self.abandon.touch()
         self.release.touch()
         if self.process.poll() is None:
             self.process.kill()
+        shim = str(self.shim).encode()
+        wait_for(
+            lambda: (
+                not [
+                    pid
+                    for node in testbed.nodes
+                    for pid in testbed.node_processes(node)
+                    if shim in (cmdline(pid) or b"")
+                ]
+            ),
+            timeout=10,
+            what="the held-back agent's start to give up",
+        )
         # Whatever a test left (a failing one): its own job's processes, by job id.
         if "job " in self.output:
             for pid in testbed.processes_with_env("HERD_JOB_ID", self.job_id()):
