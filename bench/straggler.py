@@ -4,14 +4,15 @@ a balanced job per node-hour.
 On 2 testbed nodes (one worker each, OMP_NUM_THREADS=1, 512 samples a step), herd runs
 tests/integration/scripts/heavy.py, a compute-bound data-parallel job: by default the Trainer
 of torchherd.train (which reports each rank's wait on the others per step), with --plain a
-hand-written DDP loop (herd then looks at the ranks). Once the job trains, one node's worker is
-slowed s times by each cause in turn, the victims alternating between the nodes (herd names a
-rank again only after another one), with RECOVER seconds of calm between rows:
+hand-written DDP loop (herd reads DDP's own timing of each iteration). Once the job trains, one
+node's worker is slowed s times by each cause in turn, the victims alternating between the
+nodes (herd names a rank again only after another one), with RECOVER seconds of calm between
+rows:
 
     quota     a real cgroup CPU quota on the worker's threads of 1/s of the CPU it used
     busy      a busy process on the worker's node that shares its CPU cgroup and its CPU,
               niced so that its weight is s - 1 times the worker's
-    stop      SIGSTOP and SIGCONT in turn, every PERIOD s: stopped 1 - 1/s of the time
+    stop      SIGSTOP and SIGCONT in turn, every second: stopped 1 - 1/s of the time
     loader    the worker's data-loader worker takes s times the job's step time a batch
               (heavy.py --loader-control; the Trainer only: a plain loop has no loader)
 
@@ -30,7 +31,6 @@ node-hour. Needs root.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import signal
@@ -39,20 +39,24 @@ import sys
 import tempfile
 import threading
 import time
-import uuid
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from tests.slowdowns import (  # noqa: E402
+    Busy,
+    Quota,
+    SlowLoader,
+    StopAndGo,
+    cpu_share,
+    step_seconds,
+)
 from tests.testbed import Testbed  # noqa: E402
 
 SCRIPTS = ROOT / "tests" / "integration" / "scripts"
 NAMED = re.compile(r"herd: slow rank: ((\S+) rank (\d+) .*)")
 # Seconds of calm after a row, so the watch's window holds no earlier slowness.
 RECOVER = 45.0
-# Seconds of one stop-and-go cycle (the stop cause).
-PERIOD = 1.0
-SAMPLES_PER_S = re.compile(r"\b(\d+(?:\.\d+)?)([kMG]?) samples/s")
 
 
 class Job:
@@ -107,12 +111,7 @@ class Job:
 
     def step_seconds(self) -> float:
         """The job's latest step time, from rank 0's progress line (the job's samples/s)."""
-        for _, line in reversed(list(self.lines)):
-            found = SAMPLES_PER_S.search(line)
-            if found:
-                scale = {"": 1, "k": 1e3, "M": 1e6, "G": 1e9}[found.group(2)]
-                return 2 * 512 / (float(found.group(1)) * scale)
-        raise RuntimeError("no progress line yet: the Trainer logs every 50 steps")
+        return step_seconds([line for _, line in list(self.lines)], 2 * 512)
 
     def named(self, after: float = 0.0) -> list[tuple[float, re.Match[str]]]:
         return [(t, m) for t, line in list(self.lines) if (m := NAMED.search(line)) and t >= after]
@@ -127,126 +126,6 @@ class Job:
                 self.process.wait()
 
 
-class Quota:
-    """A CPU cgroup holding one process's threads to a share of a CPU (None: no quota)."""
-
-    def __init__(self, pid: int, share: float | None) -> None:
-        name = f"herd-bench-{os.getpid()}-{uuid.uuid4().hex[:4]}"
-        v1 = Path("/sys/fs/cgroup/cpu")
-        self.path = (v1 if (v1 / "cpu.cfs_quota_us").exists() else Path("/sys/fs/cgroup")) / name
-        self.path.mkdir()
-        if share is None:
-            pass
-        elif (self.path / "cpu.cfs_quota_us").exists():
-            (self.path / "cpu.cfs_period_us").write_text("100000")
-            (self.path / "cpu.cfs_quota_us").write_text(str(int(share * 100000)))
-        else:
-            (self.path / "cpu.max").write_text(f"{int(share * 100000)} 100000")
-        self.tasks = "tasks" if (self.path / "tasks").exists() else "cgroup.procs"
-        for task in os.listdir(f"/proc/{pid}/task"):
-            self.join(int(task))
-
-    def join(self, task: int) -> None:
-        (self.path / self.tasks).write_text(str(task))
-
-    def release(self) -> None:
-        for _ in range(3):
-            for pid in (self.path / self.tasks).read_text().split():
-                try:
-                    (self.path.parent / self.tasks).write_text(pid)
-                except OSError:
-                    pass
-        self.path.rmdir()
-
-
-# The kernel's weight for each nice value (sched_prio_to_weight), -5 to 19.
-WEIGHTS = {
-    -5: 3121, -4: 2501, -3: 1991, -2: 1586, -1: 1277, 0: 1024, 1: 820, 2: 655, 3: 526,
-    4: 423, 5: 335, 6: 272, 7: 215, 8: 172, 9: 137, 10: 110, 11: 87, 12: 70, 13: 56,
-    14: 45, 15: 36, 16: 29, 17: 23, 18: 18, 19: 15,
-}  # fmt: skip
-
-
-def cpu_share(pid: int, seconds: float = 5.0) -> float:
-    """The share of a CPU the process used over ``seconds``."""
-
-    def ticks() -> int:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return int(fields[11]) + int(fields[12])
-
-    before = ticks()
-    time.sleep(seconds)
-    return (ticks() - before) / os.sysconf("SC_CLK_TCK") / seconds
-
-
-def pin(pid: int, cpu: int | str) -> None:
-    subprocess.run(
-        ["taskset", "-a", "-p", "-c", str(cpu), str(pid)], check=True, capture_output=True
-    )
-
-
-class Busy:
-    """A busy process on the victim's node that shares its CPU cgroup and CPU, niced so that
-    its weight is (s - 1) x the worker's: whenever both want the CPU the worker gets 1/s of
-    what the group gets, however busy the rest of the machine is."""
-
-    def __init__(self, bed: Testbed, node: str, pid: int, slowdown: float) -> None:
-        wanted = 1024 * (slowdown - 1)
-        nice = min(WEIGHTS, key=lambda n: abs(WEIGHTS[n] - wanted))
-        self.pid, self.cpus = pid, os.sched_getaffinity(pid)
-        cpu = sorted(self.cpus)[0]
-        pin(pid, cpu)
-        self.process = bed.ns_popen(
-            node,
-            ["nice", "-n", str(nice), "taskset", "-c", str(cpu), sys.executable, "-c"]
-            + ["while True: pass"],
-        )
-        self.processes = [self.process]
-        self.group = Quota(pid, None)
-        self.group.join(self.process.pid)
-
-    def release(self) -> None:
-        self.process.kill()
-        self.process.wait()
-        self.group.release()
-        pin(self.pid, ",".join(str(c) for c in sorted(self.cpus)))
-
-
-class StopAndGo:
-    """SIGSTOP and SIGCONT in turn on the worker: stopped 1 - 1/s of every PERIOD seconds."""
-
-    def __init__(self, pid: int, slowdown: float) -> None:
-        self.pid, self.stopped_for = pid, PERIOD * (1 - 1 / slowdown)
-        self.done = threading.Event()
-        self.thread = threading.Thread(target=self._cycle, daemon=True)
-        self.thread.start()
-
-    def _cycle(self) -> None:
-        while not self.done.is_set():
-            os.kill(self.pid, signal.SIGSTOP)
-            time.sleep(self.stopped_for)
-            os.kill(self.pid, signal.SIGCONT)
-            self.done.wait(PERIOD - self.stopped_for)
-
-    def release(self) -> None:
-        self.done.set()
-        self.thread.join()
-        os.kill(self.pid, signal.SIGCONT)
-
-
-class SlowLoader:
-    """The victim rank's data-loader worker takes s times the job's step time a batch: the
-    rank then waits for its batches (heavy.py --loader-control)."""
-
-    def __init__(self, job: Job, rank: int, slowdown: float) -> None:
-        self.control = job.loader_control
-        batch_s = slowdown * job.step_seconds()
-        self.control.write_text(json.dumps({"rank": rank, "batch_s": round(batch_s, 4)}))
-
-    def release(self) -> None:
-        self.control.write_text(json.dumps({"rank": -1}))
-
-
 Harm = Quota | Busy | StopAndGo | SlowLoader
 
 
@@ -257,7 +136,7 @@ def harm_for(cause: str, job: Job, bed: Testbed, victim: int, pid: int, slowdown
         return Busy(bed, bed.nodes[victim].name, pid, slowdown)
     if cause == "stop":
         return StopAndGo(pid, slowdown)
-    return SlowLoader(job, victim, slowdown)
+    return SlowLoader(job.loader_control, victim, slowdown * job.step_seconds())
 
 
 def verdict(line: str, cause: str, culprits: list[int]) -> str:
@@ -360,7 +239,7 @@ def main() -> int:
             if args.balanced
             else []
         )
-    kind = "hand-written DDP (looks)" if args.plain else "torchherd.train (waits)"
+    kind = "hand-written DDP (DDP's timing)" if args.plain else "torchherd.train (waits)"
     print(f"\nslow-rank watch, {kind}, 2 nodes")
     print(
         f"{'cause':>6} {'slowdown':>9}  {'time to name':>12}  {'ratio said':>10}  cause    target"

@@ -144,7 +144,9 @@ def test_every_commands_help_is_unwrapped() -> None:
     paragraph but before a list item."""
     import typer.main
 
-    from torchherd.cli.dispatch import app
+    from torchherd.cli.dispatch import app, register_commands
+
+    register_commands()  # every command, not only those an earlier test ran
 
     root = typer.main.get_command(app)
     groups = [root, *(c for c in root.commands.values() if hasattr(c, "commands"))]

@@ -25,7 +25,7 @@ import pytest
 from rich.console import Console
 
 from torchherd.cli import main
-from torchherd.cli.common import result_table
+from torchherd.cli.tables import result_table
 from torchherd.logs import JobOutput
 from torchherd.plan import LaunchPlan, NodePlan
 from torchherd.records import JobRecord, job_dir, list_records

@@ -1,4 +1,4 @@
-"""Ctrl-C while herd is still importing its own modules (typer, rich, every command: a third
+"""Ctrl-C while herd is still importing its own modules (typer, rich, its command: a fifth
 of a second) ends herd quietly with "herd: interrupted" and exit 130, never a traceback.
 
 The interrupt is delivered at an exact point: a finder put first on ``sys.meta_path`` sends
@@ -36,7 +36,7 @@ run()
         ("rich.console", ["ps"]),
         # imported only by the commands that need it (a launch reads the cluster)
         ("torchherd.spec", ["launch", "--dry-run", "train.py"]),
-        ("torchherd.cli.launch", ["ps"]),
+        ("torchherd.cli.jobs", ["ps"]),  # a command imports its own module only
         ("torchherd.records", ["ps"]),
     ],
 )

@@ -1,14 +1,10 @@
-"""Helpers shared by command modules: finding the cluster for a command, the result table."""
+"""Helpers shared by command modules: finding the cluster for a command (the result table is
+tables.py's: rich costs a command that prints no table a twentieth of a second to import)."""
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Collection, Sequence
-from typing import TYPE_CHECKING, Any
-
-from rich.console import RenderableType
-from rich.markup import escape
-from rich.table import Table
+from typing import TYPE_CHECKING
 
 from ..errors import ConfigError, UsageError
 
@@ -66,26 +62,3 @@ def select(cluster: ClusterSpec, nodes: str | None) -> ClusterSpec:
     if not names:
         raise UsageError("--nodes is empty", "give hosts like --nodes gpu1,gpu2")
     return cluster.select(names)
-
-
-class PlainTable(Table):
-    """A table whose text cells are shown as they are: rich markup in them is escaped.
-
-    Cells come from the nodes (host names, ssh's words, command output, job records), and a
-    ``[...]`` in such text would be read as markup: styled, swallowed, or a MarkupError that
-    ends the command. Style a cell by passing a ``rich.text.Text``.
-    """
-
-    def add_row(self, *renderables: RenderableType | None, **options: Any) -> None:
-        super().add_row(
-            *(escape(cell) if isinstance(cell, str) else cell for cell in renderables), **options
-        )
-
-
-def result_table(columns: Sequence[str], right: Collection[str] = ()) -> Table:
-    """The borderless table every command prints its per-node results in; ``right``: the
-    columns of numbers, aligned right. Text cells are printed literally (see PlainTable)."""
-    table = PlainTable(box=None, pad_edge=False, header_style="bold")
-    for name in columns:
-        table.add_column(name, justify="right" if name in right else "left")
-    return table

@@ -11,9 +11,10 @@ import typer
 
 from ..errors import EXIT_INTERRUPTED, EXIT_NODE_NOT_READY, EXIT_OK
 from .app import CLUSTER_HELP, HOSTS_HELP, NODES_HELP, app
-from .common import cluster_for, result_table
+from .common import cluster_for
 from .ops import console
 from .parsing import HerdCommand, HerdGroup
+from .tables import result_table
 
 env_app = typer.Typer(
     help="One Python environment, named by a hash, built the same on every node.\n\n"

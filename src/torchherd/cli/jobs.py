@@ -14,9 +14,9 @@ from rich.table import Table
 from ..errors import EXIT_NODE_NOT_READY, EXIT_OK
 from ..records import JobRecord, list_records
 from .app import app
-from .common import result_table
 from .ops import console
 from .parsing import HerdCommand
+from .tables import result_table
 
 JOB_HELP = (
     "Job id, its last part (1122-023330-7016 -> 7016) or a prefix of either, or a --name; "

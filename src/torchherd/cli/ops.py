@@ -15,8 +15,9 @@ from rich.progress import BarColumn, Progress, TaskID, TextColumn
 
 from ..errors import EXIT_JOB_FAILED, EXIT_NODE_NOT_READY, EXIT_OK, UsageError
 from .app import CLUSTER_HELP, HOSTS_HELP, NODES_HELP, app
-from .common import cluster_for, result_table
+from .common import cluster_for
 from .parsing import RUNS_SOMETHING, HerdCommand
+from .tables import result_table
 
 DEFAULT_TOML = Path("herd.toml")
 HERE = Path(".")

@@ -20,8 +20,9 @@ if TYPE_CHECKING:
 
 from ..errors import EXIT_NODE_NOT_READY, EXIT_OK
 from .app import CLUSTER_HELP, HOSTS_HELP, NODES_HELP, app
-from .common import cluster_for, result_table
+from .common import cluster_for
 from .parsing import HerdCommand
+from .tables import result_table
 
 
 def _gib(count: int | None) -> str:
