@@ -4,11 +4,10 @@ A Trainer job, first balanced (nobody is named), then node2's data loader taking
 per batch: named within two minutes, its loader the cause and no other; with --swap-slow,
 still slow SWAP_AFTER seconds later, node2 is swapped out: the workers save, and the job goes
 on from that snapshot with the hot spare node3 in its place. Then a hand-written DDP loop (no
-torchherd in it): a worker stopped a sixth of every second, a worker whose CPU a busy process
-on its node shares, and a worker held by a real cgroup quota, each named in turn with its
-cause. (Every cause at 1.1x, 1.2x, 1.5x and 3x, for both kinds of script, and the false names
-per node-hour are bench/straggler.py's; the causes' evidence is judged in
-tests/unit/test_slow_causes.py.)"""
+torchherd in it): a worker whose CPU a busy process on its node shares, then a worker held by
+a real cgroup quota, each named in turn with its cause. (Every cause, a stopped worker's too,
+at 1.1x, 1.2x, 1.5x and 3x, for both kinds of script, and the false names per node-hour are
+bench/straggler.py's; the causes' evidence is judged in tests/unit/test_slow_causes.py.)"""
 
 from __future__ import annotations
 
@@ -24,7 +23,7 @@ import pytest
 
 from tests.integration.herd_cli import SCRIPTS
 from tests.integration.live import LiveHerd, pids
-from tests.slowdowns import Busy, Quota, SlowLoader, StopAndGo, cpu_share, step_seconds
+from tests.slowdowns import Busy, Quota, SlowLoader, cpu_share, step_seconds
 from tests.testbed import Testbed
 
 # Runs alone (scripts/test): it judges a 1.2x slowdown; a test beside it would be the slowdown.
@@ -138,14 +137,13 @@ def test_a_trainer_rank_waiting_for_its_data_loader_is_named_and_swapped_for_the
     herd.assert_clean(["node1", "node2", "node3"])
 
 
-def test_a_plain_ddp_script_names_a_stopped_a_crowded_and_a_throttled_rank(
+def test_a_plain_ddp_script_names_a_crowded_and_a_throttled_rank(
     testbed: Testbed, tmp_path: Path
 ) -> None:
-    """herd's workers read DDP's own timing of each iteration: node2's worker stopped a sixth
-    of every second is named as stopped; then node1's worker, sharing its CPU with a busy
-    process on its node that takes a sixth of it, is named with that process's pid; then
-    node2's worker held by a cgroup quota to 1/1.2 of the CPU it used, with the quota. Each
-    within two minutes of its slowdown, none with another's cause."""
+    """herd's workers read DDP's own timing of each iteration: node1's worker, sharing its CPU
+    with a busy process on its node that takes a sixth of it, is named with that process's
+    pid; then node2's worker held by a cgroup quota to 1/1.2 of the CPU it used, with the
+    quota. Each within two minutes of its slowdown, neither with the other's cause."""
     home = tmp_path / "home"
     path = testbed.write_cluster_file(
         tmp_path / "herd.toml",
@@ -154,29 +152,23 @@ def test_a_plain_ddp_script_names_a_stopped_a_crowded_and_a_throttled_rank(
         env={"HERD_HOME": str(home), "OMP_NUM_THREADS": "1"},
     )
     herd = LiveHerd(["-c", str(path), "heavy.py", "--plain"], home, testbed)
-    harms: list[StopAndGo | Busy | Quota] = []
+    harms: list[Busy | Quota] = []
     try:
         found = herd.wait_for(r"HEAVY rank=(?P<rank>\d) pid=(?P<pid>\d+)", 180, count=2)
         workers = {int(m.group("rank")): pids(m) for m in found}
-        time.sleep(20)  # past the watch's warm-up
-
-        harms.append(StopAndGo(workers[1], SLOWDOWN))
-        line = slow_line(herd, 1)
-        assert line.startswith("node2 rank 1 is "), line
-        assert "likely: it was stopped " in line, line
-        assert "competing" not in line and "throttled" not in line, line
-        harms.pop().release()
-
+        # Slowed from the first steps: the watch's warm-up leaves those out by itself.
         busy = Busy(testbed, "node1", workers[0], SLOWDOWN)
         harms.append(busy)
-        line = slow_line(herd, 2)
+        line = slow_line(herd, 1)
         assert line.startswith("node1 rank 0 is "), line
-        assert f"competing for its CPU: python (pid {busy.process.pid}," in line, line
+        # The competing process by its name (python or python3, as this suite runs) and pid.
+        competing = rf"competing for its CPU: python\S* \(pid {busy.process.pid}, "
+        assert re.search(competing, line), line
         assert "stopped" not in line and "throttled by its cgroup" not in line, line
         harms.pop().release()
 
         harms.append(Quota(workers[1], cpu_share(workers[1]) / SLOWDOWN))
-        line = slow_line(herd, 3)
+        line = slow_line(herd, 2)
         assert line.startswith("node2 rank 1 is "), line
         assert "likely: CPU throttled by its cgroup (quota " in line, line
         assert "stopped" not in line and "competing" not in line, line
@@ -188,5 +180,5 @@ def test_a_plain_ddp_script_names_a_stopped_a_crowded_and_a_throttled_rank(
         if herd.process.poll() is None:
             herd.process.kill()
     assert code == 130, herd.output
-    assert len(herd.record()["attempts"][0]["slow"]) == 3
+    assert len(herd.record()["attempts"][0]["slow"]) == 2
     herd.assert_clean(["node1", "node2"])
