@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
 from .errors import ConfigError
 
@@ -118,6 +118,9 @@ class ClusterSpec(BaseModel):
     """The whole cluster: shared settings plus the nodes, first node hosting the rendezvous."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+    _index: tuple[tuple[NodeSpec, ...] | None, dict[str, NodeSpec]] = PrivateAttr(
+        default=(None, {})
+    )
 
     nodes: tuple[NodeSpec, ...]
     """The machines; the first one hosts the rendezvous store."""
@@ -255,13 +258,27 @@ class ClusterSpec(BaseModel):
         return " && ".join(f"{{ {part}\n}}" for part in parts)
 
     def node(self, host: str) -> NodeSpec:
-        for node in self.nodes:
-            if host in (node.host, node.name):
-                return node
+        found = self._node_index().get(host)
+        if found is not None:
+            return found
         raise ConfigError(
             f"{host!r} is not a node of {self.source}",
             f"use one of: {', '.join(n.host for n in self.nodes)}",
         )
+
+    def _node_index(self) -> dict[str, NodeSpec]:
+        """Each node by its host and by its name (the first node wins a clash, as a scan in
+        order would): a launch looks nodes up once per node and event, which over a list
+        costs O(N) each at 1,000 nodes. Kept with the tuple it was made from, since a copy
+        with other nodes (model_copy) carries this private value over."""
+        made_from, index = self._index
+        if made_from is not self.nodes:
+            index = {}
+            for node in self.nodes:
+                index.setdefault(node.host, node)
+                index.setdefault(node.name, node)
+            self._index = (self.nodes, index)
+        return index
 
     def select(self, hosts: Iterable[str]) -> ClusterSpec:
         """A copy holding only the named nodes (in the cluster's order), none of them a spare:
