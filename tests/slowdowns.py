@@ -83,6 +83,32 @@ class Quota:
         self.path.rmdir()
 
 
+def busy_cores(seconds: float = 2.0) -> float:
+    """How many of this machine's CPUs were busy over ``seconds`` (from /proc/stat)."""
+
+    def sample() -> tuple[int, int]:
+        with open("/proc/stat") as handle:
+            fields = [int(x) for x in handle.readline().split()[1:]]
+        idle = fields[3] + fields[4]  # idle and iowait
+        return sum(fields) - idle, sum(fields)
+
+    busy0, total0 = sample()
+    time.sleep(seconds)
+    busy1, total1 = sample()
+    return (busy1 - busy0) / max(1, total1 - total0) * (os.cpu_count() or 1)
+
+
+def quiet_machine(max_busy: float = 0.5, within: float = 90.0) -> float:
+    """Wait until less than ``max_busy`` CPUs are busy (what earlier tests left ending, such
+    as a testbed's processes, would be a slowdown of whichever rank shares its CPU); the
+    busy CPUs last seen, whether or not it got quiet in time."""
+    deadline = time.monotonic() + within
+    busy = busy_cores()
+    while busy > max_busy and time.monotonic() < deadline:
+        busy = busy_cores()
+    return busy
+
+
 def pin(pid: int, cpu: int | str) -> None:
     """Every thread of ``pid`` to ``cpu`` (a number or a list such as "0,1")."""
     subprocess.run(
