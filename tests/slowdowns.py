@@ -27,6 +27,7 @@ import uuid
 from pathlib import Path
 
 from tests.testbed import Testbed
+from torchherd.agent.node_load import cpu_times
 
 # The kernel's weight for each nice value (sched_prio_to_weight), -5 to 19.
 WEIGHTS = {
@@ -84,17 +85,11 @@ class Quota:
 
 
 def busy_cores(seconds: float = 2.0) -> float:
-    """How many of this machine's CPUs were busy over ``seconds`` (from /proc/stat)."""
-
-    def sample() -> tuple[int, int]:
-        with open("/proc/stat") as handle:
-            fields = [int(x) for x in handle.readline().split()[1:]]
-        idle = fields[3] + fields[4]  # idle and iowait
-        return sum(fields) - idle, sum(fields)
-
-    busy0, total0 = sample()
+    """How many of this machine's CPUs were busy over ``seconds`` (herd's own /proc/stat
+    reading, the one `herd top` shows)."""
+    busy0, total0 = cpu_times()
     time.sleep(seconds)
-    busy1, total1 = sample()
+    busy1, total1 = cpu_times()
     return (busy1 - busy0) / max(1, total1 - total0) * (os.cpu_count() or 1)
 
 
