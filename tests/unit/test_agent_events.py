@@ -253,3 +253,66 @@ def test_every_step_between_two_reports_counts_not_only_the_last_write(
     rank, step, _, compute, wait, cycle, data = beats[0]
     assert (rank, step, compute, data) == (0, 2, None, None)
     assert round(wait, 3) == 0.11 and round(cycle, 3) == 0.1  # (0.01 + 0.31 + 0.01) / 3
+
+
+def test_lines_wait_for_a_slow_link_and_stop_waiting_for_a_stalled_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A burst larger than the agent's queue (one huge line, split into pieces) over a link
+    that is slow but reading arrives whole: the lines wait for room instead of being dropped.
+    A link that takes nothing holds them only LINK_STALLED seconds, then they are dropped and
+    counted, as before."""
+    import os
+    import threading
+
+    monkeypatch.setattr(runner, "OUT_MAX", 1 << 20)
+    monkeypatch.setattr(runner, "LINES_WAIT_ABOVE", 1 << 19)
+    monkeypatch.setattr(runner, "LINK_STALLED", 1.0)
+    piece = "h" * 65536  # a piece of a huge line, as the agent splits it
+
+    def link() -> tuple[int, Any]:
+        read_end, write_end = os.pipe()
+        return read_end, os.fdopen(write_end, "wb")
+
+    # A slow reader: 64 KiB every 20 ms, far slower than the lines come.
+    read_end, writer = link()
+    emit = runner.StdoutEmitter(on_broken=lambda: None, stream=writer)
+    received = bytearray()
+
+    def read_slowly() -> None:
+        while not received.endswith(b'"e":"exit"}\n'):
+            chunk = os.read(read_end, 1 << 16)
+            if not chunk:
+                return
+            received.extend(chunk)
+            time.sleep(0.02)
+
+    reader = threading.Thread(target=read_slowly, daemon=True)
+    reader.start()
+    for _ in range(64):  # 4 MiB of one rank's line: four times the queue
+        emit({"e": "line", "r": 0, "l": 0, "s": "o", "t": piece})
+    emit({"e": "exit"})
+    reader.join(60)
+    events = [json.loads(line) for line in bytes(received).splitlines()]
+    assert "dropped" not in [event["e"] for event in events]
+    arrived = sum(len(text) for event in events if event["e"] == "lines" for *_, text in event["b"])
+    assert arrived == 64 * len(piece)
+    os.close(read_end)
+
+    # A link nobody reads: emitting goes on after LINK_STALLED, and what did not fit is counted.
+    read_end, writer = link()
+    emit = runner.StdoutEmitter(on_broken=lambda: None, stream=writer)
+    done = threading.Event()
+
+    def flood() -> None:
+        for _ in range(64):
+            emit({"e": "line", "r": 0, "l": 0, "s": "o", "t": piece})
+        emit({"e": "exit"})
+        done.set()
+
+    threading.Thread(target=flood, daemon=True).start()
+    try:
+        assert done.wait(30.0), "lines kept waiting for a link that took nothing"
+        assert emit._dropped > 0
+    finally:
+        os.close(read_end)

@@ -59,6 +59,14 @@ LINE_BATCH_BYTES = 256 * 1024
 # Bytes of events that may wait for a link nobody reads (a partition closes nothing: the
 # socket's buffers fill and a write blocks for good); beyond that, events are dropped.
 OUT_MAX = 16 * 1024 * 1024
+# Worker lines wait for room (only the thread that reads them from torchrun waits; torchrun's
+# own tee then waits, never the workers, which write to files) while more than this many bytes
+# wait for a link that is still taking them: a burst larger than OUT_MAX (one 17 MiB line) over
+# a slow link arrives whole instead of in part.
+LINES_WAIT_ABOVE = OUT_MAX // 2
+# Seconds with bytes waiting and none written after which the link counts as stalled (cut):
+# lines stop waiting for it and, past OUT_MAX, are dropped and counted.
+LINK_STALLED = 10.0
 # Seconds an exiting agent waits for its last events to reach the launcher.
 DRAIN_AT_EXIT = 10.0
 # Seconds an agent that stopped its attempt for a silent launcher waits for it to come back
@@ -87,7 +95,8 @@ class StdoutEmitter:
     queued. A cut link (a partition closes nothing, its buffers fill) blocks that thread only,
     never the attempt that must stop its workers for the silent launcher; past OUT_MAX bytes
     waiting, events are dropped (nobody reads them), and the first one after the link drains
-    says how many were.
+    says how many were. A link that is slow but taking bytes loses nothing: worker lines wait
+    for it (``_wait_for_room``).
     """
 
     def __init__(
@@ -108,16 +117,20 @@ class StdoutEmitter:
         self._out: collections.deque[bytes] = collections.deque()
         self._out_bytes = 0
         self._dropped = 0
+        self._last_progress = time.monotonic()
         self._out_ready = threading.Condition()
         self._stream = stream if stream is not None else sys.stdout.buffer
         threading.Thread(target=self._flush_lines, daemon=True).start()
         threading.Thread(target=self._write_out, daemon=True).start()
 
     def __call__(self, event: dict[str, Any]) -> None:
+        kind = event.get("e")
+        if kind == "line":
+            self._wait_for_room()  # outside the lock: other events never wait for the link
         with self._lock:
-            if event.get("e") == "alive" and self._said_lately():
+            if kind == "alive" and self._said_lately():
                 return  # any event says the node is alive: on a busy node "alive" is noise
-            if event.get("e") == "line":
+            if kind == "line":
                 text = event.get("t", "")
                 self._lines.append([event.get("r"), event.get("l"), event.get("s"), text])
                 self._bytes += len(text)
@@ -128,6 +141,16 @@ class StdoutEmitter:
                 return
             self._send_lines()
             self._write(encode(event))
+
+    def _wait_for_room(self) -> None:
+        """Hold a worker line while a backlog drains over a link that is still taking bytes."""
+        with self._out_ready:
+            while (
+                self._out_bytes > LINES_WAIT_ABOVE
+                and not self._broken
+                and time.monotonic() - self._last_progress < LINK_STALLED
+            ):
+                self._out_ready.wait(0.5)
 
     def _flush_lines(self) -> None:
         while True:
@@ -156,9 +179,11 @@ class StdoutEmitter:
             if self._out_bytes + len(data) > OUT_MAX:
                 self._dropped += 1
                 return
+            if not self._out:
+                self._last_progress = time.monotonic()  # an idle link is not a stalled one
             self._out.append(data)
             self._out_bytes += len(data)
-            self._out_ready.notify()
+            self._out_ready.notify_all()  # the writer, among lines waiting for room
 
     def _write_out(self) -> None:
         """The only writer to the link: blocks for as long as the link does, alone."""
@@ -178,9 +203,12 @@ class StdoutEmitter:
                 self._broken = True
                 self._on_broken()
                 return
+            else:
+                self._last_progress = time.monotonic()
             finally:
                 with self._out_ready:
                     self._out_bytes -= queued
+                    self._out_ready.notify_all()
 
     def drain(self, timeout: float) -> bool:
         """Wait up to ``timeout`` s for everything queued to be written (an agent's last
