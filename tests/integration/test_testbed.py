@@ -97,21 +97,25 @@ def test_block_port_drops_incoming_tcp(clean_faults: Testbed) -> None:
 
 def test_delay_slows_the_link_and_undelay_restores_it(clean_faults: Testbed) -> None:
     bed = clean_faults
+    # The fastest of five connects: a delay holds back every one of them, a loaded machine
+    # (a test beside this one) only some (one connect after undelay was seen to take 0.29 s).
     probe = (
         "import socket, sys, time\n"
-        "t = time.monotonic()\n"
-        "socket.create_connection((sys.argv[1], 22), 5).close()\n"
-        "print(time.monotonic() - t)\n"
+        "def once():\n"
+        "    t = time.monotonic()\n"
+        "    socket.create_connection((sys.argv[1], 22), 5).close()\n"
+        "    return time.monotonic() - t\n"
+        "print(min(once() for _ in range(5)))\n"
     )
 
-    def connect_seconds() -> float:
+    def fastest_connect() -> float:
         out = bed.ns_run("node1", [sys.executable, "-c", probe, bed.node("node4").addr])
         return float(out.stdout)
 
     bed.delay("node4", 150)
-    assert connect_seconds() >= 0.14  # the SYN-ACK waits 150 ms on node4
+    assert fastest_connect() >= 0.14  # the SYN-ACK waits 150 ms on node4
     bed.undelay("node4")
-    assert connect_seconds() < 0.1
+    assert fastest_connect() < 0.1
 
 
 def test_add_nic_gives_the_node_a_second_interface(clean_faults: Testbed) -> None:
