@@ -58,13 +58,16 @@ def test_a_link_planted_in_its_place_is_not_followed(
     assert not os.path.islink(root) and os.lstat(root).st_uid == os.getuid()
 
 
-# A worker: beats at step 7 from the progress folder herd gives it, and says where that is.
+# A worker: beats at step 7 from the progress folder herd gives it, and says where that is;
+# it lives on past the agent's next periodic report (every second), so that report sends the
+# beat and the attempt's last report before its exit event must not send it again.
 WORKER = """
-import os
+import os, time
 from torchherd.progress import beat
 beat(7, now=True)
 where = os.environ["HERD_PROGRESS_DIR"]
 print("PROGRESS", where, sorted(os.listdir(where)))
+time.sleep(1.5)
 """
 
 

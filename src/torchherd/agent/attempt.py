@@ -197,6 +197,10 @@ class NodeAttempt:
         self._rank_map_lock = threading.Lock()
         self.spoke: set[int] = set()
         """Ranks whose lines were kept here (not sent) since the last report."""
+        self._progress_sent: dict[tuple[int, str], object] = {}
+        """What was reported of each rank's progress: the periodic reports and the last one
+        before the exit event share it, so a beat is never sent twice."""
+        self._progress_lock = threading.Lock()
         env = dict(request.get("env", {}))
         self.node_dir = os.path.join(herd_home(env), "nodes", self.job_id, self.node)
         self.attempt_dir = os.path.join(self.node_dir, f"attempt-{self.attempt}")
@@ -271,7 +275,8 @@ class NodeAttempt:
         for pump in pumps:
             pump.join(timeout=5)
         survivors = processes.end_job(self.job_id, self.node, SWEEP_GRACE, self.attempt)
-        self._send_progress({})  # the last beats, phases and saves before the exit event
+        # The last beats, phases and saves before the exit event (only what is new).
+        self._send_progress(self._progress_sent)
         # Before the exit event: once the launcher hears it, the next attempt may begin here.
         shutil.rmtree(self.progress_dir, ignore_errors=True)
         node_folder = os.path.dirname(self.progress_dir)
@@ -379,7 +384,7 @@ class NodeAttempt:
     def _report_progress(self) -> None:
         """Forward each rank's newest beat, phase and committed snapshot to the launcher, and
         which ranks spoke in lines kept here."""
-        sent: dict[tuple[int, str], object] = {}
+        sent = self._progress_sent
         marks = StartMarks(self.progress_dir, self.attempt, self.emit)
         # On the whole seconds of the wall clock: every node's report reaches the launcher in
         # the same moment, and one wake-up of its event loop reads them all.
@@ -394,6 +399,11 @@ class NodeAttempt:
                 self.emit({"e": "spoke", "r": spoke})
 
     def _send_progress(self, sent: dict[tuple[int, str], object]) -> None:
+        # The reporting thread and the attempt's last report may overlap at the exit.
+        with self._progress_lock:
+            self._send_new_progress(sent)
+
+    def _send_new_progress(self, sent: dict[tuple[int, str], object]) -> None:
         # Every rank's new beat in one event: the launcher's work per node stays one event a
         # poll however many ranks the node runs (phases and saves are rare; they go alone).
         ranks = progress.read_progress(self.progress_dir)
