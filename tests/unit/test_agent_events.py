@@ -45,8 +45,7 @@ def test_every_ranks_new_beat_goes_in_one_event(node_attempt, monkeypatch) -> No
     attempt, events = node_attempt
     for rank in range(8):
         beat_as(rank, 5, monkeypatch, compute=0.1 * (rank + 1))
-    sent: dict[tuple[int, str], object] = {}
-    attempt._send_progress(sent)
+    attempt._send_progress()
     beats = [e for e in events if e["e"] == "beats"]
     assert len(beats) == 1, events
     assert sorted(item[0] for item in beats[0]["b"]) == list(range(8))
@@ -55,11 +54,11 @@ def test_every_ranks_new_beat_goes_in_one_event(node_attempt, monkeypatch) -> No
     assert not any(e["e"] == "beat" for e in events)
 
     events.clear()
-    attempt._send_progress(sent)  # nothing new beaten: nothing sent
+    attempt._send_progress()  # nothing new beaten: nothing sent
     assert [e for e in events if e["e"] == "beats"] == []
 
     beat_as(3, 6, monkeypatch, compute=0.5, wait=0.02, cycle=0.1, data=0.003)
-    attempt._send_progress(sent)
+    attempt._send_progress()
     [again] = [e["b"] for e in events if e["e"] == "beats"]
     # [rank, step, at, compute, wait, cycle, data]
     assert [(item[:2], item[3:]) for item in again] == [([3, 6], [0.5, 0.02, 0.1, 0.003])]
@@ -239,16 +238,15 @@ def test_every_step_between_two_reports_counts_not_only_the_last_write(
     attempt, events = node_attempt
     monkeypatch.setenv("RANK", "0")
     worker = importlib.reload(progress)
-    sent: dict[tuple[int, str], object] = {}
     for wait in (0.01, 0.01):
         worker.beat(1, wait=wait, cycle=0.1, now=True)
-    attempt._send_progress(sent)
+    attempt._send_progress()
     # Three writes before the next read: the slow one (0.31) is not the last one.
     for wait in (0.01, 0.31, 0.01):
         time.sleep(0.002)  # a beat's time is kept to the millisecond
         worker.beat(2, wait=wait, cycle=0.1, now=True)
     events.clear()
-    attempt._send_progress(sent)
+    attempt._send_progress()
     [beats] = [e["b"] for e in events if e["e"] == "beats"]
     rank, step, _, compute, wait, cycle, data = beats[0]
     assert (rank, step, compute, data) == (0, 2, None, None)

@@ -276,7 +276,7 @@ class NodeAttempt:
             pump.join(timeout=5)
         survivors = processes.end_job(self.job_id, self.node, SWEEP_GRACE, self.attempt)
         # The last beats, phases and saves before the exit event (only what is new).
-        self._send_progress(self._progress_sent)
+        self._send_progress()
         # Before the exit event: once the launcher hears it, the next attempt may begin here.
         shutil.rmtree(self.progress_dir, ignore_errors=True)
         node_folder = os.path.dirname(self.progress_dir)
@@ -384,7 +384,6 @@ class NodeAttempt:
     def _report_progress(self) -> None:
         """Forward each rank's newest beat, phase and committed snapshot to the launcher, and
         which ranks spoke in lines kept here."""
-        sent = self._progress_sent
         marks = StartMarks(self.progress_dir, self.attempt, self.emit)
         # On the whole seconds of the wall clock: every node's report reaches the launcher in
         # the same moment, and one wake-up of its event loop reads them all.
@@ -393,17 +392,18 @@ class NodeAttempt:
             if self.process is not None and self.process.poll() is not None:
                 return
             marks.report()
-            self._send_progress(sent)
+            self._send_progress()
             if self.spoke:
                 spoke, self.spoke = sorted(self.spoke), set()
                 self.emit({"e": "spoke", "r": spoke})
 
-    def _send_progress(self, sent: dict[tuple[int, str], object]) -> None:
+    def _send_progress(self) -> None:
         # The reporting thread and the attempt's last report may overlap at the exit.
         with self._progress_lock:
-            self._send_new_progress(sent)
+            self._send_new_progress()
 
-    def _send_new_progress(self, sent: dict[tuple[int, str], object]) -> None:
+    def _send_new_progress(self) -> None:
+        sent = self._progress_sent  # what the reports before this one sent
         # Every rank's new beat in one event: the launcher's work per node stays one event a
         # poll however many ranks the node runs (phases and saves are rare; they go alone).
         ranks = progress.read_progress(self.progress_dir)

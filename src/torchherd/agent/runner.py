@@ -125,8 +125,10 @@ class StdoutEmitter:
 
     def __call__(self, event: dict[str, Any]) -> None:
         kind = event.get("e")
-        if kind == "line":
-            self._wait_for_room()  # outside the lock: other events never wait for the link
+        # Outside the lock, so that other events never wait for the link; read unlocked first
+        # (an int), so that a line takes no extra lock unless a backlog waits.
+        if kind == "line" and self._out_bytes > LINES_WAIT_ABOVE:
+            self._wait_for_room()
         with self._lock:
             if kind == "alive" and self._said_lately():
                 return  # any event says the node is alive: on a busy node "alive" is noise
@@ -203,11 +205,10 @@ class StdoutEmitter:
                 self._broken = True
                 self._on_broken()
                 return
-            else:
-                self._last_progress = time.monotonic()
             finally:
                 with self._out_ready:
                     self._out_bytes -= queued
+                    self._last_progress = time.monotonic()  # (a broken link waits for nobody)
                     self._out_ready.notify_all()
 
     def drain(self, timeout: float) -> bool:
