@@ -279,6 +279,10 @@ from torchherd.agent import envid
 dist.init_process_group("gloo")
 site = [p for p in sys.path if p.endswith("site-packages")]
 print("env", dist.get_rank(), sys.executable, envid.this_environment(site)["hash"], flush=True)
+# Every rank waits for the others before it leaves: a rank that exits right after its own
+# init_process_group can close its end while a slower peer still forms the mesh (Gloo then
+# fails that peer with "Connection closed by peer").
+dist.barrier()
 dist.destroy_process_group()
 """
 
