@@ -129,7 +129,8 @@ class LiveState:
             step = beat[1]
             if isinstance(step, int) and (highest is None or step > highest[1]):
                 highest = beat
-            timed = beat_seconds(beat[3], *(beat[4:6] + [None, None])[:2])
+            wait, cycle = (beat[4], beat[5]) if len(beat) >= 6 else (None, None)
+            timed = beat_seconds(beat[3], wait, cycle)
             if timed is not None and (slowest is None or timed > slowest):
                 slowest = timed
         if highest is None:
