@@ -37,7 +37,6 @@ import statistics
 from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import NamedTuple
 
 from .hang import RankLook
 
@@ -71,10 +70,10 @@ SAMPLES = 6
 HOLDS = 5
 
 
-class StepTiming(NamedTuple):
+@dataclass(frozen=True)
+class StepTiming:
     """One beat of a rank: mean seconds per step blocked on the others, of the whole step,
-    and waiting for its data loader. (A named tuple, not a frozen dataclass: one is made for
-    every rank's beat, and a frozen dataclass's __init__ costs several times more.)"""
+    and waiting for its data loader."""
 
     wait: float
     cycle: float
