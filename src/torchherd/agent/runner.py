@@ -125,10 +125,8 @@ class StdoutEmitter:
 
     def __call__(self, event: dict[str, Any]) -> None:
         kind = event.get("e")
-        # Outside the lock, so that other events never wait for the link; read unlocked first
-        # (an int), so that a line takes no extra lock unless a backlog waits.
-        if kind == "line" and self._out_bytes > LINES_WAIT_ABOVE:
-            self._wait_for_room()
+        if kind == "line":
+            self._wait_for_room()  # outside the lock: other events never wait for the link
         with self._lock:
             if kind == "alive" and self._said_lately():
                 return  # any event says the node is alive: on a busy node "alive" is noise
@@ -146,6 +144,8 @@ class StdoutEmitter:
 
     def _wait_for_room(self) -> None:
         """Hold a worker line while a backlog drains over a link that is still taking bytes."""
+        if self._out_bytes <= LINES_WAIT_ABOVE:
+            return  # read unlocked (an int): a line takes no extra lock unless a backlog waits
         with self._out_ready:
             while (
                 self._out_bytes > LINES_WAIT_ABOVE
