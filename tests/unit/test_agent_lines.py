@@ -91,6 +91,33 @@ def test_a_large_job_sends_rank_zero_and_stderr_and_keeps_the_rest(tmp_path: Pat
     assert json.loads((attempt_dir / "ranks.json").read_text()) == {"0": 0, "1": 1}
 
 
+# A rank that prints and beats for a few seconds, its lines kept on the node.
+PRINTS_AND_BEATS = (
+    "import os, time\n"
+    "os.environ['RANK'] = '1'\n"
+    "from torchherd import progress\n"
+    "for step in range(35):\n"
+    "    print(f'[herd 1 1] step {step}', flush=True)\n"
+    "    progress.beat(step, now=True)\n"
+    "    time.sleep(0.1)\n"
+)
+
+
+def test_a_rank_that_beats_is_told_as_spoken_once(tmp_path: Path) -> None:
+    """Kept lines of a rank whose beats go out in the same reports are progress the beats
+    already show: the launcher hears they exist once (the rank joined), not every report."""
+    events = run_agent(
+        tmp_path,
+        argv=[sys.executable, "-c", PRINTS_AND_BEATS],
+        send={"ranks": [0], "stderr": True},
+        report_every=1.0,
+    )
+    beats = [e for e in events if e["e"] == "beats"]
+    spoke = [e["r"] for e in events if e["e"] == "spoke"]
+    assert len(beats) >= 2, events  # several reports went out while it beat
+    assert spoke == [[1]], spoke
+
+
 def test_the_logs_verb_reads_a_ranks_kept_lines(tmp_path: Path) -> None:
     node_dir = tmp_path / "nodes" / "job" / "n1"
     for attempt, words in ((0, ["first"]), (1, ["second", "third"])):

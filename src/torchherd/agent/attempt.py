@@ -197,6 +197,8 @@ class NodeAttempt:
         self._rank_map_lock = threading.Lock()
         self.spoke: set[int] = set()
         """Ranks whose lines were kept here (not sent) since the last report."""
+        self.spoke_told: set[int] = set()
+        """Ranks the launcher was told spoke (in a "spoke" event) at least once."""
         self._progress_sent: dict[tuple[int, str], object] = {}
         """What was reported of each rank's progress: the periodic reports and the last one
         before the exit event share it, so a beat is never sent twice."""
@@ -392,17 +394,24 @@ class NodeAttempt:
             if self.process is not None and self.process.poll() is not None:
                 return
             marks.report()
-            self._send_progress()
+            beat = self._send_progress()
             if self.spoke:
-                spoke, self.spoke = sorted(self.spoke), set()
-                self.emit({"e": "spoke", "r": spoke})
+                spoke, self.spoke = self.spoke, set()
+                # A rank whose beat went out just now has shown its progress: its kept lines
+                # need telling once only (the launcher counts a rank that spoke as one that
+                # joined), so a training node's report is one event, not two.
+                news = sorted(r for r in spoke if r not in beat or r not in self.spoke_told)
+                self.spoke_told.update(news)
+                if news:
+                    self.emit({"e": "spoke", "r": news})
 
-    def _send_progress(self) -> None:
+    def _send_progress(self) -> set[int]:
+        """Report what is new of the ranks' progress; the ranks whose new beat went out."""
         # The reporting thread and the attempt's last report may overlap at the exit.
         with self._progress_lock:
-            self._send_new_progress()
+            return self._send_new_progress()
 
-    def _send_new_progress(self) -> None:
+    def _send_new_progress(self) -> set[int]:
         sent = self._progress_sent  # what the reports before this one sent
         # Every rank's new beat in one event: the launcher's work per node stays one event a
         # poll however many ranks the node runs (phases and saves are rare; they go alone).
@@ -445,6 +454,7 @@ class NodeAttempt:
                         "where": seen.saved_where,
                     }
                 )
+        return {beat[0] for beat in beats}
 
     # -- stopping -----------------------------------------------------------------------------
 

@@ -34,7 +34,9 @@ in them. "a" is the attempt, "r" a global rank, "host" the node:
     {"e": "started", "host", "pid", "node_dir", "a"}      torchrun is running
     {"e": "lines", "b": [[r, local_rank, "o"|"e", text], ...]}  worker lines, batched
     {"e": "line", "r", "l", "s": "o"|"e", "t"}    one worker line (older agents; detach files)
-    {"e": "spoke", "r": [ranks]}                  ranks whose lines the node kept (not sent)
+    {"e": "spoke", "r": [ranks]}                  ranks whose lines the node kept (not sent);
+                                                  a rank that beat in the same report only
+                                                  the first time
     {"e": "dropped", "n": count}                  events dropped while the link was full
     {"e": "beats", "b": [[r, step, at, compute, wait, cycle, data], ...]}
                                                   each rank's newest progress beat
