@@ -142,6 +142,26 @@ def test_every_rank_waiting_in_the_first_collective_gets_the_large_job_floor() -
     assert "no rank has worked" in hang.reason and f"limit {FIRST_COLLECTIVE:.0f} s" in hang.reason
 
 
+def test_silence_counts_from_the_last_nodes_start_until_a_rank_progresses() -> None:
+    """Nodes that started wait at the rendezvous for the ones herd is still starting: no look
+    until LOOK_AFTER s after the last start; once a rank has shown progress, a node that
+    starts later does not put the silence back."""
+    clock = Clock()
+    watch = HangWatch(clock=clock, world_size=2)
+    watch.started()
+    clock.advance(LOOK_AFTER - 1)
+    watch.started()  # the second node, nearly LOOK_AFTER s later
+    clock.advance(LOOK_AFTER - 1)
+    assert not watch.wants_look()
+    clock.advance(1)
+    assert watch.wants_look()
+    watch.signal(0, 1)
+    clock.advance(LOOK_AFTER - 1)
+    watch.started()  # a node started again while the job runs: its silence goes on
+    clock.advance(1)
+    assert watch.wants_look()
+
+
 @pytest.mark.parametrize(("step_seconds", "limit"), [(0.1, ALL_WAITING), (30.0, 300.0)])
 def test_every_rank_waiting_after_steps_gets_a_limit_of_its_pace(
     step_seconds: float, limit: float

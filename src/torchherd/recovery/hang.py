@@ -3,11 +3,13 @@
 Progress signals are each rank's output lines, the step beats a script sends with
 ``torchherd.progress.beat(step)`` (the Trainer does every step) and the phases it declares
 (``progress.phase``). Silence alone is never a verdict. Once no rank has shown progress for
-LOOK_AFTER seconds since the workers started (before the first step too), herd looks at every
-rank without pausing it (agent.look: kernel state, CPU and I/O of its process tree, the main
-thread's Python frames, the system call and wait channel it is blocked in, its context
-switches) and looks again every LOOK_EVERY seconds while the job stays silent (less often while
-every look shows work). Between two looks each rank is:
+LOOK_AFTER seconds since the workers started (before the first step too; until a rank shows
+progress, since the last node's workers started: the nodes started first wait at the
+rendezvous for the others by design), herd looks at every rank without pausing it
+(agent.look: kernel state, CPU and I/O of its process tree, the main thread's Python frames,
+the system call and wait channel it is blocked in, its context switches) and looks again
+every LOOK_EVERY seconds while the job stays silent (less often while every look shows work).
+Between two looks each rank is:
 
     stopped   its process is stopped (state T: SIGSTOP, a debugger, a frozen container)
     working   its frames moved, it read or wrote data, or it used CPU outside a collective:
@@ -616,9 +618,12 @@ class HangWatch:
         return self.timeout != 0
 
     def started(self) -> None:
-        """The workers are starting: silence counts from now (a hang before the first step
-        is found like any other)."""
-        if self._since is None:
+        """A node's workers are starting: silence counts from now (a hang before the first
+        step is found like any other). Until a rank has shown progress, from the last node's
+        start: while herd is still starting nodes, the running ones wait at the rendezvous
+        for them by design, and a look at them (every rank's stack on every node, again and
+        again on a start that takes minutes) could only find that wait."""
+        if self._since is None or not self._signalled:
             self._reset(self._clock())
 
     def signal(self, rank: int | None, step: int | None = None) -> None:
