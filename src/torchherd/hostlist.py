@@ -1,4 +1,5 @@
-"""Slurm hostlists (``gpu[01-04,07]``, ``a[1-2]-b[3-4]``) and PBS nodefiles, read into host names.
+"""Slurm hostlists (``gpu[01-04,07]``, ``a[1-2]-b[3-4]``) and PBS nodefiles, read into host names;
+and host names written back as one hostlist (``compress_hostlist``), for lines about many nodes.
 
 The expander follows Slurm's own rules: a comma or white space outside brackets separates
 entries, each bracket holds numbers and ranges separated by commas, a range keeps the zero
@@ -18,6 +19,7 @@ from pathlib import Path
 from .errors import ConfigError
 
 _BRACKET = re.compile(r"\[([^\[\]]*)\]")
+_TRAILING_NUMBER = re.compile(r"^(.*?)(\d+)$")
 
 
 def expand_hostlist(text: str) -> list[str]:
@@ -26,6 +28,49 @@ def expand_hostlist(text: str) -> list[str]:
     for entry in _split_entries(text):
         hosts.extend(_expand_entry(entry, text))
     return hosts
+
+
+def compress_hostlist(hosts: list[str]) -> str:
+    """The inverse of expand_hostlist for herd's own lines: ``gpu01 gpu02 gpu03 gpu07 cpu1`` ->
+    ``gpu[01-03,07],cpu1``. Hosts that differ only in a trailing number share a bracket (zero
+    padding kept: a padded number shares one only with numbers of its width); groups come in
+    the order of their first host, numbers in order within a group, duplicates once. Expanded
+    again, it gives every host once."""
+    groups: dict[tuple[str, int], set[int]] = {}
+    for host in dict.fromkeys(hosts):
+        found = _TRAILING_NUMBER.match(host)
+        if found is None:
+            groups[(host, -1)] = set()
+            continue
+        prefix, digits = found.groups()
+        padded = len(digits) > 1 and digits.startswith("0")
+        # An unpadded number as wide as a padded group's reads the same written padded.
+        width = len(digits) if padded or (prefix, len(digits)) in groups else 0
+        groups.setdefault((prefix, width), set()).add(int(digits))
+    entries = []
+    for (prefix, width), numbers in groups.items():
+        if width < 0:
+            entries.append(prefix)
+        elif len(numbers) == 1:
+            entries.append(f"{prefix}{min(numbers):0{width}d}")
+        else:
+            entries.append(f"{prefix}[{_ranges(sorted(numbers), width)}]")
+    return ",".join(entries)
+
+
+def _ranges(numbers: list[int], width: int) -> str:
+    """1 2 3 5 7 8 -> 1-3,5,7-8 (each number written ``width`` digits wide, zero-padded)."""
+    pieces: list[str] = []
+    start = previous = numbers[0]
+    for number in [*numbers[1:], None]:
+        if number is not None and number == previous + 1:
+            previous = number
+            continue
+        low, high = f"{start:0{width}d}", f"{previous:0{width}d}"
+        pieces.append(low if start == previous else f"{low}-{high}")
+        if number is not None:
+            start = previous = number
+    return ",".join(pieces)
 
 
 def _split_entries(text: str) -> list[str]:

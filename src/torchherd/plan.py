@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from .agent.protocol import ATTEMPT_VAR
 from .errors import ConfigError, NodeNotReady
 from .facts import NodeFacts
+from .hostlist import compress_hostlist
 from .redact import MASK, redact_argv, redact_env
 from .spec import ClusterSpec, NodeSpec
 
@@ -300,10 +301,12 @@ def _standalone_plan(
 def crowded_nodes(
     cluster: ClusterSpec, job: JobSpec, facts: Mapping[str, NodeFacts]
 ) -> tuple[str, ...]:
-    """A warning per node without GPUs where more workers than CPU cores were asked for:
+    """A warning for the nodes without GPUs where more workers than CPU cores were asked for:
     the job starts, but its workers fight over the cores (and a typo such as --nproc 64 on a
-    laptop goes unnoticed until the machine crawls). The fix names where the number came from."""
-    warnings = []
+    laptop goes unnoticed until the machine crawls). The fix names where the number came from.
+    Nodes with the same numbers and fix share one warning, as a hostlist (a thousand identical
+    nodes: one line, not a thousand)."""
+    alike: dict[tuple[int, int, str], list[str]] = {}
     for node in cluster.nodes:
         node_facts = facts.get(node.host)
         if node_facts is None or node_facts.gpu_count or not node_facts.cpu_count:
@@ -317,11 +320,13 @@ def crowded_nodes(
             fix = f"nproc = {cores} (or fewer) for {node.host} in {cluster.source}"
         else:
             fix = f"--nproc {cores}"
-        warnings.append(
-            f"{node.host}: {nproc} workers on {cores} CPU core(s) and no GPU: the workers will "
-            f"fight over the cores; fix: {fix}"
-        )
-    return tuple(warnings)
+        alike.setdefault((nproc, cores, fix), []).append(node.host)
+    return tuple(
+        f"{compress_hostlist(hosts)}{f' ({len(hosts)} nodes)' if len(hosts) > 1 else ''}: "
+        f"{nproc} workers on {cores} CPU core(s) and no GPU: the workers will fight over the "
+        f"cores; fix: {fix}"
+        for (nproc, cores, fix), hosts in alike.items()
+    )
 
 
 def _elastic_argv(

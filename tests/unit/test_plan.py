@@ -8,7 +8,7 @@ import pytest
 
 from torchherd.errors import ConfigError, NodeNotReady
 from torchherd.facts import Interface, NodeFacts, Route
-from torchherd.plan import JobSpec, make_plan
+from torchherd.plan import JobSpec, crowded_nodes, make_plan
 from torchherd.spec import ClusterSpec, NodeSpec, local_cluster
 
 
@@ -254,3 +254,33 @@ def test_gpu_nodes_get_the_nccl_flight_recorder_unless_the_user_set_it() -> None
     assert gpu.env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "0"  # the cluster's own value
     assert "TORCH_NCCL_TRACE_BUFFER_SIZE" not in gpu.env  # the node's own value stays
     assert handling not in cpu.env and "TORCH_NCCL_TRACE_BUFFER_SIZE" not in cpu.env
+
+
+def test_nodes_alike_share_one_crowded_warning() -> None:
+    """Nodes without GPUs asked for more workers than cores: those with the same numbers and
+    fix share one warning, named as a hostlist; a node that differs has its own."""
+    hosts = [f"n{i}" for i in range(1, 11)]
+    cluster = ClusterSpec(nodes=tuple(NodeSpec(host=h) for h in hosts))
+    found = {
+        h: replace(facts(h, [("eth0", f"10.0.0.{i}", 24)]), cpu_count=4 if h == "n10" else 2)
+        for i, h in enumerate(hosts, 1)
+    }
+    warnings = crowded_nodes(cluster, JobSpec(entry=("t.py",), nproc=8), found)
+    assert warnings == (
+        "n[1-9] (9 nodes): 8 workers on 2 CPU core(s) and no GPU: the workers will fight over "
+        "the cores; fix: --nproc 2 (or fewer)",
+        "n10: 8 workers on 4 CPU core(s) and no GPU: the workers will fight over the cores; "
+        "fix: --nproc 4 (or fewer)",
+    )
+
+
+def test_a_large_jobs_banner_names_its_nodes_as_hostlists() -> None:
+    """Up to BANNER_NODES nodes, each by name; above, one hostlist per worker count."""
+    from torchherd.launcher.job import BANNER_NODES, hosts_by_nproc
+
+    def nodes(count: int) -> list[NodeSpec]:
+        return [NodeSpec(host=f"sim{i:02d}", nproc=4 if i == 7 else 8) for i in range(count)]
+
+    small = hosts_by_nproc(nodes(BANNER_NODES))
+    assert small[:2] == [("sim00", 8), ("sim01", 8)] and len(small) == BANNER_NODES
+    assert hosts_by_nproc(nodes(40)) == [("sim[00-06,08-39]", 8), ("sim07", 4)]

@@ -14,7 +14,7 @@ import pytest
 
 from torchherd.agent.relay import CANNOT_CONNECT
 from torchherd.errors import ConfigError, HerdError
-from torchherd.hostlist import expand_hostlist, parse_nodefile
+from torchherd.hostlist import compress_hostlist, expand_hostlist, parse_nodefile
 from torchherd.scheduler.detect import (
     Allocation,
     cluster_for_allocation,
@@ -57,6 +57,23 @@ from torchherd.transport.slurm import (
 def test_hostlist_expands_like_slurm(text: str, hosts: list[str]) -> None:
     assert expand_hostlist(text) == hosts
     assert expand_nodelist(text) == hosts  # the spec's loader uses the same expander
+
+
+@pytest.mark.parametrize(
+    ("hosts", "text"),
+    [
+        (["node1"], "node1"),
+        (["gpu01", "gpu02", "gpu03", "gpu07", "cpu1"], "gpu[01-03,07],cpu1"),
+        (["n8", "n9", "n10", "n11"], "n[8-11]"),
+        (["n098", "n099", "n100", "n101"], "n[098-101]"),
+        ([f"sim{i}" for i in reversed(range(1000))], "sim[0-999]"),
+        (["b2", "a", "b1", "b1", "c.ib"], "b[1-2],a,c.ib"),
+        (["x01", "x1", "x2"], "x01,x[1-2]"),  # x1 is not x01: each keeps its own width
+    ],
+)
+def test_hosts_compress_into_a_hostlist_that_expands_back(hosts: list[str], text: str) -> None:
+    assert compress_hostlist(hosts) == text
+    assert sorted(expand_hostlist(text)) == sorted(set(hosts))
 
 
 @pytest.mark.parametrize("text", ["gpu[01-", "gpu]1[", "gpu[a-b]", "gpu[5-2]", "g[1[2]]"])
