@@ -61,3 +61,37 @@ def test_a_script_reads_its_group_from_herds_variables() -> None:
     )
     assert where is not None
     assert (where.group, where.groups, where.addr) == (1, 3, "10.0.0.2")
+
+
+def test_a_plan_that_drew_a_store_port_already_given_is_made_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The lighthouse and group 0 are planned at once on the first node, each probe picking
+    a port free there at that moment: a plan whose store address another of the job's plans
+    was given (the lighthouse's own first) is made again, and the one set aside closes its
+    links. Plans stand in for replan here: which port a probe draws is chance on real nodes."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from torchherd.launcher import groups
+
+    drawn = iter(["10.0.0.1:29500", "10.0.0.1:29600", "10.0.0.1:29700"])
+    closed: list[str] = []
+
+    async def replan(*_args: object, **_kwargs: object) -> SimpleNamespace:
+        endpoint = next(drawn)
+        return SimpleNamespace(plan=SimpleNamespace(rdzv_endpoint=endpoint), links=endpoint)
+
+    async def close_links(links: str) -> None:
+        closed.append(links)
+
+    monkeypatch.setattr(groups, "replan", replan)
+    monkeypatch.setattr(groups, "close_links", close_links)
+    run = object.__new__(groups.GroupsRun)
+    run.prepared, run.transport = None, None  # type: ignore[assignment]
+    run.endpoints = {"10.0.0.1:29500", "10.0.0.1:29600"}  # the lighthouse's, a group's
+    job = JobSpec(entry=("t.py",))
+    prepared = asyncio.run(run._plan_apart(job, ["node1"]))
+    assert prepared.plan.rdzv_endpoint == "10.0.0.1:29700"
+    assert closed == ["10.0.0.1:29500", "10.0.0.1:29600"]
+    assert "10.0.0.1:29700" in run.endpoints

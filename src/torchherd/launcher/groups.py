@@ -62,6 +62,9 @@ COLLECTIVE_TIMEOUT_S = 3
 # A dead lighthouse is restarted this many times; it reports no steps, so herd's crash-loop
 # rule (restarts without progress) must not end it.
 LIGHTHOUSE_RESTARTS = 1000
+# Plans of a group (or of the lighthouse) tried before it keeps a port another of this job's
+# stores was given (two probes picked the same free port; see _plan_apart).
+PLAN_TRIES = 3
 # Seconds between looks at a lost group's node, and at the groups' steps.
 NODE_RETRY_EVERY = 5.0
 WATCH_EVERY = 0.25
@@ -229,6 +232,9 @@ class GroupsRun:
         """Nodes a group left for a spare: never offered as a spare again in this job."""
         self.fences: list[asyncio.Task[None]] = []
         """Sweeps of lost nodes, each waiting for its node to answer again."""
+        self.endpoints: set[str] = {prepared.plan.rdzv_endpoint or ""}
+        """Every store address (host:port) this job's plans were given, the lighthouse's own
+        first: a new plan takes none of them (_plan_apart)."""
         self.slow = StragglerWatch()
         """Every group's ranks' step timings: who the groups wait for."""
         self.record = new_record(prepared.cluster, prepared.plan, self.log_dir, state="running")
@@ -296,7 +302,7 @@ class GroupsRun:
     async def _keep_lighthouse(self, port: int, bind: str) -> None:
         job = lighthouse_job(self.job, port, bind)
         first = self.prepared.plan.nodes[0].host
-        prepared = await replan(self.prepared, job, self.transport, nodes=[first], links={})
+        prepared = await self._plan_apart(job, [first])
         self.lighthouse = JobRun(
             prepared,
             job,
@@ -377,8 +383,23 @@ class GroupsRun:
 
     async def _group_plan(self, group: Group, lighthouse: str) -> tuple[Prepared, JobSpec]:
         job = self._group_job(group, lighthouse, self._address(group.nodes[0]))
-        prepared = await replan(self.prepared, job, self.transport, nodes=group.nodes, links={})
-        return prepared, job
+        return await self._plan_apart(job, group.nodes), job
+
+    async def _plan_apart(self, job: JobSpec, nodes: list[str]) -> Prepared:
+        """The plan of a group's (or the lighthouse's) run on ``nodes``, its store on a port
+        none of this job's other plans was given. The lighthouse and group 0 share the first
+        node and are planned at the same moment: each probe picks a port free there then, and
+        nothing holds it until its torchrun binds it, so both could pick the same one and the
+        second to bind fail (seen: one pick in about 600)."""
+        for tries_left in reversed(range(PLAN_TRIES)):
+            prepared = await replan(self.prepared, job, self.transport, nodes=nodes, links={})
+            endpoint = prepared.plan.rdzv_endpoint
+            if endpoint is None or endpoint not in self.endpoints or not tries_left:
+                break
+            await close_links(prepared.links)
+        if endpoint is not None:
+            self.endpoints.add(endpoint)
+        return prepared
 
     def _address(self, host: str) -> str | None:
         """The address the launch's plan found for a node (a group's first node, where its
