@@ -232,7 +232,9 @@ class GroupsRun:
         """Nodes a group left for a spare: never offered as a spare again in this job."""
         self.fences: list[asyncio.Task[None]] = []
         """Sweeps of lost nodes, each waiting for its node to answer again."""
-        self.endpoints: set[str] = {prepared.plan.rdzv_endpoint or ""}
+        self.endpoints: set[str] = (
+            {prepared.plan.rdzv_endpoint} if prepared.plan.rdzv_endpoint else set()
+        )
         """Every store address (host:port) this job's plans were given, the lighthouse's own
         first: a new plan takes none of them (_plan_apart)."""
         self.slow = StragglerWatch()
