@@ -72,7 +72,9 @@ def test_the_launcher_takes_each_rank_of_a_beats_event(tmp_path: Path) -> None:
     attempt.events.handle(node, {"e": "beats", "b": [[1, 13, 103.0, None, 0.03, 0.2, 0.004]]})
     output.close()
     assert attempt.hang.steps == {0: 12, 1: 13}
-    assert attempt.state.step_rates()["n1"] == (13, pytest.approx(2.0))
+    # The node's step is its highest rank's, from its first report (9 at 100.0) to its last
+    # (13 at 103.0).
+    assert attempt.state.step_rates()["n1"] == (13, pytest.approx(4 / 3))
     assert attempt.slow.watch.reports_compute  # rank 0's compute times reached the watch
     assert list(attempt.slow.watch.times[("n1", 0)]) == [0.2, 0.2]
     assert ("n1", 1) not in attempt.slow.watch.times  # no compute reported: none counted

@@ -45,6 +45,25 @@ def test_a_step_heard_again_does_not_count_as_stepping() -> None:
     assert state.step_rates() == {"n1": (9, 2.0)}
 
 
+def test_a_nodes_report_gives_its_highest_step_and_its_slowest_ranks_work() -> None:
+    """One report of a node's ranks' newest beats: the node stepped to its highest step (at
+    that beat's time), and its step time is its slowest rank's work per step, whether the
+    rank timed its waits (cycle - wait) or only its compute; a report with no step in it
+    records nothing."""
+    state = live(["n1"])
+    state.reported("n1", [[0, "junk", 99.0, None], [1, None, 99.5, 0.3]], now=0.5, wall=999.0)
+    assert state.stepped_at == {} and "n1" not in state.step_times
+    report = [
+        [0, 4, 100.0, 0.2],  # compute only: 0.2 s
+        [1, 5, 100.5, None, 0.1, 0.5, 0.0],  # waits timed: 0.5 - 0.1 = 0.4 s of work
+        [2, "junk", 101.0, None],
+    ]
+    state.reported("n1", report, now=1.0, wall=1000.0)
+    assert state.stepped_at == {"n1": 1.0}
+    assert state.node_steps["n1"] == [(100.5, 5), (100.5, 5)]
+    assert state.step_times["n1"].points() == [[5, 0.4, 1000.0]]
+
+
 def test_a_word_about_another_attempt_changes_nothing(tmp_path: Path) -> None:
     attempt, output = attempt_of(tmp_path, ["n1", "n2"])
     n1 = attempt.state.nodes["n1"]

@@ -673,6 +673,23 @@ def test_a_rank_still_working_after_the_others_finished_gets_minutes() -> None:
         assert watch.check() is None
 
 
+def test_a_nodes_report_is_progress_for_each_rank_in_it_and_an_empty_one_is_none() -> None:
+    """A node's report (its ranks' newest steps, or lines: no step) is each rank's progress,
+    one new silence for the lot; a report that names no rank leaves the silence running."""
+    clock = Clock()
+    watch = HangWatch(clock=clock, world_size=3)
+    watch.started()
+    clock.advance(5.0)
+    watch.progressed("a", [(0, 3), (1, None)])
+    assert watch.steps == {0: 3} and watch.last_signal == {0: clock(), 1: clock()}
+    assert watch.silent_for() == 0.0
+    clock.advance(5.0)
+    watch.progressed("a", [])
+    assert watch.silent_for() == 5.0
+    watch.progressed("b", [(2, 7), (0, 2)])  # rank 0's older step does not lower its own
+    assert watch.steps == {0: 3, 2: 7} and watch.max_step == 7 and watch.silent_for() == 0.0
+
+
 def test_a_node_whose_ranks_all_left_marks_the_others_finish() -> None:
     """torchrun waits at its exit barrier (minutes) for the other nodes: its node does not end,
     but its looks come back empty. A rank still running elsewhere is named."""

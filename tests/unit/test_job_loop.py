@@ -417,7 +417,7 @@ def test_each_attempt_keeps_its_own_step_times_and_where_a_node_was_named_slow(
                 for host in HOSTS:
                     slow = 1.3 if host == "n2" and work > 0.1 else 1.0
                     beat = [0, 10 * i, 100.0 + i, None, 0.01, 0.01 + work * slow, 0.0]
-                    job.current.state.step_timed(host, [beat], 1000.0 + i)
+                    job.current.state.reported(host, [beat], float(i), 1000.0 + i)
             if work > 0.1:
                 job._slow(Slow("n2", 1, "is 1.30x slower than the median rank", 1.3))
                 seen_at_naming.append(json.loads(json.dumps(job.record.attempts[-1])))

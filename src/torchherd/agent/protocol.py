@@ -80,7 +80,9 @@ def encode(event: dict[str, Any]) -> bytes:
 def decode(line: bytes | str) -> dict[str, Any] | None:
     """One event, or None for a line that is not protocol (e.g. a shell's motd)."""
     try:
-        value = json.loads(line)
+        # Bytes decoded here, not by json.loads: it would first guess their encoding, in
+        # Python, for every event (UTF-8 is the protocol's).
+        value = json.loads(line.decode() if isinstance(line, bytes) else line)
     except (ValueError, UnicodeDecodeError):
         return None
     return value if isinstance(value, dict) else None

@@ -50,6 +50,15 @@ class SlowRanks:
         self._samples: set[int] = set()
         self._why: dict[tuple[str, int], asyncio.Future[list[str]]] = {}
 
+    def reported(self, host: str, beats: list[list[Any]]) -> None:
+        """One report of a node: each rank's newest beat, [rank, step, at, compute, wait,
+        cycle, data] (rank an int; the timings None or missing when not measured)."""
+        for beat in beats:
+            rank = beat[0]
+            self.computed(host, rank, beat[3])
+            if len(beat) >= 6:
+                self.timed(host, rank, beat[4], beat[5], beat[6] if len(beat) >= 7 else None)
+
     def computed(self, host: str, rank: object, seconds: object) -> None:
         """A rank's compute seconds for its latest step, from its beat (None: not reported)."""
         if isinstance(rank, int) and isinstance(seconds, int | float):

@@ -75,7 +75,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -631,6 +631,25 @@ class HangWatch:
         if rank is None:
             return
         now = self._clock()
+        self._progress(rank, step, now)
+        self._reset(now)
+
+    def progressed(self, host: str, ranks: Iterable[tuple[int, int | None]]) -> None:
+        """Ranks of ``host`` showed progress together (one report of the node: each rank's
+        newest step, or None for a line): ``seen`` and ``signal`` for each, with one reading
+        of the clock and one new silence for the lot (a thousand nodes' reports a few seconds
+        apart are most of what the launcher does while a job runs)."""
+        now = self._clock()
+        seen = self._seen_on.setdefault(host, set())
+        heard = False
+        for rank, step in ranks:
+            seen.add(rank)
+            self._progress(rank, step, now)
+            heard = True
+        if heard:
+            self._reset(now)
+
+    def _progress(self, rank: int, step: int | None, now: float) -> None:
         self.last_signal[rank] = now
         self._signalled = True
         if step is not None and step >= self.steps.get(rank, -1):
@@ -638,7 +657,6 @@ class HangWatch:
             if not self._paces or step > self._paces[-1][1]:
                 self._paces.append((now, step))
                 del self._paces[:-20]
-        self._reset(now)
 
     def phase(self, rank: int | None, name: str | None) -> None:
         """A rank declared a long phase (or ended it: ``name`` None)."""

@@ -77,9 +77,7 @@ class AgentEvents:
         elif kind == "line":
             self.lines(host, [[event.get("r"), event.get("l"), event.get("s"), event.get("t")]])
         elif kind == "spoke":  # ranks whose lines the node kept: progress all the same
-            for rank in event.get("r") or []:
-                if isinstance(rank, int):
-                    self._progress(host, rank)
+            self._progress(host, {r for r in event.get("r") or [] if isinstance(r, int)})
         elif kind == "beats":
             self.beats(host, event.get("b") or [])
         elif kind == "phase":
@@ -112,11 +110,11 @@ class AgentEvents:
         elif kind == "exit":
             self.exited(node, event)
 
-    def _progress(self, host: str, rank: int) -> None:
-        """A rank spoke (a line, sent or kept on its node): it is alive and making progress."""
-        self.state.spoke(host, rank)
-        self.hang.seen(host, rank)
-        self.hang.signal(rank)
+    def _progress(self, host: str, ranks: set[int]) -> None:
+        """Ranks spoke (lines, sent or kept on their node): alive and making progress."""
+        for rank in ranks:
+            self.state.spoke(host, rank)
+        self.hang.progressed(host, [(rank, None) for rank in ranks])
 
     def lines(self, host: str, batch: list[Any]) -> None:
         """Worker lines of one node: to the output, and as progress of the ranks that spoke."""
@@ -131,24 +129,22 @@ class AgentEvents:
             if rank is not None:
                 spoke.add(rank)
         self.output.lines(host, shown)
-        for rank in spoke:
-            self._progress(host, rank)
+        self._progress(host, spoke)
 
     def beats(self, host: str, beats: list[Any]) -> None:
         """A node's newest beat of each rank that beat since its last report:
-        [rank, step, at, compute, wait, cycle, data] (seconds per step, or None)."""
-        for item in beats:
-            if not isinstance(item, list) or len(item) < 4:
-                continue
-            rank, step, at, compute, *timings = item
-            if not isinstance(rank, int):
-                continue
-            self.hang.seen(host, rank)
-            self.hang.signal(rank, step if isinstance(step, int) else None)
-            self.slow.computed(host, rank, compute)
-            self.slow.timed(host, rank, *(timings + [None, None, None])[:3])
-            self.state.stepped(host, step, at, self.clock())
-        self.state.step_timed(host, [b for b in beats if isinstance(b, list)], time.time())
+        [rank, step, at, compute, wait, cycle, data] (seconds per step, or None). The node's
+        report goes to each judge whole (a thousand nodes report every few seconds)."""
+        reported = [
+            b for b in beats if isinstance(b, list) and len(b) >= 4 and isinstance(b[0], int)
+        ]
+        if not reported:
+            return
+        self.hang.progressed(
+            host, [(b[0], b[1] if isinstance(b[1], int) else None) for b in reported]
+        )
+        self.slow.reported(host, reported)
+        self.state.reported(host, reported, self.clock(), time.time())
 
     def marks(self, host: str, event: dict[str, Any]) -> None:
         """A node's start marks (its agent's StartMarks), placed on this launcher's clock;

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from ...plan import LaunchPlan
 from ...recovery.failures import NodeRun, NodeState, choose_first_failure, in_words
@@ -116,18 +117,28 @@ class LiveState:
             first = self.node_steps.setdefault(host, [(at, step), (at, step)])[0]
             self.node_steps[host] = [first, (at, max(step, self.node_steps[host][1][1]))]
 
-    def step_timed(self, host: str, beats: list[list[object]], now: float) -> None:
+    def reported(self, host: str, beats: list[list[Any]], now: float, wall: float) -> None:
         """A node's report of its ranks' newest beats ([rank, step, at, compute, wait, cycle,
-        ...]): one point of its step time, its slowest rank's work per step (the rank the
-        node holds the others back with), at its highest step."""
-        timed = [beat_seconds(*(b[3:6] + [None, None])[:3]) for b in beats if len(b) >= 4]
-        found = [t for t in timed if t is not None]
-        stepped = [(b[1], b[2]) for b in beats if len(b) >= 3 and isinstance(b[1], int)]
-        if stepped:
-            step, at = max(stepped, key=lambda pair: int(pair[0]))
-            series = self.step_times.get(host) or StepSeries(limit_for(len(self.nodes)))
-            self.step_times[host] = series
-            series.add(step, at, now, max(found) if found else None)
+        ...], at least four items each): the node's highest step (``stepped``, heard at
+        ``now`` on this launcher's clock), and one point of its step time at that step, its
+        slowest rank's work per step (the rank the node holds the others back with), placed
+        at ``wall`` (this machine's time of day)."""
+        highest: list[Any] | None = None
+        slowest: tuple[float, str] | None = None
+        for beat in beats:
+            step = beat[1]
+            if isinstance(step, int) and (highest is None or step > highest[1]):
+                highest = beat
+            wait, cycle = (beat[4], beat[5]) if len(beat) >= 6 else (None, None)
+            timed = beat_seconds(beat[3], wait, cycle)
+            if timed is not None and (slowest is None or timed > slowest):
+                slowest = timed
+        if highest is None:
+            return
+        self.stepped(host, highest[1], highest[2], now)
+        series = self.step_times.get(host) or StepSeries(limit_for(len(self.nodes)))
+        self.step_times[host] = series
+        series.add(highest[1], highest[2], wall, slowest)
 
     def step_rates(self) -> dict[str, tuple[int, float | None]]:
         """host -> (latest step, steps per second over the attempt, when known)."""
