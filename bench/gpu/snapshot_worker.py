@@ -8,8 +8,9 @@ warm-up of each (first-touch of the pinned host buffers, of the folders), ``--ro
 ``Snapshotter.save_async`` (training waits only for the copy to pinned host memory), as
 bench/snapshot.py times them. Then PyTorch DCP's ``async_save`` on the same state with its own
 buffer reuse, the best this torch has: a ``DefaultStager`` (pinned, reused, blocking staging, so
-the call's time is the stall), else ``FileSystemWriter(cache_staged_state_dict=True)``, else
-none. Prints one line ``HERD_GPU_SNAPSHOT {json}``.
+the call's time is the stall), else ``FileSystemWriter(cache_staged_state_dict=True)`` (it
+pins memory: a GPU's torch only), else none; one that fails here is named with its error and
+the next is measured. Prints one line ``HERD_GPU_SNAPSHOT {json}``.
 """
 
 from __future__ import annotations
@@ -72,14 +73,17 @@ def measure_ours(state: dict[str, torch.Tensor], scratch: Path, rounds: int) -> 
     return {"sync_s": syncs, "stall_s": stalls, "round_trip": bool(round_trip)}
 
 
-def _dcp_saver(
-    scratch: Path, gpu: bool
-) -> tuple[str, Callable[[Any, str], Any], Callable[[], None]]:
-    """(the buffer reuse used, save(state, path) -> what to wait on, close). Pinned memory and
-    non-blocking copies only from a GPU (a CPU-only torch refuses them)."""
+Saver = tuple[str, Callable[[Any, str], Any], Callable[[], None]]
+
+
+def _dcp_savers(scratch: Path, gpu: bool) -> list[Saver]:
+    """DCP's ways of reusing its staging buffers, best first: each (the buffer reuse used,
+    save(state, path) -> what to wait on, close). Pinned memory and non-blocking copies only
+    from a GPU (a CPU-only torch refuses them)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import FileSystemWriter, staging
 
+    savers: list[Saver] = []
     if hasattr(staging, "DefaultStager") and hasattr(staging, "StagingOptions"):
         stager = staging.DefaultStager(
             staging.StagingOptions(
@@ -89,24 +93,31 @@ def _dcp_saver(
                 use_non_blocking_copy=gpu,
             )
         )
-        return (
-            "DefaultStager (pinned, reused)" if gpu else "DefaultStager (reused)",
-            lambda state, path: dcp.async_save(state, checkpoint_id=path, async_stager=stager),
-            stager.close,
+        savers.append(
+            (
+                "DefaultStager (pinned, reused)" if gpu else "DefaultStager (reused)",
+                lambda state, path: dcp.async_save(state, checkpoint_id=path, async_stager=stager),
+                stager.close,
+            )
         )
     try:
         writer = FileSystemWriter(str(scratch / "dcp-first"), cache_staged_state_dict=True)
     except TypeError:
-        return (
-            "none (this torch has no buffer reuse)",
+        pass  # this torch has no such cache
+    else:
+
+        def cached(state: Any, path: str) -> Any:
+            return dcp.async_save(state, checkpoint_id=path, storage_writer=writer)
+
+        savers.append(("FileSystemWriter(cache_staged_state_dict=True)", cached, lambda: None))
+    savers.append(
+        (
+            "none (no buffer reuse)",
             lambda state, path: dcp.async_save(state, checkpoint_id=path),
             lambda: None,
         )
-    return (
-        "FileSystemWriter(cache_staged_state_dict=True)",
-        lambda state, path: dcp.async_save(state, checkpoint_id=path, storage_writer=writer),
-        lambda: None,
     )
+    return savers
 
 
 def _wait(pending: Any) -> None:
@@ -116,13 +127,41 @@ def _wait(pending: Any) -> None:
 
 
 def measure_dcp(state: dict[str, torch.Tensor], scratch: Path, rounds: int) -> dict[str, Any]:
+    """DCP's async_save stalls with the best buffer reuse that works here. One that fails goes
+    in ``dcp_fallbacks`` and the next is measured: torch 2.11 (seen on an H200) closes a
+    caller's DefaultStager after its first save, and the second fails inside DCP
+    (``KeyError: <class 'type'>``, its emptied copy table)."""
     import torch.distributed as dist
 
     if not dist.is_initialized():
         store = f"file://{scratch / 'dcp-store'}"
         dist.init_process_group("gloo", init_method=store, rank=0, world_size=1)
     gpu = next(iter(state.values())).device.type == "cuda"
-    reuse, save, close = _dcp_saver(scratch, gpu)
+    fallbacks: list[str] = []
+    try:
+        savers = _dcp_savers(scratch, gpu)
+        for index, (reuse, save, close) in enumerate(savers):
+            try:
+                stalls = _dcp_stalls(state, scratch, rounds, save, close)
+            except Exception as exc:  # noqa: BLE001 - DCP's failure is reported, not raised
+                if index == len(savers) - 1:
+                    raise
+                fallbacks.append(f"{reuse}: {type(exc).__name__}: {exc}")
+                continue
+            return {"dcp_stall_s": stalls, "dcp_reuse": reuse, "dcp_fallbacks": fallbacks}
+        raise AssertionError("unreachable: the last saver returns or raises")
+    finally:
+        dist.destroy_process_group()
+
+
+def _dcp_stalls(
+    state: dict[str, torch.Tensor],
+    scratch: Path,
+    rounds: int,
+    save: Callable[[Any, str], Any],
+    close: Callable[[], None],
+) -> list[float]:
+    """Seconds training waits in each of ``rounds`` async saves, after one that warms up."""
     stalls: list[float] = []
     try:
         for index in range(rounds + 1):  # the first round warms DCP up, as ours
@@ -137,8 +176,9 @@ def measure_dcp(state: dict[str, torch.Tensor], scratch: Path, rounds: int) -> d
             shutil.rmtree(path, ignore_errors=True)
     finally:
         close()
-        dist.destroy_process_group()
-    return {"dcp_stall_s": stalls[1:], "dcp_reuse": reuse}
+        for index in range(rounds + 1):  # what a failed round left
+            shutil.rmtree(scratch / f"dcp-{index}", ignore_errors=True)
+    return stalls[1:]
 
 
 def main(argv: list[str] | None = None) -> int:

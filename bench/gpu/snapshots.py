@@ -75,7 +75,7 @@ def snapshot_rows(answer: Mapping[str, Any]) -> list[Row]:
                 "our stall / DCP async_save stall",
                 stall / dcp,
                 f"{stall:.3f} s / {dcp:.3f} s = {stall / dcp:.3f}; DCP's buffer reuse: "
-                f"{answer.get('dcp_reuse')}",
+                f"{answer.get('dcp_reuse')}" + _failed_first(answer.get("dcp_fallbacks")),
                 VERSUS_DCP_TARGET,
                 dcp_stall_s=answer.get("dcp_stall_s"),
             )
@@ -88,6 +88,13 @@ def snapshot_rows(answer: Mapping[str, Any]) -> list[Row]:
     else:
         rows.append(failed(PART, "snapshot of GPU state loads back equal", "it did not"))
     return rows
+
+
+def _failed_first(fallbacks: object) -> str:
+    """The better buffer reuses that failed on this torch, each with the start of its error."""
+    if not isinstance(fallbacks, list) or not fallbacks:
+        return ""
+    return " (failed first: " + "; ".join(str(f)[:100] for f in fallbacks) + ")"
 
 
 def _host_available() -> float | None:

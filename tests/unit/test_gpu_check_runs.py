@@ -211,6 +211,46 @@ def test_snapshot_worker_on_cpu_tensors(tmp_path: Path) -> None:
     assert list((tmp_path / "scratch").iterdir()) == []  # it cleans up after itself
 
 
+def test_dcp_reference_falls_back_when_its_stager_fails_on_reuse(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """torch 2.11 (seen on an H200) closes the caller's DefaultStager after a save, and the
+    next save fails inside DCP. Here the real stager is closed after each save, as there: the
+    check names that failure and measures DCP with the next way that works instead of giving up
+    (on a CPU-only torch the cached writer fails too: it pins memory)."""
+    import torch
+
+    from bench.gpu import snapshot_worker as worker
+
+    real = worker._dcp_savers
+
+    def stager_closed_after_each_save(scratch: Path, gpu: bool) -> list[worker.Saver]:
+        savers = real(scratch, gpu)
+        label, save, close = savers[0]
+
+        def save_then_close(state: object, path: str) -> object:
+            pending = save(state, path)
+            close()
+            return pending
+
+        return [(label, save_then_close, close), *savers[1:]]
+
+    monkeypatch.setattr(worker, "_dcp_savers", stager_closed_after_each_save)
+    answer = worker.measure_dcp({"w": torch.ones(4096)}, tmp_path, rounds=1)
+    expected = "none (no buffer reuse)" if TORCH.cuda is None else "FileSystemWriter("
+    assert answer["dcp_reuse"].startswith(expected), answer
+    failure = answer["dcp_fallbacks"][0]
+    assert failure.startswith("DefaultStager (reused): KeyError"), failure
+    assert len(answer["dcp_stall_s"]) == 1
+    assert not any(path.name.startswith("dcp-") for path in tmp_path.iterdir())
+    answer |= {"bytes": 16384, "tensors": 1, "sync_s": [1.0], "stall_s": [0.05]}
+    answer |= {"round_trip": True}
+    answer |= {"sync_median_s": 1.0, "stall_median_s": 0.05}
+    answer["dcp_stall_median_s"] = answer["dcp_stall_s"][0]
+    row = snapshots.snapshot_rows(answer)[2]
+    assert "failed first: DefaultStager (reused): KeyError" in row.detail, row
+
+
 def test_copy_worker_on_cpu() -> None:
     args = ["--device", "cpu", "--megabytes", "8", "--rounds", "3"]
     done, answer = python_module("bench.gpu.copy_worker", args, allreduce.COPY_MARKER, timeout=120)
