@@ -14,6 +14,7 @@ import itertools
 import re
 import shutil
 import subprocess
+from collections.abc import Iterable
 from pathlib import Path
 
 from .errors import ConfigError
@@ -56,6 +57,24 @@ def compress_hostlist(hosts: list[str]) -> str:
         else:
             entries.append(f"{prefix}[{_ranges(sorted(numbers), width)}]")
     return ",".join(entries)
+
+
+# Up to this many nodes a line names each one; above, one hostlist per worker count.
+SPELLED_OUT_NODES = 8
+
+
+def nodes_in_words(nodes: Iterable[tuple[str, int | None]]) -> str:
+    """Nodes as (host, workers) for a line a person reads: ``gpu1×8, gpu2×4`` for a few (a
+    node whose worker count is not known yet by its host alone); above SPELLED_OUT_NODES, one
+    hostlist per worker count, in the order of each count's first node (``sim[0-999]×8``), so
+    a thousand nodes take one entry, not a thousand."""
+    pairs = list(nodes)
+    if len(pairs) > SPELLED_OUT_NODES:
+        groups: dict[int | None, list[str]] = {}
+        for host, nproc in pairs:
+            groups.setdefault(nproc, []).append(host)
+        pairs = [(compress_hostlist(hosts), nproc) for nproc, hosts in groups.items()]
+    return ", ".join(f"{host}×{nproc}" if nproc else host for host, nproc in pairs)
 
 
 def _ranges(numbers: list[int], width: int) -> str:

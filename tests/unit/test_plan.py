@@ -274,13 +274,17 @@ def test_nodes_alike_share_one_crowded_warning() -> None:
     )
 
 
-def test_a_large_jobs_banner_names_its_nodes_as_hostlists() -> None:
-    """Up to BANNER_NODES nodes, each by name; above, one hostlist per worker count."""
-    from torchherd.launcher.job import BANNER_NODES, hosts_by_nproc
+def test_lines_about_many_nodes_name_them_as_hostlists() -> None:
+    """Up to SPELLED_OUT_NODES nodes, each by name (the banner, the report page, herd init);
+    above, one hostlist per worker count, in the order of each count's first node."""
+    from torchherd.hostlist import SPELLED_OUT_NODES, nodes_in_words
 
-    def nodes(count: int) -> list[NodeSpec]:
-        return [NodeSpec(host=f"sim{i:02d}", nproc=4 if i == 7 else 8) for i in range(count)]
+    def nodes(count: int) -> list[tuple[str, int | None]]:
+        return [(f"sim{i:02d}", 4 if i == 7 else 8) for i in range(count)]
 
-    small = hosts_by_nproc(nodes(BANNER_NODES))
-    assert small[:2] == [("sim00", 8), ("sim01", 8)] and len(small) == BANNER_NODES
-    assert hosts_by_nproc(nodes(40)) == [("sim[00-06,08-39]", 8), ("sim07", 4)]
+    small = nodes_in_words(nodes(SPELLED_OUT_NODES))
+    assert small.startswith("sim00×8, sim01×8, ") and small.count("×") == SPELLED_OUT_NODES
+    assert nodes_in_words(nodes(40)) == "sim[00-06,08-39]×8, sim07×4"
+    assert nodes_in_words([("gpu1", None), ("gpu2", 4)]) == "gpu1, gpu2×4"  # count not known
+    unknown = [(f"n{i}", None) for i in range(1, 11)]
+    assert nodes_in_words(unknown) == "n[1-10]"

@@ -308,3 +308,15 @@ def test_replica_groups_show_each_outage_on_the_time_axis_and_in_words(tmp_path:
         (pytest.approx(110 + 616, abs=0.2), pytest.approx(20 * 7.7, abs=0.2)),
     ]
     assert "Replica groups" not in render(gather(job(tmp_path / "plain")), tmp_path / "r.html")
+
+
+def test_the_facts_name_a_large_jobs_nodes_as_hostlists(tmp_path: Path) -> None:
+    """The nodes row of a job on many nodes is one hostlist per worker count, as the banner
+    says it, not a thousand `host×nproc` entries; a small job's nodes each by name."""
+    record = job(tmp_path)
+    record.nodes = [{"host": f"sim{i}", "nproc": 8} for i in range(1000)]
+    record.nodes[3]["nproc"] = 4
+    page = render(gather(record), Path(record.log_dir) / "report.html")
+    assert "<td>sim[0-2,4-999]×8, sim3×4</td>" in page
+    small = job(tmp_path / "small")
+    assert "<td>gpu1×2, gpu2×2</td>" in render(gather(small), Path(small.log_dir) / "r.html")

@@ -61,6 +61,7 @@ def init_command(
 
     Example: herd init gpu1 gpu2:4 10.0.0.7 --probe
     """
+    from ..hostlist import nodes_in_words
     from ..ops import init as init_ops
 
     cluster = init_ops.nodes_from(hosts or [], hostfile)
@@ -84,7 +85,7 @@ def init_command(
         nodes, python=python, workdir=workdir, ssh_config=ssh_config, comments=comments
     )
     init_ops.write_cluster_file(output, text, force=force)
-    listed = ", ".join(f"{n.host}×{n.nproc}" if n.nproc else n.host for n in nodes)
+    listed = nodes_in_words((n.host, n.nproc) for n in nodes)
     print(f"wrote {output}: {len(nodes)} node(s) [{listed}]")
     if code != EXIT_OK:
         print("nproc of the nodes that could not be probed is left to launch time", file=sys.stderr)

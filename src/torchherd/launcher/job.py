@@ -27,7 +27,7 @@ from dataclasses import replace
 from typing import Any, TextIO
 
 from ..errors import EXIT_INTERRUPTED, EXIT_JOB_FAILED, EXIT_NEVER_EXITED, EXIT_SAVED, HerdError
-from ..hostlist import compress_hostlist
+from ..hostlist import nodes_in_words
 from ..job_nodes import new_record
 from ..logs import JobOutput, render_summary
 from ..plan import JobSpec, LaunchPlan, NodePlan, make_plan, node_workers
@@ -54,29 +54,13 @@ Sweeper = Callable[[LaunchPlan, NodePlan], Awaitable[bool]]
 """Sweeps a node's part of an attempt; True when the node answered and confirmed its end."""
 
 
-# Up to this many nodes the banner names each one; above, nodes of as many workers go as one
-# hostlist (sim[0-999]×8), so that a thousand-node banner is a line, not a page.
-BANNER_NODES = 8
-
-
-def hosts_by_nproc(nodes: Any) -> list[tuple[str, int]]:
-    """(hosts, workers per node) for the banner: one per node on a small job; on a larger one
-    one per worker count, its nodes as a hostlist."""
-    if len(nodes) <= BANNER_NODES:
-        return [(n.host, n.nproc) for n in nodes]
-    groups: dict[int, list[str]] = {}
-    for n in nodes:
-        groups.setdefault(n.nproc, []).append(n.host)
-    return [(compress_hostlist(hosts), nproc) for nproc, hosts in groups.items()]
-
-
 def banner(plan: Any, cluster: ClusterSpec) -> str:
     from .. import __version__
 
     where = (
         f"rendezvous {plan.rdzv_endpoint}" if plan.rdzv_endpoint else "standalone on this machine"
     )
-    nodes = ", ".join(f"{hosts}×{nproc}" for hosts, nproc in hosts_by_nproc(plan.nodes))
+    nodes = nodes_in_words((n.host, n.nproc) for n in plan.nodes)
     return (
         f"herd {__version__}: job {plan.job_id} on {len(plan.nodes)} node(s) [{nodes}], "
         f"world size {plan.world_size}, {where}"

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import __version__
+from ..hostlist import nodes_in_words
 from ..noise import is_noise
 from ..step_times import COMPUTE, WALL, WORK
 from .gather import Story
@@ -182,7 +183,7 @@ def stderr_shown(tail: list[Any]) -> list[str]:
 
 def _facts(story: Story) -> str:
     record = story.record
-    nodes = ", ".join(f"{n.get('host')}×{n.get('nproc', '?')}" for n in record.nodes)
+    nodes = nodes_in_words((str(n.get("host")), n.get("nproc")) for n in record.nodes)
     rows = [
         ["command", record.what or " ".join(record.command)],
         ["nodes", nodes or "-"],
