@@ -71,6 +71,9 @@ class TrainerConfig:
     """Drop the incomplete tail of each epoch instead of padding it."""
     num_workers: int = 0
     """DataLoader worker processes per rank."""
+    gc_freeze: bool = True
+    """Freeze what the model, optimizer and compiled code hold after the first step, so
+    Python's garbage collector stops walking it (its pauses stay short)."""
     tensorboard: bool = True
     """Write TensorBoard events when the tensorboard package is installed."""
     trackers: str = ""

@@ -33,6 +33,7 @@ from torch.utils.data import DataLoader, Dataset
 from torchherd import progress
 from torchherd.train import _state
 from torchherd.train._batches import batch_len, to_device
+from torchherd.train._heap import FrozenHeap
 from torchherd.train._timing import ForwardTimer, WaitTimer
 from torchherd.train.config import TrainerConfig
 from torchherd.train.data import ResumableSampler
@@ -118,6 +119,7 @@ class Trainer:
         self.parallel = self._choose_parallel(config.parallel)
         self.model = self._wrap(model.to(self.ctx.device))
         self._waits = WaitTimer(self.model, self.ctx.device, across_groups=bool(group_env()))
+        self._heap = FrozenHeap(False)  # fit makes the real one
         self._timings: tuple[float | None, float | None, float | None] = (None, None, None)
         self.optimizer = self._build_optimizer(optimizer)
         self.scheduler = scheduler(self.optimizer) if callable(scheduler) else scheduler
@@ -301,6 +303,23 @@ class Trainer:
                 f"(step {self.step}); give it a new run directory to train again (--run-dir in "
                 "the examples), or more steps to go on with this one"
             )
+        heap = self._heap = FrozenHeap(self.config.gc_freeze)
+        try:
+            self._train_epochs()
+        finally:
+            heap.close()
+        self._finish()
+        return FitResult(
+            self.step,
+            self.epoch,
+            self._last_loss,
+            self.resumed_from,
+            self._last_eval,
+            stopped=self.stopped_for_save,
+        )
+
+    def _train_epochs(self) -> None:
+        first = True
         while not self._done():
             self.sampler.set_epoch(self.epoch)
             left = len(self.loader)
@@ -323,15 +342,10 @@ class Trainer:
                     self.epoch += 1
                     self.sampler.set_epoch(self.epoch)
                 self._after_step()
-        self._finish()
-        return FitResult(
-            self.step,
-            self.epoch,
-            self._last_loss,
-            self.resumed_from,
-            self._last_eval,
-            stopped=self.stopped_for_save,
-        )
+                if first:  # the model, optimizer and compiled code exist now
+                    first = False
+                    self._heap.settle()
+                    self._waits.interrupted()  # the next step's time holds the freeze
 
     def _done(self) -> bool:
         cfg = self.config
@@ -449,6 +463,8 @@ class Trainer:
             self.save_snapshot()
         if eval_due or snapshot_due or self.stopped_for_save:
             self._waits.interrupted()  # the next step carries the others' wait for this one
+        if eval_due or snapshot_due:
+            self._heap.settle()  # an evaluation compiles graphs of its own
 
     def _flush_metrics(self, show: bool = True, settle: bool = True) -> bool:
         """Start reducing pending losses across ranks (one collective); write what earlier

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -249,3 +250,55 @@ def test_a_finished_run_run_again_says_there_is_nothing_to_train(
     out = capsys.readouterr().out
     assert f"nothing to train: {tmp_path} holds a run that already finished (step 10)" in out
     assert "new run directory" in out
+
+
+def test_the_heap_is_frozen_after_the_first_step_and_after_saving(tmp_path: Path) -> None:
+    """What the model, optimizer and compiled code hold is frozen once they exist (after the
+    first step) and again after a step that saved (an evaluation or a snapshot may build
+    objects of their own), so the collector's passes stop walking it; a collection first, so
+    no garbage is frozen; afterwards the interpreter is as fit found it. gc_freeze false
+    leaves the collector alone; a script that froze objects itself keeps them frozen."""
+    import gc
+
+    seen: list[tuple[int, int]] = []
+    dropped: list[weakref.ref[Any]] = []
+
+    class Cycle:
+        def __init__(self) -> None:
+            self.me = self
+
+    def loss(model: nn.Module, batch: Any) -> torch.Tensor:
+        seen.append((len(seen) + 1, gc.get_freeze_count()))
+        if len(seen) == 2 and seen[-1][1] > 0:  # the freeze after step 1 followed a collection
+            assert dropped[-1]() is None, "garbage was frozen"
+        dropped.append(weakref.ref(Cycle()))  # a reference cycle, garbage at once
+        return supervised(nn.functional.mse_loss)(model, batch)
+
+    def run(run_dir: Path, **overrides: Any) -> Trainer:
+        seen.clear()
+        trainer = make_trainer(run_dir, **overrides)
+        trainer.loss_fn = loss  # type: ignore[method-assign]
+        with trainer:
+            trainer.fit()
+        return trainer
+
+    gc.collect()
+    assert gc.get_freeze_count() == 0
+    trainer = run(tmp_path / "on", grad_accum_steps=1, snapshot_every=4, max_steps=6)
+    before_first = seen[0][1]
+    steps = seen[:6]  # then the final evaluation's, after fit let go
+    assert before_first == 0 and all(frozen > 0 for _, frozen in steps[1:]), steps
+    assert trainer._heap.freezes == 2, trainer._heap.freezes  # after step 1 and step 4
+    assert gc.get_freeze_count() == 0  # unfrozen at the end
+    run(tmp_path / "off", grad_accum_steps=1, max_steps=4, gc_freeze=False)
+    assert all(frozen == 0 for _, frozen in seen), seen
+    assert len(seen) > 4  # the final evaluation's calls too
+    mine = [object() for _ in range(10)]
+    gc.freeze()
+    try:
+        own = gc.get_freeze_count()
+        run(tmp_path / "owned", grad_accum_steps=1, max_steps=3)
+        assert gc.get_freeze_count() >= own  # the script's frozen objects stay frozen
+    finally:
+        gc.unfreeze()
+    del mine
