@@ -170,3 +170,23 @@ def test_a_short_link_silence_leaves_room_for_the_others_steps() -> None:
     vouch = steps_vouch_for
     assert vouch(100.0, [103.5], now=104.0, silence=4.0, limit=90.0)
     assert not vouch(100.0, [101.5], now=104.0, silence=4.0, limit=90.0)  # a step in flight
+
+
+def test_the_launchers_stalls_are_told_at_most_once_a_minute() -> None:
+    """On a starved machine the launcher stalls several times a minute: the first is said at
+    once, the next ones in one line a minute later naming the longest and counting them all;
+    none is lost (a stall told late is told at the first look after the minute)."""
+    from torchherd.launcher.attempt.watch import STALL_LINE_EVERY, StallLines
+
+    lines = StallLines()
+    first = lines.stalled(12.0, now=100.0)
+    assert first is not None and "did not run for 12 s" in first and "stalls" not in first
+    assert lines.stalled(7.0, now=120.0) is None
+    assert lines.stalled(31.0, now=140.0) is None
+    assert lines.due(now=100.0 + STALL_LINE_EVERY - 1) is None
+    later = lines.due(now=100.0 + STALL_LINE_EVERY)
+    assert later is not None and "did not run for 31 s" in later, later
+    assert "(2 stalls, 38 s in all, since the last line)" in later, later
+    assert lines.due(now=500.0) is None  # nothing owed
+    alone = lines.stalled(20.0, now=500.0)
+    assert alone is not None and "did not run for 20 s" in alone and "stalls" not in alone

@@ -34,6 +34,35 @@ from .state import LiveState
 
 # Seconds between looks for silent nodes, stalls, deadlines and hangs.
 WATCH_EVERY = 1.0
+# At most one line a minute about this launcher's own stalls: on a starved machine they come
+# several a minute, and each line would say the same thing.
+STALL_LINE_EVERY = 60.0
+
+
+class StallLines:
+    """What to say about this launcher's stalls: the first at once, later ones at most one
+    line every STALL_LINE_EVERY s, which names the longest and counts the rest."""
+
+    def __init__(self) -> None:
+        self.said_at: float | None = None
+        self.unsaid: list[float] = []
+
+    def stalled(self, seconds: float, now: float) -> str | None:
+        self.unsaid.append(seconds)
+        return self.due(now)
+
+    def due(self, now: float) -> str | None:
+        """The line owed now, if one is (stalls not yet told and a minute since the last)."""
+        if not self.unsaid or (self.said_at is not None and now - self.said_at < STALL_LINE_EVERY):
+            return None
+        stalls, self.unsaid, self.said_at = self.unsaid, [], now
+        line = (
+            f"herd: this launcher did not run for {max(stalls):.0f} s (stopped, suspended or "
+            "starved); the nodes are judged again from now"
+        )
+        if len(stalls) > 1:
+            line += f" ({len(stalls)} stalls, {sum(stalls):.0f} s in all, since the last line)"
+        return line
 
 
 class AttemptWatch:
@@ -64,6 +93,7 @@ class AttemptWatch:
         self.silence = silence
         """Seconds without a word after which a node is lost ([cluster] link_silence)."""
         self.clock = clock
+        self.stall_lines = StallLines()
 
     async def run(self) -> None:
         """Every WATCH_EVERY s: this launcher's own stalls, silent nodes, stop deadlines,
@@ -75,6 +105,9 @@ class AttemptWatch:
             if stalled:
                 self.stalled(stalled)
                 continue
+            owed = self.stall_lines.due(self.clock())
+            if owed is not None:
+                self.output.note(owed)
             for host in self.liveness.silent():
                 link = self.links.get(host)
                 if link is not None and link.has_unread():
@@ -97,10 +130,9 @@ class AttemptWatch:
 
     def stalled(self, seconds: float) -> None:
         """This launcher did not run for ``seconds``: nothing it failed to hear is evidence."""
-        self.output.note(
-            f"herd: this launcher did not run for {seconds:.0f} s (stopped, suspended or "
-            "starved); the nodes are judged again from now"
-        )
+        line = self.stall_lines.stalled(seconds, self.clock())
+        if line is not None:
+            self.output.note(line)
         self.liveness.excuse()
         self.hang.excuse(seconds)
         self.teardown.excuse(seconds)
