@@ -80,10 +80,11 @@ def test_a_plan_that_drew_a_store_port_already_given_is_made_again(
 
     async def replan(*_args: object, **_kwargs: object) -> SimpleNamespace:
         endpoint = next(drawn)
-        return SimpleNamespace(plan=SimpleNamespace(rdzv_endpoint=endpoint), links=endpoint)
+        plan = SimpleNamespace(rdzv_endpoint=endpoint)
+        return SimpleNamespace(plan=plan, links={"node1": endpoint})
 
-    async def close_links(links: str) -> None:
-        closed.append(links)
+    async def close_links(links: dict[str, str]) -> None:
+        closed.append(links["node1"])
 
     monkeypatch.setattr(groups, "replan", replan)
     monkeypatch.setattr(groups, "close_links", close_links)
@@ -95,3 +96,37 @@ def test_a_plan_that_drew_a_store_port_already_given_is_made_again(
     assert prepared.plan.rdzv_endpoint == "10.0.0.1:29700"
     assert closed == ["10.0.0.1:29500", "10.0.0.1:29600"]
     assert "10.0.0.1:29700" in run.endpoints
+
+
+def test_a_restart_of_a_run_also_draws_a_store_port_apart(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A group's run restarting in place (its JobRun's replanner) is planned apart from the
+    lighthouse's and the other groups' stores as its first plan was; a plan set aside closes
+    the links it opened, never the live links the restart was given."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from torchherd.launcher import groups
+
+    drawn = iter(["10.0.0.1:29500", "10.0.0.1:29800"])
+    live, opened = object(), object()
+    closed: list[dict[str, object]] = []
+
+    async def replan(*_args: object, **kwargs: object) -> SimpleNamespace:
+        given = dict(kwargs["links"])  # type: ignore[call-overload]
+        plan = SimpleNamespace(rdzv_endpoint=next(drawn))
+        return SimpleNamespace(plan=plan, links={**given, "node2": opened})
+
+    async def close_links(links: dict[str, object]) -> None:
+        closed.append(links)
+
+    monkeypatch.setattr(groups, "replan", replan)
+    monkeypatch.setattr(groups, "close_links", close_links)
+    run = object.__new__(groups.GroupsRun)
+    run.endpoints = {"10.0.0.1:29500"}  # the lighthouse's
+    job = JobSpec(entry=("t.py",))
+    fresh = asyncio.run(
+        run._replan_apart(None, job, None, nodes=["node1", "node2"], links={"node1": live})  # type: ignore[arg-type]
+    )
+    assert fresh.plan.rdzv_endpoint == "10.0.0.1:29800"
+    assert closed == [{"node2": opened}]  # the live link of node1 stays open
+    assert "10.0.0.1:29800" in run.endpoints

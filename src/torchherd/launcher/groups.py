@@ -46,6 +46,7 @@ from ..recovery.straggler import CHECK_EVERY, StragglerWatch
 from ..results import RunResult
 from ..transport import Transport
 from .job import JobRun, finish_record
+from .links import AgentLink
 from .prepare import Prepared, close_links, replan
 from .sweeps import sweep_attempt
 
@@ -313,6 +314,7 @@ class GroupsRun:
             log_dir=self.log_dir / "lighthouse",
             color=self.color,
             hang_timeout=0,
+            replanner=self._replan_apart,
             # Its log (a few lines per quorum, every step) stays in lighthouse/; the console
             # keeps its agent's lines and herd's word when it dies.
             ranks=frozenset(),
@@ -359,6 +361,7 @@ class GroupsRun:
                 hang_timeout=self.hang_timeout,
                 sweeper=functools.partial(self._sweep_lost, group),
                 on_timing=self.slow.timed,
+                replanner=self._replan_apart,
             )
             if self.interrupted:
                 group.run.interrupt()
@@ -389,19 +392,36 @@ class GroupsRun:
 
     async def _plan_apart(self, job: JobSpec, nodes: list[str]) -> Prepared:
         """The plan of a group's (or the lighthouse's) run on ``nodes``, its store on a port
-        none of this job's other plans was given. The lighthouse and group 0 share the first
-        node and are planned at the same moment: each probe picks a port free there then, and
-        nothing holds it until its torchrun binds it, so both could pick the same one and the
-        second to bind fail (seen: one pick in about 600)."""
+        none of this job's other plans was given (_replan_apart)."""
+        return await self._replan_apart(self.prepared, job, self.transport, nodes=nodes)
+
+    async def _replan_apart(
+        self,
+        prepared: Prepared,
+        job: JobSpec,
+        transport: Transport,
+        *,
+        nodes: list[str],
+        links: Mapping[str, AgentLink] | None = None,
+    ) -> Prepared:
+        """prepare.replan, its store on a port none of this job's other plans was given: the
+        first plan of every run and each run's restarts (its JobRun's replanner). The
+        lighthouse and group 0 share the first node and are planned at the same moment: each
+        probe picks a port free there then, and nothing holds it until its torchrun binds it,
+        so both could pick the same one and the second to bind fail (seen: one pick in about
+        600); a group restarting beside the running lighthouse could draw its port too. A plan
+        set aside closes the links it opened, never the ones it was given."""
+        given = dict(links or {})
         for tries_left in reversed(range(PLAN_TRIES)):
-            prepared = await replan(self.prepared, job, self.transport, nodes=nodes, links={})
-            endpoint = prepared.plan.rdzv_endpoint
+            fresh = await replan(prepared, job, transport, nodes=nodes, links=given)
+            endpoint = fresh.plan.rdzv_endpoint
             if endpoint is None or endpoint not in self.endpoints or not tries_left:
                 break
-            await close_links(prepared.links)
+            opened = {h: link for h, link in fresh.links.items() if given.get(h) is not link}
+            await close_links(opened)
         if endpoint is not None:
             self.endpoints.add(endpoint)
-        return prepared
+        return fresh
 
     def _address(self, host: str) -> str | None:
         """The address the launch's plan found for a node (a group's first node, where its
