@@ -261,3 +261,48 @@ def test_a_named_rank_is_still_slow_only_while_the_checks_keep_finding_it() -> N
         watch.timed("n2", 1, fast[check])
         watch.check(world_size=2)
     assert not watch.still_slow("n2", 1)
+
+
+def test_ranks_are_sampled_only_once_the_attempts_start_is_over(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A job whose ranks report no compute time is looked at every SAMPLE_EVERY s; but not
+    while herd still starts its nodes and none of its ranks has shown progress (the nodes
+    started wait at the rendezvous: on a thousand nodes, every rank's look every few seconds
+    for minutes, finding only that wait). Once the start is over, the first look is at once."""
+    import asyncio
+
+    from torchherd.launcher import slow_ranks
+
+    monkeypatch.setattr(slow_ranks, "SAMPLE_EVERY", 1.0)
+
+    class Link:
+        def __init__(self) -> None:
+            self.commands: list[str] = []
+
+        def command(self, name: str, **_fields: object) -> None:
+            self.commands.append(name)
+
+    def looks(start_over: list[bool], seconds: float) -> list[str]:
+        link = Link()
+        watch = slow_ranks.SlowRanks(
+            {"node1": link},  # type: ignore[dict-item]
+            lambda: ["node1"],
+            lambda: 0.0,
+            8,
+            lambda _line: None,
+            start_over=lambda: start_over[0],
+        )
+
+        async def run() -> None:
+            task = asyncio.create_task(watch.run())
+            await asyncio.sleep(seconds)
+            start_over[0] = True
+            await asyncio.sleep(1.5)
+            task.cancel()
+
+        asyncio.run(run())
+        return link.commands
+
+    assert looks([False], 2.5) == ["look"]  # none while starting, one at once after
+    assert looks([True], 2.5).count("look") >= 3

@@ -35,6 +35,7 @@ class SlowRanks:
         say: Callable[[str], None],
         on_slow: Callable[[Slow], None] | None = None,
         on_timing: Callable[[str, int, StepTiming], None] | None = None,
+        start_over: Callable[[], bool] = lambda: True,
     ) -> None:
         self.links = links
         self.running = running
@@ -44,6 +45,9 @@ class SlowRanks:
         self.on_slow = on_slow
         self.on_timing = on_timing
         """Also handed every timing (replica groups: a judge across the groups' jobs)."""
+        self.start_over = start_over
+        """Whether the attempt's start is over (a rank showed progress, or every node's
+        workers run): no sample before it (see run)."""
         self.watch = StragglerWatch()
         self.named: list[Slow] = []
         self._ids = itertools.count(1)
@@ -92,7 +96,11 @@ class SlowRanks:
             since_sample += 1.0
             since_check += 1.0
             quiet = self.silent_for() >= LOOK_AFTER
-            if since_sample >= SAMPLE_EVERY and not self.watch.reports_compute and not quiet:
+            # No rank can be slower than the others before the job steps: while herd still
+            # starts nodes (minutes, on a thousand), the ones started wait at the rendezvous,
+            # and a look at every rank of each of them every SAMPLE_EVERY s finds only that.
+            due = since_sample >= SAMPLE_EVERY and self.start_over()
+            if due and not self.watch.reports_compute and not quiet:
                 since_sample = 0.0
                 look_id = next(self._ids)
                 self._samples.add(look_id)

@@ -712,6 +712,11 @@ class HangWatch:
     def silent_for(self) -> float:
         return 0.0 if self._since is None else self._clock() - self._since
 
+    @property
+    def progressed_yet(self) -> bool:
+        """Whether a rank of the attempt has shown progress (a line or a beat)."""
+        return self._signalled
+
     def wants_look(self) -> bool:
         """Whether herd should look at the ranks now (the job has been silent long enough)."""
         if not self.enabled or self._next_look is None:

@@ -90,6 +90,9 @@ class Attempt:
             output.note,
             on_slow,
             on_timing,
+            start_over=lambda: (
+                self.hang.progressed_yet or len(self.state.running()) == len(plan.nodes)
+            ),
         )
         self.events = AgentEvents(
             self.state,
