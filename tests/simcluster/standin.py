@@ -8,11 +8,6 @@ the server (see SHIM below). From the agent's point of view it behaves as the wr
 
   - it takes torchrun's arguments (``--nnodes``, ``--nproc-per-node``, ... then the script and
     its arguments) or, started with ``--herd-prewarm``, waits for the job on stdin;
-  - it waits at a rendezvous until every node's wrapper of the attempt has arrived (a directory
-    per rendezvous id beside the events file, one entry per node), as torchrun's static
-    rendezvous waits at its store: no rank prints or beats before the whole world is there
-    (ranks beating while the other nodes start would make the launcher's start look dearer
-    the longer this machine takes to start them all, which a real cluster does not);
   - it starts one worker process per local rank, in a session of its own, with torchrun's
     variables (RANK, LOCAL_RANK, WORLD_SIZE, ...) besides the job's tags; a worker is a
     ``sleep`` (a Python worker per rank would not fit a thousand nodes in memory), and what the
@@ -68,8 +63,6 @@ STOP_GRACE = 5.0
 # thousand idle stand-ins on one machine do not take its cores by waking up.
 FAST_TICK, SLOW_TICK = 0.1, 1.0
 LOOK_EVERY = 0.5
-# Seconds between a waiting wrapper's looks at the rendezvous (a stat of one directory).
-RENDEZVOUS_LOOK = 0.25
 MAX_BEATS_PER_SECOND = 2.0  # torchherd.progress.beat writes at most twice a second
 # Forked by the fork server (forkserver.py), this program is not the agent's child: the shell
 # shim that asked for it is (it passes on its signals). SHIM is that shell's pid: its parent
@@ -153,8 +146,7 @@ class StandIn:
         args = parse_torchrun(argv)
         self.node = int(os.environ.get(NODE_INDEX_VAR, "0"))
         self.nproc: int = args["nproc"]
-        self.nnodes: int = args["nnodes"]
-        self.world = self.nnodes * self.nproc
+        self.world = args["nnodes"] * self.nproc
         self.base_rank = self.node * self.nproc
         self.endpoint: str = args["endpoint"]
         self.run_id: str = args["run_id"]
@@ -329,40 +321,11 @@ class StandIn:
         print(f"torchherd: workers failed: {NO_ERROR_FILE}", file=sys.stderr, flush=True)
         return 1
 
-    def rendezvous(self) -> bool:
-        """Arrive, then wait until every node of this attempt has: False when stopped first
-        (a signal, or the agent gone) instead."""
-        if not self.events:
-            return True
-        arrivals = f"{self.events}.rendezvous/{self.run_id}"
-        os.makedirs(arrivals, exist_ok=True)
-        try:
-            os.mkdir(os.path.join(arrivals, str(self.node)))
-        except FileExistsError:
-            pass
-        while arrived(arrivals) < self.nnodes:
-            if self.stop_signal is not None or (SHIM is not None and parent(SHIM) is None):
-                return False
-            time.sleep(RENDEZVOUS_LOOK)
-        return True
-
     def run(self) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, self._on_signal)
-        # The sleeping workers start before the rendezvous (torchrun starts its workers after
-        # it): they do nothing, and a thousand nodes' workers started at one moment would
-        # take this machine's cores just as the job begins.
         self.start_workers()
-        if not self.rendezvous():
-            self.stop_workers()
-            signum = self.stop_signal or signal.SIGKILL
-            print(f"torchherd: torchrun stopped by {signal.Signals(signum).name}", file=sys.stderr)
-            self.event("exit", self.node, 128 + signum)
-            return 128 + signum
         self.event("run", self.node)
-        # Released together, a thousand stand-ins would tick in the same instant every second
-        # from now on: each starts its ticks at its own point of the second instead.
-        time.sleep((self.node * 0.618034) % 1.0 * SLOW_TICK)
         started = last = time.monotonic()
         code = 0
         while True:
@@ -409,13 +372,6 @@ class StandIn:
 
     def _on_signal(self, signum: int, _frame: object) -> None:
         self.stop_signal = signum
-
-
-def arrived(directory: str) -> int:
-    """Entries in a rendezvous directory: its link count less 2 where the filesystem counts
-    subdirectories so (one stat, not a listing: a thousand wrappers look), else a listing."""
-    links = os.stat(directory).st_nlink
-    return links - 2 if links >= 2 else len(os.listdir(directory))
 
 
 def parent(pid: int) -> int | None:
