@@ -344,7 +344,8 @@ class Trainer:
                 self._after_step()
                 if first:  # the model, optimizer and compiled code exist now
                     first = False
-                    self._heap.settle()
+                    if not self._heap.freezes:  # not settled by a first step that saved
+                        self._heap.settle()
                     self._waits.interrupted()  # the next step's time holds the freeze
 
     def _done(self) -> bool:

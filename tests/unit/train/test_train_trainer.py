@@ -290,6 +290,8 @@ def test_the_heap_is_frozen_after_the_first_step_and_after_saving(tmp_path: Path
     assert before_first == 0 and all(frozen > 0 for _, frozen in steps[1:]), steps
     assert trainer._heap.freezes == 2, trainer._heap.freezes  # after step 1 and step 4
     assert gc.get_freeze_count() == 0  # unfrozen at the end
+    saved_first = run(tmp_path / "first", grad_accum_steps=1, snapshot_every=1, max_steps=2)
+    assert saved_first._heap.freezes == 2  # step 1 saved: one freeze for it, not two
     run(tmp_path / "off", grad_accum_steps=1, max_steps=4, gc_freeze=False)
     assert all(frozen == 0 for _, frozen in seen), seen
     assert len(seen) > 4  # the final evaluation's calls too
