@@ -201,6 +201,25 @@ def test_a_data_loader_that_keeps_the_rank_waiting_is_named_as_the_cause() -> No
     assert found.causes and found.causes[0].startswith("its data loader: it waited 16 ms")
 
 
+def test_a_data_loader_whose_worker_also_takes_the_ranks_cpu_is_named_as_the_cause() -> None:
+    # As a CI run saw it: the others wait 107 ms of a 490 ms step, 47 ms of which the slow
+    # rank waited for batches; the rest its loader's worker took from the rank's own CPU.
+    found = slow_by_waits(
+        {("n1", 0): beats(140, 490, data_ms=7), ("n2", 1): beats(33, 490, data_ms=54)}
+    )
+    assert found is not None and found.rank == 1
+    assert found.causes and found.causes[0].startswith("its data loader: it waited 54 ms")
+
+
+def test_a_wait_for_batches_that_is_a_small_part_of_the_lag_names_no_cause() -> None:
+    # 25 ms more waiting for batches against a 107 ms lag: something else holds the rank up.
+    found = slow_by_waits(
+        {("n1", 0): beats(140, 490, data_ms=7), ("n2", 1): beats(33, 490, data_ms=32)}
+    )
+    assert found is not None and found.rank == 1
+    assert found.causes == (), found.causes
+
+
 def test_waits_name_a_rank_only_past_the_warm_up_and_after_checks_in_a_row() -> None:
     watch = StragglerWatch()
     found = []
