@@ -68,7 +68,7 @@ def node_name(host: str) -> str:
 class NodeSpec(BaseModel):
     """One machine of the cluster, as the user described it."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
     host: str
     """ssh destination: an alias from ssh_config, a name or an address; user@host allowed."""
@@ -117,7 +117,7 @@ class NodeSpec(BaseModel):
 class ClusterSpec(BaseModel):
     """The whole cluster: shared settings plus the nodes, first node hosting the rendezvous."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
     _index: tuple[tuple[NodeSpec, ...] | None, dict[str, NodeSpec]] = PrivateAttr(
         default=(None, {})
     )
@@ -291,6 +291,29 @@ class ClusterSpec(BaseModel):
                 )
             }
         )
+
+
+def _build_without_pydantic_plugins(*models: type[BaseModel]) -> None:
+    """Build the models' validators now, with pydantic's plugin scan off.
+
+    The first model pydantic builds in a process looks for plugins in every installed
+    distribution's entry points: ~70 ms of each herd command's start (more with a large
+    environment), for observability plugins that a cluster file's two models have no use for.
+    The setting is put back at once, so a model of the user's in a process that imported herd
+    still finds its plugins (pydantic scans on that model's first build)."""
+    before = os.environ.get("PYDANTIC_DISABLE_PLUGINS")
+    os.environ["PYDANTIC_DISABLE_PLUGINS"] = "__all__"
+    try:
+        for model in models:
+            model.model_rebuild(force=True)
+    finally:
+        if before is None:
+            del os.environ["PYDANTIC_DISABLE_PLUGINS"]
+        else:
+            os.environ["PYDANTIC_DISABLE_PLUGINS"] = before
+
+
+_build_without_pydantic_plugins(NodeSpec, ClusterSpec)
 
 
 def local_cluster(nproc: int | None = None) -> ClusterSpec:
