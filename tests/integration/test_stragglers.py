@@ -35,6 +35,11 @@ BALANCED_FOR = 60.0
 # The bound on naming a rank slowed 1.2x (the target), with no margin taken off it.
 NAMED_WITHIN = 120.0
 SLOWDOWN = 1.2
+# The plain DDP loop's slowdowns, larger: its workers are not pinned, and with a busy process
+# beside node1's worker on one core, the scheduler puts the testbed's own work (launcher,
+# agents, sshd) on the other core, beside node2's worker: a CI run saw that make node2 1.22x
+# slower than node1 crowded 1.2x. The 1.2x naming of a plain loop is bench/straggler.py's.
+PLAIN_SLOWDOWN = 1.5
 # --swap-slow: seconds a node named slow must stay the slowest before it is swapped out (long
 # enough for the `herd top` look below to see the job as it was).
 SWAP_AFTER = 10
@@ -148,8 +153,8 @@ def test_a_plain_ddp_script_names_a_crowded_and_a_throttled_rank(
     testbed: Testbed, tmp_path: Path
 ) -> None:
     """herd's workers read DDP's own timing of each iteration: node1's worker, sharing its CPU
-    with a busy process on its node that takes a sixth of it, is named with that process's
-    pid; then node2's worker held by a cgroup quota to 1/1.2 of the CPU it used, with the
+    with a busy process on its node that takes a third of it, is named with that process's
+    pid; then node2's worker held by a cgroup quota to 1/1.5 of the CPU it used, with the
     quota. Each within two minutes of its slowdown, neither with the other's cause."""
     home = tmp_path / "home"
     path = testbed.write_cluster_file(
@@ -164,7 +169,7 @@ def test_a_plain_ddp_script_names_a_crowded_and_a_throttled_rank(
         found = herd.wait_for(r"HEAVY rank=(?P<rank>\d) pid=(?P<pid>\d+)", 180, count=2)
         workers = {int(m.group("rank")): pids(m) for m in found}
         # Slowed from the first steps: the watch's warm-up leaves those out by itself.
-        busy = Busy(testbed, "node1", workers[0], SLOWDOWN)
+        busy = Busy(testbed, "node1", workers[0], PLAIN_SLOWDOWN)
         harms.append(busy)
         line = slow_line(herd, 1)
         assert line.startswith("node1 rank 0 is "), line
@@ -174,7 +179,7 @@ def test_a_plain_ddp_script_names_a_crowded_and_a_throttled_rank(
         assert "stopped" not in line and "throttled by its cgroup" not in line, line
         harms.pop().release()
 
-        harms.append(Quota(workers[1], cpu_share(workers[1]) / SLOWDOWN))
+        harms.append(Quota(workers[1], cpu_share(workers[1]) / PLAIN_SLOWDOWN))
         line = slow_line(herd, 2)
         assert line.startswith("node2 rank 1 is "), line
         assert "likely: CPU throttled by its cgroup (quota " in line, line
