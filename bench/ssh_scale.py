@@ -24,8 +24,13 @@ hybrid sntrup761x25519, costs about 75 ms of CPU per connection here, curve25519
 herd keeps the user's choice; ``--kex ALGORITHMS`` writes it into the testbed's ssh config, as a
 user would, to measure it.
 
+With --marginal, each launch phase also runs on the first N/2 nodes, and the bench prints what
+each node past N/2 added (the difference over N/2): the launch's fixed part (the interpreter,
+herd's imports, the inner nodes' ssh connections), the same in both runs, drops out.
+
     python bench/ssh_scale.py [--nodes 32] [--phases exec,launch,interrupt,lost] [--profile DIR]
                               [--modes flat,tree] [--kex curve25519-sha256] [--hang-timeout S]
+                              [--marginal]
 """
 
 from __future__ import annotations
@@ -157,11 +162,11 @@ def run_phase(
     mode: str,
     bed: Testbed,
     cluster: Path,
+    nodes: int,
     home: Path,
     profile: Path | None,
     hang_timeout: str | None = None,
 ) -> Run:
-    nodes = len(bed.nodes)
     env = herd_env(home)
     out = profile / f"{phase}-{mode}-{nodes}.txt" if profile else None
     how = ["-c", str(cluster), *MODES[mode]]
@@ -190,7 +195,7 @@ def run_phase(
         argv += ["steps.py", "--quiet", "--steps", "300"]
         launcher = Launcher(argv, env, out)
         stepping = launcher.wait_for(r"STEPPING rank=", nodes, 300)
-        victim = bed.nodes[-1]
+        victim = bed.nodes[nodes - 1]
         cut = time.monotonic()
         bed.partition(victim)
         try:
@@ -208,6 +213,29 @@ def run_phase(
     return Run(phase, mode, nodes, wall, own, total, code, ok, note)
 
 
+def print_marginal(runs: list[Run]) -> None:
+    """What each node past the smaller count added to the launcher's CPU with its ssh clients:
+    the difference between two runs of one phase and mode over the difference in nodes. A
+    launch's fixed part (the interpreter, herd's imports, the inner nodes' ssh connections)
+    is the same in both and drops out; the time-dependent part (the launcher's event loop while
+    more nodes import torch on the same cores) does not."""
+    by_kind: dict[tuple[str, str], list[Run]] = {}
+    for run in runs:
+        by_kind.setdefault((run.phase, run.mode), []).append(run)
+    for (phase, mode), pair in by_kind.items():
+        if len(pair) != 2 or not all(run.ok for run in pair):
+            continue
+        small, large = sorted(pair, key=lambda run: run.nodes)
+        added = (large.with_children_cpu - small.with_children_cpu) * 1000
+        per_node = added / (large.nodes - small.nodes)
+        print(
+            f"{phase} ({mode}): each node past {small.nodes} added {per_node:.1f} ms of launcher "
+            f"CPU with its ssh clients ({small.nodes} nodes: {small.with_children_cpu:.2f} s, "
+            f"{large.nodes}: {large.with_children_cpu:.2f} s; <= {TARGET_MS:g}): "
+            f"{'met' if per_node <= TARGET_MS else 'NOT met'}"
+        )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--nodes", type=int, default=32)
@@ -215,6 +243,12 @@ def main() -> int:
     parser.add_argument("--profile", type=Path, default=None, help="py-spy raw stacks here")
     parser.add_argument("--modes", default="flat,tree", help="flat, tree or both (launches)")
     parser.add_argument("--kex", default=None, help="KexAlgorithms for the nodes' ssh config")
+    parser.add_argument(
+        "--marginal",
+        action="store_true",
+        help="also run each launch phase on the first half of the nodes, and print what each "
+        "node past the half added (the launch's fixed part left out)",
+    )
     parser.add_argument(
         "--hang-timeout",
         default=None,
@@ -230,27 +264,36 @@ def main() -> int:
         if args.kex:
             config = bed.ssh_config.read_text()
             bed.ssh_config.write_text(f"Host *\n    KexAlgorithms {args.kex}\n\n{config}")
-        cluster = bed.write_cluster_file(
-            Path(scratch) / "herd.toml",
-            nodes=[{"host": n.name, "nproc": 1} for n in bed.nodes],
-            workdir=str(SCRIPTS),
-            env={"HERD_HOME": str(home)},
-            # N nodes' probes share this machine's 2 cores: give them time (a replan's probe
-            # waits connect_timeout + 5 s).
-            connect_timeout=30,
-        )
+        sizes = [args.nodes // 2, args.nodes] if args.marginal else [args.nodes]
+        clusters = {
+            size: bed.write_cluster_file(
+                Path(scratch) / f"herd-{size}.toml",
+                nodes=[{"host": n.name, "nproc": 1} for n in bed.nodes[:size]],
+                workdir=str(SCRIPTS),
+                env={"HERD_HOME": str(home)},
+                # N nodes' probes share this machine's 2 cores: give them time (a replan's
+                # probe waits connect_timeout + 5 s).
+                connect_timeout=30,
+            )
+            for size in sizes
+        }
         for phase in args.phases.split(","):
             # exec is herd exec, flat in every mode; the launches run in each mode asked.
             for mode in ["flat"] if phase == "exec" else args.modes.split(","):
-                print(f"{phase} ({mode}) on {args.nodes} nodes...", flush=True)
-                run = run_phase(phase, mode, bed, cluster, home, args.profile, args.hang_timeout)
-                runs.append(run)
-                print(
-                    f"  {'ok' if run.ok else 'FAILED'} (exit {run.code}) in {run.wall:.1f} s; "
-                    f"launcher {run.own_cpu * 1000 / run.nodes:.0f} ms/node, with its ssh "
-                    f"clients {run.with_children_cpu * 1000 / run.nodes:.0f} ms/node  {run.note}",
-                    flush=True,
-                )
+                for size in sizes:
+                    print(f"{phase} ({mode}) on {size} nodes...", flush=True)
+                    cluster = clusters[size]
+                    run = run_phase(
+                        phase, mode, bed, cluster, size, home, args.profile, args.hang_timeout
+                    )
+                    runs.append(run)
+                    print(
+                        f"  {'ok' if run.ok else 'FAILED'} (exit {run.code}) in {run.wall:.1f} "
+                        f"s; launcher {run.own_cpu * 1000 / run.nodes:.0f} ms/node, with its "
+                        f"ssh clients {run.with_children_cpu * 1000 / run.nodes:.0f} ms/node  "
+                        f"{run.note}",
+                        flush=True,
+                    )
     print()
     print(
         f"{'phase':10} {'mode':5} {'nodes':>5} {'wall s':>7} {'launcher ms/node':>17} "
@@ -271,8 +314,11 @@ def main() -> int:
             f"{'met' if per_node <= TARGET_MS else 'NOT met'}"
             + ("" if run.ok else " (the run itself FAILED)")
         )
-    flat = {run.phase: run for run in runs if run.mode == "flat"}
+    print_marginal(runs)
+    flat = {run.phase: run for run in runs if run.mode == "flat" and run.nodes == args.nodes}
     for run in runs:
+        if run.nodes != args.nodes:
+            continue
         if run.mode == "tree" and run.phase in flat and flat[run.phase].with_children_cpu:
             ratio = run.with_children_cpu / flat[run.phase].with_children_cpu
             print(f"{run.phase}: tree / flat launcher CPU with its ssh clients: {ratio:.2f}")

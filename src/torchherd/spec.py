@@ -209,8 +209,10 @@ class ClusterSpec(BaseModel):
 
     @property
     def rendezvous_node(self) -> NodeSpec:
-        """The first node that runs the job: it hosts the c10d store."""
-        return self.active[0]
+        """The first node that runs the job: it hosts the c10d store. (Found without building
+        ``active``: the start asks for it once per node, and a tuple of every node each time
+        made that quadratic in the node count.)"""
+        return next(node for node in self.nodes if not node.spare)
 
     @property
     def active(self) -> tuple[NodeSpec, ...]:

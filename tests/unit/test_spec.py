@@ -51,6 +51,14 @@ def test_full_example_loads_with_paths_relative_to_the_file(tmp_path: Path) -> N
     assert spec.rendezvous_node.host == "gpu1"
 
 
+def test_the_rendezvous_node_is_the_first_node_that_is_not_a_spare(tmp_path: Path) -> None:
+    path = tmp_path / "herd.toml"
+    nodes = '[[node]]\nhost = "s1"\nspare = true\n[[node]]\nhost = "a"\n[[node]]\nhost = "b"\n'
+    path.write_text(nodes)
+    spec = load_cluster_file(path)
+    assert spec.rendezvous_node is spec.active[0] and spec.rendezvous_node.host == "a"
+
+
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
