@@ -293,8 +293,6 @@ def test_ranks_are_sampled_only_once_the_attempts_start_is_over(
 
     from torchherd.launcher import slow_ranks
 
-    monkeypatch.setattr(slow_ranks, "SAMPLE_EVERY", 1.0)
-
     class Link:
         def __init__(self) -> None:
             self.commands: list[str] = []
@@ -302,7 +300,10 @@ def test_ranks_are_sampled_only_once_the_attempts_start_is_over(
         def command(self, name: str, **_fields: object) -> None:
             self.commands.append(name)
 
-    def looks(start_over: list[bool], seconds: float) -> list[str]:
+    def looks(start_over: list[bool], seconds: float, every: float) -> list[str]:
+        """What the watch asked for: ``seconds`` starting, then 1.5 s with the start over
+        (the watch ticks once a second)."""
+        monkeypatch.setattr(slow_ranks, "SAMPLE_EVERY", every)
         link = Link()
         watch = slow_ranks.SlowRanks(
             {"node1": link},  # type: ignore[dict-item]
@@ -323,5 +324,8 @@ def test_ranks_are_sampled_only_once_the_attempts_start_is_over(
         asyncio.run(run())
         return link.commands
 
-    assert looks([False], 2.5) == ["look"]  # none while starting, one at once after
-    assert looks([True], 2.5).count("look") >= 3
+    # Starting for 4.5 s with a look due every 2 s: none then (a watch that looked would have
+    # at ticks 2 and 4), one at the first tick after (5), the next not before tick 7.
+    assert looks([False], 4.5, every=2.0) == ["look"]
+    # Start over from the beginning, a look due every second: ticks 1, 2, 3 (4 at the cancel).
+    assert looks([True], 2.5, every=1.0).count("look") >= 3
