@@ -477,7 +477,8 @@ def measure(
         if started is None:
             result.problems += ["not every node running in time", *run.said()]
             return result
-        sim.set_control(**STEADY)  # the rendezvous is complete: the ranks step
+        if hold:
+            sim.set_control(**STEADY)  # the rendezvous is complete: the ranks step
         result.start_s = started
         result.start_cpu_s = cpu_seconds(run.pid)
         result.start_rss_mb = status_mb(run.pid, "VmHWM")
