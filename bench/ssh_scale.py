@@ -256,6 +256,10 @@ def main() -> int:
         "silent longer than herd's default limit",
     )
     args = parser.parse_args()
+    if args.marginal and args.nodes < 4:
+        parser.error(
+            f"--marginal compares {args.nodes} nodes with half as many: give --nodes 4 or more"
+        )
     if args.profile:
         args.profile.mkdir(parents=True, exist_ok=True)
     runs: list[Run] = []
