@@ -42,6 +42,7 @@ from datetime import timedelta
 from typing import Any
 
 import torch
+from torch.distributed import ReduceOp
 
 from .errors import TrainError
 
@@ -116,6 +117,12 @@ class ReplicaGroups:
             # and loads the state at should_commit. A synchronous heal would wait for the live
             # groups' state while they wait for it in the all-reduce, until the timeout.
             use_async_quorum=True,
+            # torchft's own start (init_sync) copies a "primary" group's state at step 0, but
+            # it picks that group by the worker's rank (rank 0 from group 0, rank 1 from group
+            # 1, ...), and the copying workers add zeros to that step's all-reduce: with
+            # several workers per group, a group's workers end with different weights. The
+            # groups agree on their start weights in ``commit`` instead.
+            init_sync=False,
             timeout=timeout,
             replica_id=f"group{where.group}",
             **extra,
@@ -133,16 +140,49 @@ class ReplicaGroups:
     def commit(self, params: Iterable[torch.nn.Parameter]) -> bool:
         """Average the gradients over the groups of this step's quorum; True when the step
         may be taken (every all-reduce succeeded everywhere), False when it is dropped
-        (the gradients are zeroed: they may hold a partial sum)."""
+        (the gradients are zeroed: they may hold a partial sum).
+
+        Until the first step is committed, the groups also take the first group's weights
+        (``_first_weights``), so groups that started from different weights train one model.
+        """
+        params = list(params)
         grads = [p.grad for p in params if p.grad is not None]
+        first = self._first_weights(params)
         works = [self.manager.allreduce(g) for g in grads]
         for work in works:
             work.wait()
         if self.manager.should_commit():
+            if first is not None:
+                with torch.no_grad():
+                    for param, weights in zip(params, first, strict=True):
+                        param.copy_(weights)
             return True
         for g in grads:
             g.zero_()
         return False
+
+    def _first_weights(self, params: list[torch.nn.Parameter]) -> list[torch.Tensor] | None:
+        """At the start (every group of the quorum at step 0), the weights of the quorum's
+        first group, for every worker of every group: its workers add their weights, the
+        others zeros, to one sum. None once a step has been committed.
+
+        Every group of a quorum makes the same choice: a group at step 0 that is not healing
+        is at the quorum's highest step, so all of them are at 0; a group that heals instead
+        copies a live group's whole state (torchft). The result is applied only when the step
+        commits, so a group lost during the sum leaves nobody with a partial one."""
+        self.manager.wait_quorum()
+        if self.manager.current_step() != 0 or not self.manager.is_participating():
+            return None
+        source = self.manager.participating_rank() == 0
+        weights = [
+            p.detach().clone()
+            if source
+            else torch.zeros_like(p, memory_format=torch.preserve_format)
+            for p in params
+        ]
+        for work in [self.manager.allreduce(w, reduce_op=ReduceOp.SUM) for w in weights]:
+            work.wait()
+        return weights
 
     @property
     def step(self) -> int:
