@@ -71,6 +71,10 @@ class JobOutput:
         self._first_line = threading.Event()
         self._first_line.set()  # nothing awaited until until_first_line()
         self._flushed = time.monotonic()
+        self._unflushed = False
+        """Something was written since the last flush. An attempt asks for a flush every
+        FLUSH_EVERY s; one with nothing to flush costs nothing (on an idle job of 32 nodes the
+        two writer threads flushing 33 unchanged files were a third of the launcher's CPU)."""
 
     def prefix(self, host: str, rank: int | None) -> str:
         label = f"{host}:{rank}" if rank is not None else host
@@ -99,6 +103,7 @@ class JobOutput:
             kept.append((name, f"{label} | {text}\n", text + "\n"))
         self.console.write_lines(shown)
         self.files.write_many(kept)
+        self._unflushed = True
         if time.monotonic() - self._flushed > FLUSH_EVERY:
             self.flush()
 
@@ -134,9 +139,15 @@ class JobOutput:
         self.console.note(text)
         self.console.flush()
         self.files.write(None, text + "\n", None)
+        self._unflushed = True
 
     def flush(self) -> None:
+        """Ask both writers to flush what was written since the last flush (nothing to ask
+        when nothing was)."""
         self._flushed = time.monotonic()
+        if not self._unflushed:
+            return
+        self._unflushed = False  # before the asks: a line written meanwhile asks again
         self.console.flush()
         self.files.flush()
 

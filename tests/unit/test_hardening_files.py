@@ -82,6 +82,44 @@ def test_launcher_job_directory_and_files_are_private(herd_home: Path) -> None:
         assert mode(directory / name) == 0o600, name
 
 
+def test_a_flush_reaches_the_files_and_an_idle_one_asks_the_writers_nothing(
+    herd_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A running attempt flushes every FLUSH_EVERY s: lines written since the last flush reach
+    the rank's file (without closing it); with nothing written, the writer threads are not
+    woken (33 files flushed five times a second were a third of an idle launcher's CPU)."""
+    output = JobOutput(herd_home / "jobs" / "j", ["gpu1"], 1, stream=io.StringIO())
+    asked: list[str] = []
+
+    def counted(part: object) -> None:
+        real = part.flush  # type: ignore[attr-defined]
+
+        def flush() -> None:
+            asked.append(type(part).__name__)
+            real()
+
+        monkeypatch.setattr(part, "flush", flush)
+
+    counted(output.files)
+    counted(output.console)
+    output.line("gpu1", 0, "step 1")
+    output.flush()
+    rank_log = herd_home / "jobs" / "j" / "rank-0.log"
+    deadline = time.monotonic() + 10
+    while "step 1" not in (rank_log.read_text() if rank_log.exists() else ""):
+        assert time.monotonic() < deadline, "the flushed line never reached rank-0.log"
+        time.sleep(0.02)
+    assert sorted(asked) == ["Console", "LogFiles"]
+    for _ in range(5):
+        output.flush()
+    assert len(asked) == 2, asked
+    output.line("gpu1", 0, "step 2")
+    output.flush()
+    assert len(asked) == 4, asked
+    output.close()
+    assert rank_log.read_text().splitlines()[-1].endswith("step 2")
+
+
 def test_a_chosen_log_dir_gets_private_files_and_keeps_its_own_mode(tmp_path: Path) -> None:
     from torchherd.files import open_private, private_dir
 
