@@ -180,6 +180,9 @@ class LogFiles:
         self._waiting = 0
         self._lock = threading.Lock()
         self._files: dict[str, IO[str]] = {}
+        self._unflushed: set[str] = set()
+        """The files written since the last flush (the writer thread's own): a flush leaves
+        the others alone, which on a large job is most of them."""
         # Opened here, so a log directory that cannot be written fails the launch at once.
         self._merged = open_private(log_dir / "output.log")
         self._thread = threading.Thread(target=self._write, name="herd-logs", daemon=True)
@@ -234,6 +237,7 @@ class LogFiles:
             self._merged.write(merged)
             if name is not None and own is not None:
                 self._file(name).write(own)
+                self._unflushed.add(name)
 
     def _file(self, name: str) -> IO[str]:
         handle = self._files.get(name)
@@ -244,8 +248,9 @@ class LogFiles:
 
     def _flush_all(self) -> None:
         self._merged.flush()
-        for handle in self._files.values():
-            handle.flush()
+        for name in self._unflushed:
+            self._files[name].flush()
+        self._unflushed.clear()
 
     def _close_all(self) -> None:
         for handle in [*self._files.values(), self._merged]:
