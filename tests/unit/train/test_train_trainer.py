@@ -295,12 +295,15 @@ def test_the_heap_is_frozen_after_the_first_step_and_after_saving(tmp_path: Path
     run(tmp_path / "off", grad_accum_steps=1, max_steps=4, gc_freeze=False)
     assert all(frozen == 0 for _, frozen in seen), seen
     assert len(seen) > 4  # the final evaluation's calls too
-    mine = [object() for _ in range(10)]
+    # The script's own frozen objects stay frozen: lists (tracked by the collector, unlike
+    # object()) that get_objects() does not list while they sit in the permanent generation.
+    # (Not the freeze count: it drops whenever any frozen object of this process is freed.)
+    mine = [[] for _ in range(10)]
     gc.freeze()
     try:
-        own = gc.get_freeze_count()
         run(tmp_path / "owned", grad_accum_steps=1, max_steps=3)
-        assert gc.get_freeze_count() >= own  # the script's frozen objects stay frozen
+        mine_ids = {id(o) for o in mine}
+        assert not any(id(o) in mine_ids for o in gc.get_objects()), "unfrozen by fit"
     finally:
         gc.unfreeze()
     del mine
