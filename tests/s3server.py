@@ -8,7 +8,6 @@ no test-only arguments.
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -18,6 +17,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 import pytest
+
+from tests.ports import free_port
 
 
 @dataclass(frozen=True)
@@ -36,12 +37,6 @@ class S3Server:
         }
 
 
-def _free_port(host: str) -> int:
-    with socket.socket() as probe:
-        probe.bind((host, 0))
-        return int(probe.getsockname()[1])
-
-
 @contextmanager
 def s3_server(host: str = "127.0.0.1") -> Iterator[S3Server]:
     """Start moto's S3 server on ``host`` and stop it afterwards; skip if moto is missing."""
@@ -51,7 +46,7 @@ def s3_server(host: str = "127.0.0.1") -> Iterator[S3Server]:
         if os.environ.get("CI"):
             raise
         pytest.skip("moto[server] is not installed (pip install -e '.[dev]')")
-    port = _free_port(host)
+    port = free_port(host)
     proc = subprocess.Popen(
         [sys.executable, "-m", "moto.server", "-H", host, "-p", str(port)],
         stdout=subprocess.DEVNULL,

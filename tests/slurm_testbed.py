@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tests.ports import free_port
 from tests.testbed import Testbed, TestbedError
 
 PACKAGES = {
@@ -45,12 +46,6 @@ def slurm_available() -> tuple[bool, str]:
     if missing:
         return False, "Slurm is not installed (apt-get install " + " ".join(missing) + ")"
     return True, ""
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("", 0))
-        return int(sock.getsockname()[1])
 
 
 def _program(name: str) -> str:
@@ -200,7 +195,7 @@ class SlurmCluster:
             "ClusterName=herdtest",
             # slurmctld runs only on the host its SlurmctldHost names: this machine, at the bridge.
             f"SlurmctldHost={socket.gethostname().split('.')[0]}({bridge_addr})",
-            f"SlurmctldPort={_free_port()}",
+            f"SlurmctldPort={free_port('')}",
             "SlurmdPort=6818",
             "SlurmUser=root",
             "SlurmdUser=root",

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import http.client
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -25,11 +24,7 @@ from pathlib import Path
 
 import pytest
 
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+from tests.ports import free_port
 
 
 @contextmanager
@@ -42,7 +37,7 @@ def mlflow_server(folder: Path) -> Iterator[str]:
             raise
         pytest.skip("the mlflow server is not installed (pip install -e '.[dev]')")
     folder.mkdir(parents=True, exist_ok=True)
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     log = open(folder / "server.log", "wb")  # noqa: SIM115 - closed below
     proc = subprocess.Popen(

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -21,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.herd_cli import SCRIPTS
+from tests.ports import free_port
 
 pytest.importorskip("torchft", reason="replica groups need torchft (pip install -e '.[dev]')")
 
@@ -28,12 +28,6 @@ STEPS = 6
 GROUPS = 2
 WORKERS = 2
 WAIT_S = 180
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def start(argv: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
