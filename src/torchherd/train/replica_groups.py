@@ -174,12 +174,7 @@ class ReplicaGroups:
         if self.manager.current_step() != 0 or not self.manager.is_participating():
             return None
         source = self.manager.participating_rank() == 0
-        weights = [
-            p.detach().clone()
-            if source
-            else torch.zeros_like(p, memory_format=torch.preserve_format)
-            for p in params
-        ]
+        weights = [p.detach().clone() if source else torch.zeros_like(p) for p in params]
         for work in [self.manager.allreduce(w, reduce_op=ReduceOp.SUM) for w in weights]:
             work.wait()
         return weights
