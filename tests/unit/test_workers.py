@@ -10,7 +10,7 @@ import sys
 import time
 import uuid
 
-from torchherd.agent import stacks, workers
+from torchherd.agent import processes, stacks, workers
 
 # A "rank" that starts a child (as a DataLoader would): both spin a little, then sleep.
 RANK = """
@@ -145,3 +145,55 @@ def test_a_double_forked_child_is_never_a_second_copy_of_its_rank() -> None:
             except ProcessLookupError:
                 pass
         launcher.wait()
+
+
+# An agent stand-in: a subreaper (as the agent makes itself) that starts LAUNCHER.
+SUBREAPER = """
+import subprocess, sys
+from torchherd.agent.processes import become_subreaper
+become_subreaper()
+launcher = subprocess.Popen([sys.executable, "-c", sys.argv[1], sys.argv[2]])
+launcher.wait()
+"""
+
+
+def test_an_agents_search_below_itself_finds_its_ranks_adopted_helpers_and_no_others() -> None:
+    """What a look costs is the job's processes, not the node's (find_workers under the
+    agent's pid): below one agent, its rank and the helper the rank double-forked (adopted by
+    the agent, not by init); another agent's rank of the same job and node is not below it,
+    though a search of the whole node finds both."""
+    job = f"w-{uuid.uuid4().hex[:6]}"
+    env = dict(os.environ, HERD_JOB_ID=job, HERD_NODE="n1", HERD_ATTEMPT="0")
+    env.pop("RANK", None)
+    agents = [
+        subprocess.Popen(
+            [sys.executable, "-c", SUBREAPER, LAUNCHER, DOUBLE_FORKING_RANK],
+            env=env,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
+    started = []
+    try:
+        for agent in agents:
+            assert agent.stdout is not None
+            rank, helper = (int(pid) for pid in agent.stdout.readline().split())
+            started.append((rank, helper))
+        (rank, helper), (other_rank, _) = started
+        assert workers.parent(helper) == agents[0].pid  # adopted by the subreaper
+        found = workers.find_workers(job, "n1", under=agents[0].pid)
+        assert [(w.rank, w.pid) for w in found] == [(0, rank)]
+        assert helper in found[0].children
+        # The whole node's search sees both agents' processes.
+        assert {rank, other_rank, helper} <= set(processes.job_processes(job, "n1"))
+        assert other_rank not in processes.job_processes(job, "n1", under=agents[0].pid)
+        assert [w["pid"] for w in stacks.collect(job, "n1", under=agents[1].pid)] == [other_rank]
+    finally:
+        for agent in agents:
+            for pid in workers.descendants(agent.pid) + [agent.pid]:
+                try:
+                    os.kill(pid, 9)
+                except ProcessLookupError:
+                    pass
+            agent.wait()

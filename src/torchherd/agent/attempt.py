@@ -505,7 +505,8 @@ class NodeAttempt:
                 "host": self.node,
                 "reason": reason,
                 "at": time.time(),
-                "workers": stacks.collect(self.job_id, self.node, self.attempt),
+                # Below this agent (a subreaper) are all of the attempt's processes.
+                "workers": stacks.collect(self.job_id, self.node, self.attempt, under=os.getpid()),
             }
         )
 

@@ -78,9 +78,11 @@ def look(
     attempt: str | None,
     progress_dir: str | None,
     with_frames: bool = True,
+    under: int | None = None,
 ) -> list[dict[str, Any]]:
-    """One observation per rank of the attempt on this node (see the module docstring)."""
-    found = procs.find_workers(job_id, node, attempt)
+    """One observation per rank of the attempt on this node (see the module docstring;
+    ``under``: the ranks are among that process's descendants, see find_workers)."""
+    found = procs.find_workers(job_id, node, attempt, under=under)
     if not found:
         return []
     declared = progress.read_progress(progress_dir) if progress_dir else {}
@@ -132,11 +134,12 @@ def look_event(
     attempt: str | None,
     progress_dir: str | None,
     torchrun: int | None = None,
+    under: int | None = None,
 ) -> dict[str, Any]:
     """The {"e": "look"} event an agent sends when the launcher asks (``torchrun``: the pid
-    of the attempt's torchrun, when it runs)."""
+    of the attempt's torchrun, when it runs; ``under``: the agent's pid)."""
     started = time.time()
-    ranks = look(job_id, node, attempt, progress_dir)
+    ranks = look(job_id, node, attempt, progress_dir, under=under)
     event: dict[str, Any] = {
         "e": "look",
         "host": node,

@@ -19,6 +19,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import json
+import os
 import queue
 import signal
 import sys
@@ -396,8 +397,15 @@ class Agent:
     def _look(self, attempt: NodeAttempt, look_id: object) -> None:
         process = attempt.process
         running = process.pid if process is not None and process.poll() is None else None
+        # The attempt's processes are all below this agent (a subreaper): its pid bounds the
+        # search for its ranks to them, not every process on the node.
         event = look_event(
-            attempt.job_id, attempt.node, attempt.attempt, attempt.progress_dir, running
+            attempt.job_id,
+            attempt.node,
+            attempt.attempt,
+            attempt.progress_dir,
+            running,
+            under=os.getpid(),
         )
         if look_id is not None:
             event["id"] = look_id
@@ -406,7 +414,7 @@ class Agent:
     def _why_slow(self, attempt: NodeAttempt, rank: int) -> None:
         from .slow import why_slow_event
 
-        self.emit(why_slow_event(attempt.job_id, attempt.node, attempt.attempt, rank))
+        self.emit(why_slow_event(attempt.job_id, attempt.node, attempt.attempt, rank, os.getpid()))
 
     def say_alive(self) -> None:
         while not self.leaving.wait(alive_every(self.request)):

@@ -257,9 +257,12 @@ def gpu_throttling() -> str | None:
     return f"GPU clocks throttled on GPU {', '.join(busy)} (nvidia-smi)" if busy else None
 
 
-def gather(job_id: str, node: str, attempt: str | None, rank: int) -> Evidence | None:
-    """Read the node twice, WINDOW s apart, about ``rank`` (None: no such rank here)."""
-    workers = procs.find_workers(job_id, node, attempt)
+def gather(
+    job_id: str, node: str, attempt: str | None, rank: int, under: int | None = None
+) -> Evidence | None:
+    """Read the node twice, WINDOW s apart, about ``rank`` (None: no such rank here;
+    ``under``: the ranks are among that process's descendants, see find_workers)."""
+    workers = procs.find_workers(job_id, node, attempt, under=under)
     found = [w for w in workers if w.rank == rank]
     if not found:
         return None
@@ -320,16 +323,20 @@ def gather(job_id: str, node: str, attempt: str | None, rank: int) -> Evidence |
     )
 
 
-def likely_causes(job_id: str, node: str, attempt: str | None, rank: int) -> list[str]:
+def likely_causes(
+    job_id: str, node: str, attempt: str | None, rank: int, under: int | None = None
+) -> list[str]:
     """What this node can tell about why ``rank`` is slow (see the module docstring)."""
-    seen = gather(job_id, node, attempt, rank)
+    seen = gather(job_id, node, attempt, rank, under)
     return [] if seen is None else judge(seen)
 
 
-def why_slow_event(job_id: str, node: str, attempt: str | None, rank: int) -> dict[str, Any]:
+def why_slow_event(
+    job_id: str, node: str, attempt: str | None, rank: int, under: int | None = None
+) -> dict[str, Any]:
     return {
         "e": "why-slow",
         "a": attempt,
         "r": rank,
-        "causes": likely_causes(job_id, node, attempt, rank),
+        "causes": likely_causes(job_id, node, attempt, rank, under),
     }

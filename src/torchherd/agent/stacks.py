@@ -73,10 +73,13 @@ def dump(pid: int, tool: str | None) -> dict[str, Any]:
     return {"state": state, "error": error} if text is None else {"state": state, "stack": text}
 
 
-def collect(job_id: str, node: str, attempt: str | None = None) -> list[dict[str, Any]]:
+def collect(
+    job_id: str, node: str, attempt: str | None = None, *, under: int | None = None
+) -> list[dict[str, Any]]:
     """Every rank of the job (of ``attempt``) on this node with its stacks, dumped in parallel;
-    each rank's first children under ``children`` (pid, state, stack or error)."""
-    found = procs.find_workers(job_id, node, attempt)
+    each rank's first children under ``children`` (pid, state, stack or error). ``under``: the
+    ranks are among that process's descendants (see find_workers)."""
+    found = procs.find_workers(job_id, node, attempt, under=under)
     if not found:
         return []
     tool = py_spy()

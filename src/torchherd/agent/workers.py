@@ -28,6 +28,7 @@ import os
 from dataclasses import dataclass, field
 
 from . import processes
+from .processes import descendants
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
@@ -260,20 +261,12 @@ def threads_in_disk_wait(pid: int) -> int:
     return count
 
 
-def descendants(pid: int) -> list[int]:
-    """Every process below ``pid`` (children, their children, ...)."""
-    found: list[int] = []
-    stack = [pid]
-    while stack:
-        for child in processes.children(stack.pop()):
-            found.append(child)
-            stack.append(child)
-    return found
-
-
-def find_workers(job_id: str, node: str, attempt: str | None = None) -> list[Worker]:
-    """The job's rank processes here (of ``attempt``, when given), each with its descendants."""
-    tagged = processes.job_processes(job_id, node, attempt)
+def find_workers(
+    job_id: str, node: str, attempt: str | None = None, *, under: int | None = None
+) -> list[Worker]:
+    """The job's rank processes here (of ``attempt``, when given), each with its descendants
+    (``under``: among that process's descendants only; the agent's own pid from the agent)."""
+    tagged = processes.job_processes(job_id, node, attempt, under=under)
     ranks: dict[int, tuple[str, str]] = {}
     for pid in tagged:
         env = environ(pid)
