@@ -51,7 +51,7 @@ has its interpreter already, and the agents' start is excluded from the judged s
     python bench/scale.py [--nodes 10,100,300,1000] [--nproc 8] [--steady 60] [--full 20]
                           [--full-max-nodes 100] [--steady-lines 1] [--steady-beats 1]
                           [--plain-ranks] [--stop-wait S] [--json FILE] [--profile DIR]
-                          [--ranks-wait]
+                          [--ranks-beat-early]
 
 With --profile, py-spy samples the launcher during the start, steady and full-speed phases
 (raw stacks in DIR) and the bench prints where its CPU went: the functions with the most
@@ -114,14 +114,13 @@ with open("/proc/sys/kernel/pid_max") as _handle:
 # (--stop-wait).
 STOP_WAIT = {"seconds": 600.0}
 # The ranks of a real job neither print nor step until the rendezvous is complete, that is until
-# every node's torchrun is running. By default the stand-ins' ranks beat from their own node's
-# start, so a long simulated start also counts the first nodes' steady running. --ranks-wait
-# holds them ("hang" in the control file) until the bench has seen every node run, as a real
-# rendezvous would; at 1,000 nodes on 2 cores that start starves this machine (load ~1,500-
-# 2,000, ~660 runnable Python processes, the start 483 s instead of ~115 s): left off until
-# that is understood (a lead, in the README's At scale: each look scans every process of the
-# machine, ~0.27 s of CPU at 11,000 processes, and silent waiting ranks draw looks).
-HOLD_UNTIL_ALL_RUN = {"on": False}
+# every node's torchrun is running: the stand-ins' ranks are held ("hang" in the control file)
+# until the bench has seen every node run. --ranks-beat-early lets them beat from their own
+# node's start instead (a long simulated start then also counts the first nodes' steady
+# running). Holding them once starved this machine at 1,000 nodes (start 147-483 s instead of
+# ~40): every look at a waiting node's ranks read the environment of all ~11,000 processes on
+# the machine; an agent now finds its ranks among its own descendants.
+HOLD_UNTIL_ALL_RUN = {"on": True}
 SILENT_FOR = 20.0  # longer than herd's 10 s of silence, so the node is called lost
 # Memory a simulated node takes until measured (agent ~8 MB, stand-in ~4, workers and shims
 # ~1), and what is left free for everything else on the machine.
@@ -824,10 +823,10 @@ def main() -> int:
     )
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
     parser.add_argument(
-        "--ranks-wait",
+        "--ranks-beat-early",
         action="store_true",
-        help="ranks print and beat only once every node runs (as after a real rendezvous), not "
-        "from their own node's start; starves this machine at 1,000 nodes",
+        help="ranks print and beat from their own node's start; by default they wait until "
+        "every node runs, as after a real rendezvous",
     )
     parser.add_argument(
         "--profile", type=Path, default=None, help="sample the launcher with py-spy, stacks here"
@@ -835,7 +834,7 @@ def main() -> int:
     args = parser.parse_args()
     STEADY.update(lines_per_second=args.steady_lines, beats_per_second=args.steady_beats)
     STOP_WAIT["seconds"] = args.stop_wait
-    HOLD_UNTIL_ALL_RUN["on"] = args.ranks_wait
+    HOLD_UNTIL_ALL_RUN["on"] = not args.ranks_beat_early
     if args.plain_ranks:
         STEADY["compute_seconds"] = None
     counts = [int(n) for n in args.nodes.split(",")]

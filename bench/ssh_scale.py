@@ -241,7 +241,9 @@ def main() -> int:
     parser.add_argument("--nodes", type=int, default=32)
     parser.add_argument("--phases", default="exec,launch,interrupt,lost")
     parser.add_argument("--profile", type=Path, default=None, help="py-spy raw stacks here")
-    parser.add_argument("--modes", default="flat,tree", help="flat, tree or both (launches)")
+    parser.add_argument(
+        "--modes", default="flat,tree", help="flat, tree, or both: flat,tree (launches)"
+    )
     parser.add_argument("--kex", default=None, help="KexAlgorithms for the nodes' ssh config")
     parser.add_argument(
         "--marginal",
@@ -256,6 +258,9 @@ def main() -> int:
         "silent longer than herd's default limit",
     )
     args = parser.parse_args()
+    modes = list(MODES) if args.modes == "both" else args.modes.split(",")
+    if unknown := [m for m in modes if m not in MODES]:
+        parser.error(f"--modes: unknown {', '.join(unknown)} (flat, tree or both)")
     if args.marginal and args.nodes < 4:
         parser.error(
             f"--marginal compares {args.nodes} nodes with half as many: give --nodes 4 or more"
@@ -283,7 +288,7 @@ def main() -> int:
         }
         for phase in args.phases.split(","):
             # exec is herd exec, flat in every mode; the launches run in each mode asked.
-            for mode in ["flat"] if phase == "exec" else args.modes.split(","):
+            for mode in ["flat"] if phase == "exec" else modes:
                 for size in sizes:
                     print(f"{phase} ({mode}) on {size} nodes...", flush=True)
                     cluster = clusters[size]

@@ -197,3 +197,37 @@ def test_an_agents_search_below_itself_finds_its_ranks_adopted_helpers_and_no_ot
                 except ProcessLookupError:
                     pass
             agent.wait()
+
+
+def test_an_agent_ending_its_attempt_follows_its_tree_and_still_ends_a_stray() -> None:
+    """end_job below the agent: its rank and the rank's adopted helper end; a process of the
+    same attempt outside its tree (started here, not by the agent) is ended by the one pass
+    over the whole node that follows; another attempt's process is left alone."""
+    job = f"w-{uuid.uuid4().hex[:6]}"
+    env = dict(os.environ, HERD_JOB_ID=job, HERD_NODE="n1", HERD_ATTEMPT="0")
+    env.pop("RANK", None)
+    agent = subprocess.Popen(
+        [sys.executable, "-c", SUBREAPER, LAUNCHER, DOUBLE_FORKING_RANK],
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    stray, _ = start_rank(job, 1, attempt="0")
+    other, _ = start_rank(job, 0, attempt="1")
+    try:
+        assert agent.stdout is not None
+        rank, helper = (int(pid) for pid in agent.stdout.readline().split())
+        assert stray.pid not in processes.job_processes(job, "n1", "0", under=agent.pid)
+        assert processes.end_job(job, "n1", 1.0, "0", under=agent.pid) == []
+        for pid in (rank, helper):
+            assert workers.process_state(pid) in ("?", "Z"), pid
+        stray.wait(timeout=10)
+        assert other.poll() is None
+    finally:
+        for process in (agent, stray, other):
+            for pid in workers.descendants(process.pid) + [process.pid]:
+                try:
+                    os.kill(pid, 9)
+                except ProcessLookupError:
+                    pass
+            process.wait()
