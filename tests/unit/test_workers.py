@@ -21,15 +21,36 @@ time.sleep(600)
 """
 
 
-def start_rank(job: str, rank: int, attempt: str = "0") -> tuple[subprocess.Popen[str], int]:
+def tagged(job: str, attempt: str = "0") -> dict[str, str]:
+    """An environment of the job's on node n1, as the agent gives its processes (no rank)."""
     env = dict(os.environ, HERD_JOB_ID=job, HERD_NODE="n1", HERD_ATTEMPT=attempt)
-    env.update(RANK=str(rank), LOCAL_RANK=str(rank))
+    env.pop("RANK", None)
+    return env
+
+
+def start_rank(job: str, rank: int, attempt: str = "0") -> tuple[subprocess.Popen[str], int]:
+    env = tagged(job, attempt) | {"RANK": str(rank), "LOCAL_RANK": str(rank)}
     process = subprocess.Popen(
         [sys.executable, "-c", RANK], env=env, stdout=subprocess.PIPE, text=True
     )
     assert process.stdout is not None
     child = int(process.stdout.readline())
     return process, child
+
+
+def kill(pids: list[int]) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, 9)
+        except ProcessLookupError:
+            pass
+
+
+def end_trees(*started: subprocess.Popen[str]) -> None:
+    """Kill each process with everything below it, and reap it."""
+    for process in started:
+        kill([*workers.descendants(process.pid), process.pid])
+        process.wait()
 
 
 def test_ranks_are_told_from_their_children() -> None:
@@ -51,13 +72,7 @@ def test_ranks_are_told_from_their_children() -> None:
         assert [w["pid"] for w in taken] == [p.pid for p, _ in started]
         assert [[c["pid"] for c in w["children"]] for w in taken] == [[c] for _, c in started]
     finally:
-        for process, child in started:
-            for pid in (child, process.pid):
-                try:
-                    os.kill(pid, 9)
-                except ProcessLookupError:
-                    pass
-            process.wait()
+        end_trees(*(process for process, _ in started))
 
 
 def test_workers_of_one_attempt_only() -> None:
@@ -68,13 +83,7 @@ def test_workers_of_one_attempt_only() -> None:
         assert [w.pid for w in workers.find_workers(job, "n1", "1")] == [new.pid]
         assert [w.pid for w in workers.find_workers(job, "n1", "0")] == [old.pid]
     finally:
-        for process in (old, new):
-            for pid in workers.descendants(process.pid) + [process.pid]:
-                try:
-                    os.kill(pid, 9)
-                except ProcessLookupError:
-                    pass
-            process.wait()
+        end_trees(old, new)
 
 
 def test_a_sweep_of_one_attempt_leaves_the_next_alone() -> None:
@@ -91,13 +100,7 @@ def test_a_sweep_of_one_attempt_leaves_the_next_alone() -> None:
         assert workers.process_state(old_child) in ("?", "Z")
         assert new.poll() is None and workers.process_state(new_child) not in ("?", "Z")
     finally:
-        for process, child in ((old, old_child), (new, new_child)):
-            for pid in (child, process.pid):
-                try:
-                    os.kill(pid, 9)
-                except ProcessLookupError:
-                    pass
-            process.wait()
+        end_trees(old, new)
 
 
 # A torchrun stand-in: a tagged process without RANK that starts one rank; the rank double-forks
@@ -123,11 +126,9 @@ time.sleep(600)
 
 def test_a_double_forked_child_is_never_a_second_copy_of_its_rank() -> None:
     job = f"w-{uuid.uuid4().hex[:6]}"
-    env = dict(os.environ, HERD_JOB_ID=job, HERD_NODE="n1", HERD_ATTEMPT="0")
-    env.pop("RANK", None)
     launcher = subprocess.Popen(
         [sys.executable, "-c", LAUNCHER, DOUBLE_FORKING_RANK],
-        env=env,
+        env=tagged(job),
         stdout=subprocess.PIPE,
         text=True,
     )
@@ -139,11 +140,7 @@ def test_a_double_forked_child_is_never_a_second_copy_of_its_rank() -> None:
         assert [(w.rank, w.pid) for w in found] == [(0, rank)]
         assert helper in found[0].children  # still the rank's (its CPU and I/O count)
     finally:
-        for pid in (helper, rank, launcher.pid):
-            try:
-                os.kill(pid, 9)
-            except ProcessLookupError:
-                pass
+        kill([helper, rank, launcher.pid])
         launcher.wait()
 
 
@@ -157,77 +154,37 @@ launcher.wait()
 """
 
 
+def start_agent(job: str) -> tuple[subprocess.Popen[str], tuple[int, int]]:
+    """A SUBREAPER agent of the job; its rank's pid and the pid of the helper the rank
+    double-forked."""
+    agent = subprocess.Popen(
+        [sys.executable, "-c", SUBREAPER, LAUNCHER, DOUBLE_FORKING_RANK],
+        env=tagged(job),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert agent.stdout is not None
+    rank, helper = (int(pid) for pid in agent.stdout.readline().split())
+    return agent, (rank, helper)
+
+
 def test_an_agents_search_below_itself_finds_its_ranks_adopted_helpers_and_no_others() -> None:
     """What a look costs is the job's processes, not the node's (find_workers under the
     agent's pid): below one agent, its rank and the helper the rank double-forked (adopted by
     the agent, not by init); another agent's rank of the same job and node is not below it,
     though a search of the whole node finds both."""
     job = f"w-{uuid.uuid4().hex[:6]}"
-    env = dict(os.environ, HERD_JOB_ID=job, HERD_NODE="n1", HERD_ATTEMPT="0")
-    env.pop("RANK", None)
-    agents = [
-        subprocess.Popen(
-            [sys.executable, "-c", SUBREAPER, LAUNCHER, DOUBLE_FORKING_RANK],
-            env=env,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        for _ in range(2)
-    ]
-    started = []
+    agents = [start_agent(job) for _ in range(2)]
     try:
-        for agent in agents:
-            assert agent.stdout is not None
-            rank, helper = (int(pid) for pid in agent.stdout.readline().split())
-            started.append((rank, helper))
-        (rank, helper), (other_rank, _) = started
-        assert workers.parent(helper) == agents[0].pid  # adopted by the subreaper
-        found = workers.find_workers(job, "n1", under=agents[0].pid)
+        (rank, helper), (other_rank, _) = (started for _, started in agents)
+        first, second = (agent.pid for agent, _ in agents)
+        assert workers.parent(helper) == first  # adopted by the subreaper
+        found = workers.find_workers(job, "n1", under=first)
         assert [(w.rank, w.pid) for w in found] == [(0, rank)]
         assert helper in found[0].children
         # The whole node's search sees both agents' processes.
         assert {rank, other_rank, helper} <= set(processes.job_processes(job, "n1"))
-        assert other_rank not in processes.job_processes(job, "n1", under=agents[0].pid)
-        assert [w["pid"] for w in stacks.collect(job, "n1", under=agents[1].pid)] == [other_rank]
+        assert other_rank not in processes.job_processes(job, "n1", under=first)
+        assert [w["pid"] for w in stacks.collect(job, "n1", under=second)] == [other_rank]
     finally:
-        for agent in agents:
-            for pid in workers.descendants(agent.pid) + [agent.pid]:
-                try:
-                    os.kill(pid, 9)
-                except ProcessLookupError:
-                    pass
-            agent.wait()
-
-
-def test_an_agent_ending_its_attempt_follows_its_tree_and_still_ends_a_stray() -> None:
-    """end_job below the agent: its rank and the rank's adopted helper end; a process of the
-    same attempt outside its tree (started here, not by the agent) is ended by the one pass
-    over the whole node that follows; another attempt's process is left alone."""
-    job = f"w-{uuid.uuid4().hex[:6]}"
-    env = dict(os.environ, HERD_JOB_ID=job, HERD_NODE="n1", HERD_ATTEMPT="0")
-    env.pop("RANK", None)
-    agent = subprocess.Popen(
-        [sys.executable, "-c", SUBREAPER, LAUNCHER, DOUBLE_FORKING_RANK],
-        env=env,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    stray, _ = start_rank(job, 1, attempt="0")
-    other, _ = start_rank(job, 0, attempt="1")
-    try:
-        assert agent.stdout is not None
-        rank, helper = (int(pid) for pid in agent.stdout.readline().split())
-        assert stray.pid not in processes.job_processes(job, "n1", "0", under=agent.pid)
-        assert processes.end_job(job, "n1", 1.0, "0", under=agent.pid) == []
-        for pid in (rank, helper):
-            assert workers.process_state(pid) in ("?", "Z"), pid
-        stray.wait(timeout=10)
-        assert other.poll() is None
-    finally:
-        for process in (agent, stray, other):
-            for pid in workers.descendants(process.pid) + [process.pid]:
-                try:
-                    os.kill(pid, 9)
-                except ProcessLookupError:
-                    pass
-            process.wait()
+        end_trees(*(agent for agent, _ in agents))

@@ -276,9 +276,7 @@ class NodeAttempt:
         code = self.process.wait()
         for pump in pumps:
             pump.join(timeout=5)
-        survivors = processes.end_job(
-            self.job_id, self.node, SWEEP_GRACE, self.attempt, under=os.getpid()
-        )
+        survivors = processes.end_job(self.job_id, self.node, SWEEP_GRACE, self.attempt)
         # The last beats, phases and saves before the exit event (only what is new).
         self._send_progress()
         # Before the exit event: once the launcher hears it, the next attempt may begin here.
@@ -475,7 +473,7 @@ class NodeAttempt:
         self.request_stop(why)
         if self.process is not None:
             signal_group(self.process.pid, signal.SIGKILL)
-        processes.end_job(self.job_id, self.node, 0, self.attempt, under=os.getpid())
+        processes.end_job(self.job_id, self.node, 0, self.attempt)
 
     def _stop_when_asked(self) -> None:
         self.stop_requested.wait()
@@ -496,7 +494,7 @@ class NodeAttempt:
                     self.send_stacks(f"still running {self.grace:g} s after SIGTERM")
             finally:
                 signal_group(process.pid, signal.SIGKILL)
-        processes.end_job(self.job_id, self.node, 0, self.attempt, under=os.getpid())
+        processes.end_job(self.job_id, self.node, 0, self.attempt)
 
     def send_stacks(self, reason: str) -> None:
         """Emit the stacks of every worker of the attempt on this node (py-spy)."""

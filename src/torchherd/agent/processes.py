@@ -76,39 +76,24 @@ def signal_all(pids: Iterable[int], sig: int) -> None:
             pass
 
 
-def end_job(
-    job_id: str,
-    node: str | None,
-    grace: float,
-    attempt: str | None = None,
-    *,
-    under: int | None = None,
-) -> list[int]:
+def end_job(job_id: str, node: str | None, grace: float, attempt: str | None = None) -> list[int]:
     """SIGTERM every process of the job, SIGKILL what is left after ``grace``; return survivors.
 
-    Exited processes (zombies) have no environment to read, so they no longer count.
-    ``under`` (an agent ending its own attempt): the processes are followed below it while
-    they end (see job_processes), then the whole node is read once for any that left its tree.
+    Exited processes (zombies) have no environment to read, so they no longer count. Every
+    process of the node is read (an agent ending its own attempt too: following its tree
+    first did not shorten a 1,000-node stop on the simulation, 74 s against 71).
     """
-    if under is not None:
-        _end(job_id, node, grace, attempt, under)
-    return _end(job_id, node, grace, attempt, None)
-
-
-def _end(
-    job_id: str, node: str | None, grace: float, attempt: str | None, under: int | None
-) -> list[int]:
-    pids = job_processes(job_id, node, attempt, under=under)
+    pids = job_processes(job_id, node, attempt)
     signal_all(pids, signal.SIGTERM)
     deadline = time.monotonic() + grace
     while pids and time.monotonic() < deadline:
         time.sleep(0.1)
-        pids = job_processes(job_id, node, attempt, under=under)
+        pids = job_processes(job_id, node, attempt)
     signal_all(pids, signal.SIGKILL)
     deadline = time.monotonic() + 5
     while pids and time.monotonic() < deadline:
         time.sleep(0.05)
-        pids = job_processes(job_id, node, attempt, under=under)
+        pids = job_processes(job_id, node, attempt)
     return pids
 
 
