@@ -61,6 +61,10 @@ Scope = Literal["shared", "node"]
 FORMAT = 1
 STATE_FILE = "state.pt"
 _STEP_DIR = STEP_DIR
+# A shared directory listed differently by the ranks is listed again, RELIST_TRIES times in
+# all, RELIST_WAIT s apart, before it is called not shared.
+RELIST_TRIES = 4
+RELIST_WAIT = 0.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -494,17 +498,26 @@ class Snapshotter:
         token = secrets.token_hex(4)
         if not self.ctx.distributed:
             return mine, token
-        everyone: list[tuple[list[int], str] | None] = [None] * dist.get_world_size()
-        dist.all_gather_object(everyone, (mine, token))
-        lists = [entry[0] if entry else [] for entry in everyone]
-        token = everyone[0][1] if everyone[0] else token
-        if self.scope == "shared" and any(entry != lists[0] for entry in lists):
-            differing = [rank for rank, entry in enumerate(lists) if entry != lists[0]]
-            raise SnapshotError(
-                f"ranks see different snapshots in {self.directory} "
-                f"(rank 0: {lists[0][:3]}, ranks {differing[:8]} differ): it is not shared",
-                remedy="put the snapshots on a filesystem every node mounts, or use scope='node'",
-            )
+        for tries_left in reversed(range(RELIST_TRIES)):
+            everyone: list[tuple[list[int], str] | None] = [None] * dist.get_world_size()
+            dist.all_gather_object(everyone, (mine, token))
+            lists = [entry[0] if entry else [] for entry in everyone]
+            token = everyone[0][1] if everyone[0] else token
+            if self.scope != "shared" or all(entry == lists[0] for entry in lists):
+                break
+            if not tries_left:
+                differing = [rank for rank, entry in enumerate(lists) if entry != lists[0]]
+                raise SnapshotError(
+                    f"ranks see different snapshots in {self.directory} "
+                    f"(rank 0: {lists[0][:3]}, ranks {differing[:8]} differ): it is not shared",
+                    remedy="put the snapshots on a filesystem every node mounts, "
+                    "or use scope='node'",
+                )
+            # Every rank decides alike (the same lists): list again, together. Another writer
+            # of a shared directory (a replica group that trains on while this one restarts)
+            # may have published or retired a snapshot between two ranks' listings.
+            time.sleep(RELIST_WAIT)
+            mine = self._candidates()
         common = set(lists[0]).intersection(*map(set, lists[1:]))
         return sorted(common, reverse=True), token
 

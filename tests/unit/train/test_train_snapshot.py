@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from train_helpers import subprocess_env
+from train_helpers import JOBS, run_checked, subprocess_env, torchrun_argv
 
 from torchherd.train import SnapshotCorrupt, SnapshotError, Snapshotter
 from torchherd.train._files import Digest, HashingWriter, StableMemory, digest_of
@@ -319,3 +319,16 @@ def test_host_storage_spans_cover_every_tensor_of_a_nested_state() -> None:
     assert (weight.untyped_storage().data_ptr(), 8 * 8 * 4) in spans
     assert len(spans) == 4  # one per tensor; the view's span is its base's whole storage
     assert spans.count((weight.untyped_storage().data_ptr(), 8 * 8 * 4)) == 2
+
+
+def test_ranks_that_list_a_shared_directory_while_another_writer_publishes_agree(
+    tmp_path: Path,
+) -> None:
+    """Under real torchrun (2 ranks, Gloo): a snapshot published between two ranks' listings
+    (another replica group that trains on, writing the same directory) makes the lists differ
+    once; the ranks list again together and agree on [120, 100] instead of calling the
+    directory "not shared" (which failed a restarted replica group in CI)."""
+    job = JOBS / "relist_job.py"
+    run_checked(torchrun_argv(2, job, [str(tmp_path / "snapshots")]))
+    said = [json.loads((tmp_path / f"rank-{rank}.json").read_text()) for rank in (0, 1)]
+    assert said == [{"agreed": [120, 100]}, {"agreed": [120, 100]}], said
