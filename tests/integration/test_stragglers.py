@@ -87,6 +87,8 @@ def test_a_trainer_rank_waiting_for_its_data_loader_is_named_and_swapped_for_the
         assert "slow rank" not in herd.output, herd.output  # balanced: nobody named
 
         # node2's loader takes 1.2x the job's step a batch: its rank waits for its data.
+        # Its first progress line may come late on a slow start (a CI run saw none in 60 s).
+        herd.wait_for(r"\bsamples/s", 120)
         step_s = step_seconds(herd.output.splitlines(), 2 * 512)
         loader = SlowLoader(loader_control, 1, SLOWDOWN * step_s)
         held_at = time.time()
