@@ -92,6 +92,12 @@ class _Reduction:
     records: list[dict[str, Any]]
     show: bool
     started: float
+    written: bool = False
+    """Its records are in metrics.jsonl (and its line printed): rank 0 of a CPU job writes them
+    as soon as the sum is in; what the sum decides still waits for the next log step."""
+
+    def summed(self) -> bool:
+        return self.work is None or bool(self.work.is_completed())
 
 
 class Trainer:
@@ -439,6 +445,7 @@ class Trainer:
         progress.beat(
             self.step, compute=self._forward.step_done(), wait=wait, cycle=cycle, data=data
         )
+        self._write_summed_records()
         last = self._done()
         snapshot_due = cfg.snapshot_every > 0 and self.step % cfg.snapshot_every == 0
         eval_due = (
@@ -484,12 +491,34 @@ class Trainer:
             timed_due = self._write_reduced(self._reducing.pop(0)) or timed_due
         return timed_due
 
+    def _write_summed_records(self) -> None:
+        """Rank 0 of a CPU job writes a log step's records, and prints its progress line, at
+        the first step after their sum over the ranks is in, not a whole log interval later
+        (with log_every 50 the line for step 50 would wait for step 100). Only the writing:
+        the flags the sum carries (a timed snapshot, a save request) are acted on at the next
+        log step, where every rank reads them at the same step. On a GPU, reading the sum at
+        once would drain the stream, so the records wait for the next log step there."""
+        if self.ctx.device.type != "cpu" or not self.metrics.enabled:
+            return
+        for reduction in self._reducing:
+            if reduction.written:
+                continue
+            if not reduction.summed():
+                return  # in order: a later sum is never written before an earlier one
+            self._write_records(reduction, reduction.values.tolist())
+
     def _write_reduced(self, reduction: _Reduction) -> bool:
         if reduction.work is not None:
             reduction.work.wait()
         reduced = reduction.values.tolist()
         # Rank 0's view decides for every rank, so all of them stop at the same step.
         self.stopped_for_save = self.stopped_for_save or reduced[-1] > 0
+        if not reduction.written:
+            self._write_records(reduction, reduced)
+        return reduced[-2] > 0
+
+    def _write_records(self, reduction: _Reduction, reduced: list[float]) -> None:
+        reduction.written = True
         pending = reduction.records
         samples = 0
         for index, (raw, loss) in enumerate(zip(pending, reduced[:-2], strict=True)):
@@ -501,7 +530,6 @@ class Trainer:
             pending[index] = record | raw
         self._last_loss = pending[-1]["loss"]
         self.metrics.log_steps(pending, samples, reduction.show, now=reduction.started)
-        return reduced[-2] > 0
 
     def _flag(self, value: bool) -> torch.Tensor:
         # Summed over ranks, so only rank 0's clock counts.

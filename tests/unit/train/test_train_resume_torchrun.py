@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -174,3 +175,27 @@ def test_resume_on_fewer_ranks_sees_each_sample_once(tmp_path: Path, job_script:
     counts = Counter(seen)
     assert sorted(counts) == list(range(480)), "some samples were never seen"
     assert max(counts.values()) == 1, f"seen twice: {[i for i, c in counts.items() if c > 1]}"
+
+
+def test_a_log_steps_line_comes_once_its_loss_is_summed_not_a_log_interval_later(
+    tmp_path: Path, job_script: Path
+) -> None:
+    # The loss of a log step is summed over the ranks in the background; rank 0 printed its
+    # line only at the next log step (with log_every 50, step 50's line at step 100). Now it
+    # prints it at the first step after the sum is in: step 4's line before step 7 begins.
+    args = ["--max-steps", "12", "--log-every", "4", "--snapshot-every", "0", "--say-steps"]
+    args += ["--grad-accum-steps", "1", "--step-sleep", "0.05"]
+    done = run_checked(torchrun_argv(2, job_script, ["--run-dir", str(tmp_path / "run"), *args]))
+    lines = done.stdout.splitlines()
+    began = {
+        int(m[1]): i for i, line in enumerate(lines) if (m := re.match(r"SAY step (\d+)$", line))
+    }
+    shown = {
+        int(m[1]): i for i, line in enumerate(lines) if (m := re.match(r"step (\d+)/12 ", line))
+    }
+    assert sorted(shown) == [4, 8, 12], done.stdout
+    assert sorted(began) == list(range(1, 13)), done.stdout
+    for step in (4, 8):
+        assert began[step] < shown[step] < began[step + 3], done.stdout
+    # Every step's record is in metrics.jsonl once, in order.
+    assert [r["step"] for r in read_metrics(tmp_path / "run")] == list(range(1, 13))

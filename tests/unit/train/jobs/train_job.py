@@ -3,7 +3,9 @@ must restore (dropout draws from the RNG, AdamW state, an LR schedule, gradient 
 clipping, data order) and can record which samples each rank consumed at each step.
 
     torchrun --standalone --nproc-per-node 2 train_job.py --run-dir D --max-steps 20 \
-        --snapshot-every 4 [--step-sleep 0.2] [--record-indices]
+        --snapshot-every 4 [--step-sleep 0.2] [--record-indices] [--log-every 4 --say-steps]
+
+--say-steps: rank 0 prints `SAY step N` as step N begins, among the Trainer's progress lines.
 """
 
 from __future__ import annotations
@@ -50,6 +52,8 @@ def main() -> int:
     parser.add_argument("--drop-last", action="store_true")
     parser.add_argument("--step-sleep", type=float, default=0.0)
     parser.add_argument("--record-indices", action="store_true")
+    parser.add_argument("--log-every", type=int, default=1)
+    parser.add_argument("--say-steps", action="store_true")
     parser.add_argument("--parallel", default="auto", choices=["auto", "ddp", "fsdp", "none"])
     parser.add_argument(
         "--draw-every-rng", action="store_true", help="the loss draws from random and numpy too"
@@ -66,7 +70,8 @@ def main() -> int:
         grad_accum_steps=args.grad_accum_steps,
         drop_last=args.drop_last,
         max_grad_norm=1.0,
-        log_every=1,  # flush every step, so a killed run has written what it did
+        # By default every step, so a killed run has written what it did.
+        log_every=args.log_every,
         parallel=args.parallel,
     )
     train.seed_everything(config.seed)
@@ -76,6 +81,10 @@ def main() -> int:
 
     def loss_fn(module: nn.Module, batch: Any) -> torch.Tensor:
         inputs, targets, indices = batch
+        step = state["trainer"].step + 1
+        if args.say_steps and ctx.is_main and state.get("said") != step:
+            state["said"] = step
+            print(f"SAY step {step}", flush=True)
         if args.record_indices:
             with open(record, "a", encoding="utf-8") as out:
                 line = {"step": state["trainer"].step + 1, "indices": indices.tolist()}
