@@ -71,11 +71,12 @@ def test_a_rank_that_never_exits_after_the_others_finished_is_named(
     """Ranks 0 and 2 finish; rank 1's interpreter waits for ever on a non-daemon thread.
     herd names it within 3 minutes, takes its stacks, says the job finished and ends it with
     the exit code that says so: the job's work is done, so nothing is restarted, even with
-    restarts allowed."""
+    restarts allowed. With --hang-timeout 20, whose plain limit bounds the wait after the
+    others finished (by default a minute: tests/unit/test_hang.py), and which alone used to
+    call the rank hung and restart the finished job."""
     path, home = cluster(testbed, tmp_path, NODES)
-    herd = LiveHerd(
-        ["-c", str(path), "--max-restarts", "1", "waits.py", "--never-exit"], home, testbed
-    )
+    args = ["-c", str(path), "--max-restarts", "1", "--hang-timeout", "20"]
+    herd = LiveHerd([*args, "waits.py", "--never-exit"], home, testbed)
     herd.wait_for(r"DONE rank=1", 180)
     done = time.monotonic()
     herd.wait_for(r"finished, but node2 rank 1 never exited", 180)
@@ -84,6 +85,7 @@ def test_a_rank_that_never_exits_after_the_others_finished_is_named(
     out = herd.output
     assert code == EXIT_NEVER_EXITED, out
     assert "herd: the job finished, but node2 rank 1 never exited" in out, out
+    assert "limit 20 s" in out, out
     assert "is hung" not in out and "restarting the job" not in out, out
     assert "attempt 1" not in out, out
     assert re.search(r"job \S+ finished in [\d.]+ s, but a rank never exited", out), out

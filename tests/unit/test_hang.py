@@ -673,6 +673,30 @@ def test_a_rank_still_working_after_the_others_finished_gets_minutes() -> None:
         assert watch.check() is None
 
 
+@pytest.mark.parametrize("working", [False, True], ids=["idle", "working"])
+def test_with_a_plain_limit_a_rank_outliving_the_others_by_it_never_exited(working: bool) -> None:
+    """--hang-timeout 20: rank 0's node finished; rank 1 waits for a thread (or works) on.
+    20 s later it never exited: the job finished (nothing to restart), not a hang, which the
+    plain limit alone would have said (and restarted a finished job)."""
+    clock = Clock()
+    watch = HangWatch(timeout=20, clock=clock, world_size=2)
+    watch.started()
+    watch.signal(0, 5)
+    watch.signal(1, 5)
+    watch.finished()
+    cpu, found, waited = 0, None, 0.0
+    while found is None and waited < 200:
+        clock.advance(LOOK_EVERY)
+        waited += LOOK_EVERY
+        cpu += 100 * int(LOOK_EVERY) if working else 0
+        frames = ("_shutdown (threading.py:1590)",)
+        watch.looked("n", event(look(1, 0, cpu=cpu, frames=frames)))
+        found = watch.check()
+    assert found is not None and found.finished, found
+    assert found.reason.startswith("finished, but n rank 1 never exited"), found.reason
+    assert 20 <= waited <= 20 + 2 * LOOK_EVERY
+
+
 def test_a_nodes_report_is_progress_for_each_rank_in_it_and_an_empty_one_is_none() -> None:
     """A node's report (its ranks' newest steps, or lines: no step) is each rank's progress,
     one new silence for the lot; a report that names no rank leaves the silence running."""

@@ -68,7 +68,9 @@ still hold.
 
 ``--hang-timeout S`` adds a plain limit: S seconds without any progress signal, counted from
 the first one (start-up has its own timeouts), is a hang whatever the looks say, inside a
-declared phase too (0 turns the whole watch off).
+declared phase too (0 turns the whole watch off). Once some ranks finished it bounds rule 7
+instead: a rank still running S s after them never exited (the job's work is done, nothing is
+restarted), which the plain limit alone would have called a hang and restarted.
 """
 
 from __future__ import annotations
@@ -405,18 +407,25 @@ class Limits:
     outside: float = OUTSIDE_LIMIT
     frozen_phase: float = OUTSIDE_LIMIT
     finish_grace: float = FINISH_GRACE
+    finished_working: float = OUTSIDE_LIMIT
+    """How long a rank that works may go on once others finished (rule 7)."""
 
     @classmethod
     def for_pace(
         cls, step_seconds: float | None, stepped: bool, hang_timeout: float | None = None
     ) -> Limits:
         """The windows for a job that takes ``step_seconds`` a step (None: unknown), has made
-        a step already or not, and runs with ``--hang-timeout`` (None: not set)."""
+        a step already or not, and runs with ``--hang-timeout`` (None: not set), which also
+        bounds rule 7's waits: its plain limit holds "whatever the looks say", and a rank
+        that outlives the others by it never exited (the job's work is done: nothing to
+        restart), not a hang."""
         pace = step_seconds or 0.0
         return cls(
             confirm=max(CONFIRM, CONFIRM_STEPS * pace),
             all_waiting=max(ALL_WAITING, ALL_WAITING_STEPS * pace) if stepped else FIRST_COLLECTIVE,
             frozen_phase=hang_timeout if hang_timeout else OUTSIDE_LIMIT,
+            finish_grace=min(FINISH_GRACE, hang_timeout) if hang_timeout else FINISH_GRACE,
+            finished_working=min(OUTSIDE_LIMIT, hang_timeout) if hang_timeout else OUTSIDE_LIMIT,
         )
 
 
@@ -483,12 +492,12 @@ def judge(
         ]
         busy = [(r, look) for r, (kind, _, look) in current.items() if kind in (WORKING, OUTSIDE)]
         late = idle if after >= limits.finish_grace else []
-        late += busy if after >= limits.outside else []
+        late += busy if after >= limits.finished_working else []
         if late:
             return Hang(
                 f"finished, but {_ranks(sorted(late))} never exited ({after:.0f} s after the "
                 f"first ranks finished; limit {limits.finish_grace:g} s, or "
-                f"{limits.outside:g} s while working)",
+                f"{limits.finished_working:g} s while working)",
                 tuple(
                     f"{look.host} rank {r}: still running at {look.where} after the others finished"
                     for r, look in sorted(late)
@@ -803,7 +812,12 @@ class HangWatch:
         if not self.enabled or self._since is None:
             return None
         silent = self._clock() - self._since
-        if self.timeout is not None and self._signalled and silent > self.timeout:
+        plain_limit_passed = self.timeout is not None and self._signalled and silent > self.timeout
+        if plain_limit_passed and self.finished_at is not None:
+            # Others finished: the plain limit bounds rule 7's wait (limits()), whose verdict
+            # names the ranks from the looks; the plain one only if no look could decide.
+            return self._judged(silent) or self._never_exited(silent)
+        if plain_limit_passed:
             inside = ", ".join(
                 f"rank {r} in phase {name!r}" for r, name in sorted(self.phases.items())
             )
@@ -816,6 +830,10 @@ class HangWatch:
         started = judge_start(self._starts, sum(1 for ranks in self._seen_on.values() if ranks))
         if started is not None:
             return Hang(started.reason, started.behind, silent, node=started.node)
+        return self._judged(silent)
+
+    def _judged(self, silent: float) -> Hang | None:
+        """The verdict of the rules on the ranks' looks, if any."""
         now = max((t.looks[-1].at for t in self._tracks.values() if t.looks), default=None)
         if now is None:
             return None
@@ -823,6 +841,20 @@ class HangWatch:
         if found is None:
             return None
         return Hang(found.reason, found.behind, silent, found.finished)
+
+    def _never_exited(self, silent: float) -> Hang | None:
+        """Rule 7 under the plain limit when the looks name no rank a confirmation after it
+        (no look came, or none saw a rank still running)."""
+        assert self.timeout is not None and self.finished_at is not None
+        if self._clock() - self.finished_at < self.timeout + CONFIRM:
+            return None
+        return Hang(
+            f"finished, but some ranks never exited ({silent:.0f} s without progress; limit "
+            f"{self.timeout:g} s, set by --hang-timeout)",
+            self._places(),
+            silent_for=silent,
+            finished=True,
+        )
 
     def _places(self) -> tuple[str, ...]:
         """Where each rank was at the last look (for a verdict of the plain limit)."""
