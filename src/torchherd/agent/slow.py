@@ -327,7 +327,7 @@ def likely_causes(
     job_id: str, node: str, attempt: str | None, rank: int, under: int | None = None
 ) -> list[str]:
     """What this node can tell about why ``rank`` is slow (see the module docstring)."""
-    seen = gather(job_id, node, attempt, rank, under)
+    seen = gather(job_id, node, attempt, rank, under=under)
     return [] if seen is None else judge(seen)
 
 
@@ -338,5 +338,5 @@ def why_slow_event(
         "e": "why-slow",
         "a": attempt,
         "r": rank,
-        "causes": likely_causes(job_id, node, attempt, rank, under),
+        "causes": likely_causes(job_id, node, attempt, rank, under=under),
     }
