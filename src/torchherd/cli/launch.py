@@ -98,7 +98,9 @@ def launch_command(
         help="A plain limit: seconds without progress from any rank (output lines, "
         "torchherd.progress beats and phases) that make a hang, whatever else herd sees; "
         "0 turns the hang watch off. Default: none; hangs are judged by looking at the ranks "
-        "once the job goes quiet (a stopped or blocked rank, nobody working).",
+        "once the job goes quiet (a stopped or blocked rank, nobody working). Once some ranks "
+        "finished, a rank still running this long after them never exited: the job ends as "
+        "finished (exit 6), never restarted.",
     ),
     spares: int = typer.Option(
         0,
