@@ -107,10 +107,6 @@ def test_a_killed_worker_restarts_in_place_and_resumes(
         (1, "in place", "succeeded"),
     ], attempts
     assert "killed by SIGKILL" in attempts[1]["why"], attempts
-    # Each node warmed attempt 1's wrapper while attempt 0 trained: the restart handed its
-    # request to a wrapper with torch imported (importing it after the stop takes seconds).
-    warm = {n["host"]: n["phases"]["wrapper warm"] for n in attempts[1]["nodes"]}
-    assert all(seconds < 1.0 for seconds in warm.values()), warm
     herd.assert_clean(["node1", "node2"])
 
 
