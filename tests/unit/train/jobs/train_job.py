@@ -87,7 +87,7 @@ def main() -> int:
             print(f"SAY step {step}", flush=True)
         if args.record_indices:
             with open(record, "a", encoding="utf-8") as out:
-                line = {"step": state["trainer"].step + 1, "indices": indices.tolist()}
+                line = {"step": step, "indices": indices.tolist()}
                 out.write(json.dumps(line) + "\n")
         if args.step_sleep:
             time.sleep(args.step_sleep)
