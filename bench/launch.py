@@ -16,7 +16,12 @@ Prints `ratio = herd / baseline` (target <= 0.9) and `herd / pdsh` (target <= 1.
 first start and for the restart, and the median of each phase of herd's starts (the job
 record's breakdown, startup.py). Needs root (builds the testbed).
 
-    python bench/launch.py [--nodes 3] [--nproc 1] [--repeats 5]
+For the restart, rank 0 fails ``--fail-after`` seconds after every rank's first step (5 by
+default: a failure mid-training, as failures come; herd's agents warm the next attempt's
+wrapper once the job steps, torchrun keeps its own agent's import). ``--fail-after 0`` fails at
+the first step, where herd's wrapper for the next attempt is still importing torch.
+
+    python bench/launch.py [--nodes 3] [--nproc 1] [--repeats 5] [--fail-after 5]
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ from tests.testbed import Testbed  # noqa: E402
 FIRST_LINE = """\
 import os, sys, time
 import torch  # a real training script imports torch first
+FAIL_AFTER_S = 0.0
 # A worker started after rank 0's failure is the restart's (torchrun's restart count is per
 # node: the nodes it restarts for a membership change keep theirs).
 attempt = int(os.path.exists("failed-once"))
@@ -51,6 +57,7 @@ dist.barrier()
 from torchherd import progress
 progress.beat(0)  # the first step (herd's start phases end here; a no-op under torchrun)
 if "--fail-once" in sys.argv and attempt == 0:
+    time.sleep(FAIL_AFTER_S)  # training, until rank 0 fails (--fail-after)
     if os.environ["RANK"] == "0":
         open("failed-once", "w").close()
         print(f"FAIL at={time.time():.4f}", flush=True)
@@ -243,13 +250,18 @@ def main() -> int:
     parser.add_argument("--nodes", type=int, default=3)
     parser.add_argument("--nproc", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument(
+        "--fail-after", type=float, default=5.0, help="seconds of training before rank 0 fails"
+    )
     args = parser.parse_args()
     world = args.nodes * args.nproc
     runs: dict[str, dict[str, list[float]]] = {}
     phases: dict[str, dict[str, list[float]]] = {"start": {}, "restart": {}}
     with Testbed(args.nodes) as bed, tempfile.TemporaryDirectory(prefix="herd-bench-") as scratch:
         workdir = Path(scratch)
-        (workdir / "first_line.py").write_text(FIRST_LINE)
+        (workdir / "first_line.py").write_text(
+            FIRST_LINE.replace("FAIL_AFTER_S = 0.0", f"FAIL_AFTER_S = {args.fail_after!r}")
+        )
         home = workdir / "home"
         cluster_file = bed.write_cluster_file(
             workdir / "herd.toml",
@@ -306,7 +318,10 @@ def main() -> int:
                 again = f"{times['restart'][-1]:.2f}" if times["restart"] else "-"
                 said.append(f"{name} {times['start'][-1]:.2f}/{again} s")
             print(f"run {repeat + 1} (start/restart): " + "   ".join(said), flush=True)
-    print(f"\n{args.nodes} nodes x {args.nproc} workers, {args.repeats} runs each (median):")
+    print(
+        f"\n{args.nodes} nodes x {args.nproc} workers, {args.repeats} runs each (median); "
+        f"restart: rank 0 fails {args.fail_after:g} s after the first step:"
+    )
     print("| | first start | restart in place |")
     print("|---|---|---|")
     medians = {

@@ -29,17 +29,18 @@ def trainer_job(
     nodes: list[dict[str, object]],
     options: list[str],
     script_args: list[str] = ARGS,
+    env: dict[str, str] | None = None,
     **keys: object,
 ) -> tuple[LiveHerd, Path]:
     """`herd launch OPTIONS slow_minimal.py SCRIPT_ARGS` (the Trainer, a snapshot every 20
-    steps by default)."""
+    steps by default; ``env``: more of the job's environment)."""
     home, run_dir = tmp_path / "home", tmp_path / "run"
     tmp_path.mkdir(parents=True, exist_ok=True)
     path = testbed.write_cluster_file(
         tmp_path / "herd.toml",
         nodes=nodes,
         workdir=str(SCRIPTS),
-        env={"HERD_HOME": str(home)},
+        env={"HERD_HOME": str(home), **(env or {})},
         **keys,
     )
     herd = LiveHerd(
@@ -69,6 +70,51 @@ def agents(home: Path, job: str, nodes: list[str]) -> dict[str, int]:
     }
 
 
+def warmed_wrapper(testbed: Testbed, job: str, node: str, attempt: int) -> int:
+    """The pid of the wrapper ``node``'s agent warms for ``attempt``, once it has imported
+    torch (its CPU time stands still: it waits for its job on stdin)."""
+    deadline = time.monotonic() + 120
+    pid, last, still = None, -1, 0
+    while time.monotonic() < deadline:
+        pid = next(
+            (
+                p
+                for p in testbed.processes_with_env("HERD_JOB_ID", job)
+                if is_prewarmed_for(p, node, attempt)
+            ),
+            None,
+        )
+        used = cpu_ticks(pid) if pid is not None else -1
+        still = still + 1 if pid is not None and used == last else 0
+        if still == 2:  # for two seconds in a row
+            return pid
+        last = used
+        time.sleep(1.0)
+    raise AssertionError(f"{node}: no wrapper warmed for attempt {attempt} (last seen: {pid})")
+
+
+def is_prewarmed_for(pid: int, node: str, attempt: int) -> bool:
+    try:
+        env = set(Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"))
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    tags = {f"HERD_NODE={node}".encode(), f"HERD_ATTEMPT={attempt}".encode()}
+    return tags <= env and b"--herd-prewarm" in argv
+
+
+def cpu_ticks(pid: int) -> int:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except OSError:
+        return -1
+    return int(fields[11]) + int(fields[12])  # utime + stime
+
+
+def parent_of(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[1])
+
+
 def one_each(*hosts: str, spare: str | None = None) -> list[dict[str, object]]:
     nodes: list[dict[str, object]] = [{"host": h, "nproc": 1} for h in hosts]
     if spare:
@@ -79,19 +125,30 @@ def one_each(*hosts: str, spare: str | None = None) -> list[dict[str, object]]:
 def test_a_killed_worker_restarts_in_place_and_resumes(
     testbed: Testbed, tmp_path: Path, uninterrupted_losses: list[tuple[int, float]]
 ) -> None:
+    # Attempt 0 at 0.1 s a step: a loaded machine may take seconds to import torch.
     herd, run_dir = trainer_job(
-        testbed, tmp_path, one_each("node1", "node2"), ["--max-restarts", "1"]
+        testbed,
+        tmp_path,
+        one_each("node1", "node2"),
+        ["--max-restarts", "1"],
+        env={"SLOW_FIRST_ATTEMPT_S": "0.1"},
     )
     wait_for_snapshot(herd, run_dir, 40)
     job = job_id(herd.home)
     before = agents(herd.home, job, ["node1", "node2"])
     victim = worker_on(job, "node2", testbed)
     assert victim is not None
+    # While attempt 0 trains, each node's agent warms attempt 1's wrapper (restarts are left).
+    warmed = {node: warmed_wrapper(testbed, job, node, 1) for node in ("node1", "node2")}
     before_kill = max(snapshot_steps(run_dir))
     os.kill(victim, signal.SIGKILL)
     herd.wait_for(r"attempt 1 in place on the same 2 node\(s\)", 60)
     resumed = herd.wait_for(r"resumed from \S*/snapshots/step-(\d+)", 180)[0]
     assert agents(herd.home, job, ["node1", "node2"]) == before  # the same agents, in place
+    # Attempt 1 runs in the wrappers warmed during attempt 0: their ranks are its children.
+    for node, wrapper in warmed.items():
+        rank = worker_on(job, node, testbed)
+        assert rank is not None and parent_of(rank) == wrapper, (node, rank, wrapper)
     code = herd.finish(timeout=300)
     out = herd.output
     assert code == 0, out
@@ -107,6 +164,10 @@ def test_a_killed_worker_restarts_in_place_and_resumes(
         (1, "in place", "succeeded"),
     ], attempts
     assert "killed by SIGKILL" in attempts[1]["why"], attempts
+    # The restart handed its request to a wrapper with torch imported: no import after the
+    # stop (1-2 s on a quiet machine) in the phase that times the wrapper.
+    warm = {n["host"]: n["phases"]["wrapper warm"] for n in attempts[1]["nodes"]}
+    assert all(seconds < 1.0 for seconds in warm.values()), warm
     herd.assert_clean(["node1", "node2"])
 
 

@@ -82,7 +82,8 @@ def launch_command(
         "--max-restarts",
         min=0,
         help="Restarts of the whole job (every node, fresh rendezvous) after a failure, "
-        "a lost node or a hang.",
+        "a lost node or a hang. While restarts are left, each node keeps the next attempt's "
+        "torchrun wrapper warm (torch imported) once the job steps.",
     ),
     min_nodes: int = typer.Option(
         None,

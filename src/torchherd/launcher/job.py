@@ -305,9 +305,11 @@ class JobRun:
 
     def _started(self) -> None:
         """Every node made its first step: the start's phases into the record (and onto the
-        console with -v)."""
+        console with -v), and, while restarts are left, the next attempt's wrappers warmed
+        (now, so that their import of torch does not slow this attempt's start)."""
         if self.current is not None:
             self._keep_phases(self.current)
+            self.current.actions.warm_next_everywhere()
             task = asyncio.get_running_loop().create_task(self._save())
             self._saves.add(task)
             task.add_done_callback(self._saves.discard)
