@@ -27,6 +27,7 @@ the first step, where herd's wrapper for the next attempt is still importing tor
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -192,7 +193,7 @@ def run_baseline(
         if not restart and process.wait(120) != 0:
             raise RuntimeError("baseline torchrun failed")
         if restart:
-            end_measured(process)
+            end_measured(bed, process)
     return elapsed
 
 
@@ -201,15 +202,23 @@ def run_baseline(
 STUCK_AFTER_RESTART: list[str] = []
 
 
-def end_measured(process: subprocess.Popen[str], name: str = "torchrun by hand") -> None:
+def end_measured(
+    bed: Testbed, process: subprocess.Popen[str], name: str = "torchrun by hand"
+) -> None:
     """A restart run is measured once every rank printed again; what does not end in 30 s
-    after that is stopped (its ssh session's process group) and counted."""
+    after that is stopped and counted: its ssh clients here (their process group), and what
+    they left running on the nodes (torchrun's agent and ranks, waiting in a rendezvous or a
+    barrier: left there, a few runs' worth would take CPU from the runs that follow)."""
     try:
         process.wait(30)
     except subprocess.TimeoutExpired:
         STUCK_AFTER_RESTART.append(name)
         os.killpg(process.pid, signal.SIGKILL)
         process.wait()
+        for node in bed.nodes:
+            for pid in bed.node_processes(node):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
 
 
 def run_pdsh(
@@ -239,7 +248,7 @@ def run_pdsh(
     )
     elapsed = wait_for_ranks([process.stdout], nodes * nproc, started, restart)
     if restart:
-        end_measured(process, "pdsh (DeepSpeed)")
+        end_measured(bed, process, "pdsh (DeepSpeed)")
     elif process.wait(120) != 0:
         raise RuntimeError("pdsh's torchrun failed")
     return elapsed
