@@ -37,16 +37,18 @@ WEIGHTS = {
 }  # fmt: skip
 
 
+def cpu_ticks(pid: int) -> int:
+    """The CPU time the process used so far (user + system), in clock ticks; OSError once it
+    is gone."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])
+
+
 def cpu_share(pid: int, seconds: float = 5.0) -> float:
     """The share of a CPU the process used over ``seconds``."""
-
-    def ticks() -> int:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return int(fields[11]) + int(fields[12])
-
-    before = ticks()
+    before = cpu_ticks(pid)
     time.sleep(seconds)
-    return (ticks() - before) / os.sysconf("SC_CLK_TCK") / seconds
+    return (cpu_ticks(pid) - before) / os.sysconf("SC_CLK_TCK") / seconds
 
 
 class Quota:

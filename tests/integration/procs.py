@@ -35,6 +35,18 @@ def cmdline(pid: int) -> bytes | None:
         return None
 
 
+def environ(pid: int) -> set[bytes]:
+    """The process's environment as KEY=VALUE entries (empty for one that is gone)."""
+    try:
+        return set(Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"))
+    except OSError:
+        return set()
+
+
+def parent_of(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
 def _start_time(pid: int) -> str | None:
     """The start time of a running process; None for one that is gone or has exited (a
     zombie waits for whoever adopted it to reap it: a master that herd ended is gone, though

@@ -17,7 +17,9 @@ import time
 from pathlib import Path
 
 from tests.integration.live import LiveHerd, job_id
+from tests.integration.procs import cmdline, environ, parent_of
 from tests.integration.training import ARGS, losses, worker_on
+from tests.slowdowns import cpu_ticks
 from tests.testbed import Testbed
 
 SCRIPTS = Path(__file__).parent / "scripts"
@@ -73,46 +75,29 @@ def agents(home: Path, job: str, nodes: list[str]) -> dict[str, int]:
 def warmed_wrapper(testbed: Testbed, job: str, node: str, attempt: int) -> int:
     """The pid of the wrapper ``node``'s agent warms for ``attempt``, once it has imported
     torch (its CPU time stands still: it waits for its job on stdin)."""
+    tags = {f"HERD_NODE={node}".encode(), f"HERD_ATTEMPT={attempt}".encode()}
     deadline = time.monotonic() + 120
     pid, last, still = None, -1, 0
     while time.monotonic() < deadline:
-        pid = next(
-            (
-                p
-                for p in testbed.processes_with_env("HERD_JOB_ID", job)
-                if is_prewarmed_for(p, node, attempt)
-            ),
-            None,
-        )
-        used = cpu_ticks(pid) if pid is not None else -1
+        if pid is None:
+            pid = next(
+                (
+                    p
+                    for p in testbed.processes_with_env("HERD_JOB_ID", job)
+                    if tags <= environ(p) and b"--herd-prewarm" in (cmdline(p) or b"").split(b"\0")
+                ),
+                None,
+            )
+        try:
+            used = cpu_ticks(pid) if pid is not None else -1
+        except OSError:
+            pid, used = None, -1  # gone: look for its successor
         still = still + 1 if pid is not None and used == last else 0
         if still == 2:  # for two seconds in a row
             return pid
         last = used
         time.sleep(1.0)
     raise AssertionError(f"{node}: no wrapper warmed for attempt {attempt} (last seen: {pid})")
-
-
-def is_prewarmed_for(pid: int, node: str, attempt: int) -> bool:
-    try:
-        env = set(Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"))
-        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    except OSError:
-        return False
-    tags = {f"HERD_NODE={node}".encode(), f"HERD_ATTEMPT={attempt}".encode()}
-    return tags <= env and b"--herd-prewarm" in argv
-
-
-def cpu_ticks(pid: int) -> int:
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    except OSError:
-        return -1
-    return int(fields[11]) + int(fields[12])  # utime + stime
-
-
-def parent_of(pid: int) -> int:
-    return int(Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[1])
 
 
 def one_each(*hosts: str, spare: str | None = None) -> list[dict[str, object]]:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from tests.integration.herd_cli import one_worker_cluster as cluster
 from tests.integration.live import LiveHerd
-from tests.integration.procs import running
+from tests.integration.procs import parent_of, running
 from tests.testbed import Testbed
 from torchherd.agent.workers import process_state
 
@@ -68,7 +68,7 @@ def _agent_of(worker: int) -> int:
     """The node agent above a worker (its torchrun's parent): `python -m torchherd.agent`."""
     pid = worker
     for _ in range(6):
-        pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        pid = parent_of(pid)
         argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         if b"torchherd.agent" in argv:
             return pid

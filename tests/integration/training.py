@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from tests.integration.herd_cli import SCRIPTS, herd, one_worker_cluster
+from tests.integration.procs import environ
 from tests.testbed import Testbed
 
 # tests/integration/scripts/slow_minimal.py: 200 steps, a snapshot every 20.
@@ -29,11 +30,7 @@ def final_loss(run_dir: Path) -> float:
 def worker_on(job_id: str, node: str, testbed: Testbed) -> int | None:
     """The pid of local rank 0 of the job on ``node``."""
     for pid in testbed.processes_with_env("HERD_JOB_ID", job_id):
-        try:
-            env = set(Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"))
-        except OSError:
-            continue
-        if f"HERD_NODE={node}".encode() in env and b"LOCAL_RANK=0" in env:
+        if {f"HERD_NODE={node}".encode(), b"LOCAL_RANK=0"} <= environ(pid):
             return pid
     return None
 
