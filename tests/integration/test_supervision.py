@@ -17,7 +17,7 @@ from pathlib import Path
 
 from tests.integration.herd_cli import one_worker_cluster as cluster
 from tests.integration.live import LiveHerd
-from tests.integration.procs import parent_of, running
+from tests.integration.procs import cmdline, environ, parent_of, running
 from tests.testbed import Testbed
 from torchherd.agent.workers import process_state
 
@@ -69,8 +69,7 @@ def _agent_of(worker: int) -> int:
     pid = worker
     for _ in range(6):
         pid = parent_of(pid)
-        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        if b"torchherd.agent" in argv:
+        if b"torchherd.agent" in (cmdline(pid) or b"").split(b"\0"):
             return pid
     raise AssertionError(f"no agent above worker {worker}")
 
@@ -281,9 +280,4 @@ def test_the_second_ctrl_c_on_this_machine_leaves_nothing(tmp_path: Path) -> Non
 
 
 def _tagged(pid: int, job: str) -> bool:
-    try:
-        return f"HERD_JOB_ID={job}".encode() in Path(f"/proc/{pid}/environ").read_bytes().split(
-            b"\0"
-        )
-    except OSError:
-        return False
+    return f"HERD_JOB_ID={job}".encode() in environ(pid)
