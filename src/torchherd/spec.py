@@ -157,7 +157,7 @@ class ClusterSpec(BaseModel):
     their collectives), up to launcher_silence."""
     tree_above: int | None = Field(default=None, ge=1)
     """Over ssh, a launch of more nodes than this starts the agents through a tree: ssh from
-    the launcher to a few inner nodes only (one per 33 nodes, at least 2), which start the
+    the launcher to a few inner nodes only (the last, one per 33 nodes), which start the
     others over their own ssh; every node's agent still links straight back to the launcher.
     Off unless set: those links are plain TCP, not encrypted as ssh is."""
     setup: str | None = None

@@ -9,16 +9,21 @@ from torchherd.agent.fanout import node_argv
 from torchherd.transport.tree import inner_count, shape
 
 
-def test_inner_nodes_of_at_most_32_others_each_and_at_least_two() -> None:
-    assert [inner_count(n) for n in (3, 12, 32, 66, 67, 1000)] == [2, 2, 2, 2, 3, 31]
+def test_inner_nodes_are_the_last_and_start_at_most_32_others_each() -> None:
+    assert [inner_count(n) for n in (3, 12, 33, 34, 66, 67, 1000)] == [1, 1, 1, 2, 2, 3, 31]
     parents = shape([f"n{k}" for k in range(1, 13)])
+    # One inner node, the last: the first (node rank 0) hosts the rendezvous.
+    assert [h for h, p in parents.items() if h == p] == ["n12"]
+    assert sorted(h for h, p in parents.items() if p == "n12" and h != "n12") == sorted(
+        f"n{k}" for k in range(1, 12)
+    )
+    parents = shape([f"n{k}" for k in range(1, 71)])
     inner = [h for h, p in parents.items() if h == p]
-    assert inner == ["n1", "n2"]
+    assert inner == ["n68", "n69", "n70"]
     below = {i: [h for h, p in parents.items() if p == i and h != i] for i in inner}
-    assert below == {
-        "n1": ["n3", "n5", "n7", "n9", "n11"],
-        "n2": ["n4", "n6", "n8", "n10", "n12"],
-    }
+    assert below["n68"][:3] == ["n1", "n4", "n7"] and below["n70"][:2] == ["n3", "n6"]
+    assert sorted(len(hosts) for hosts in below.values()) == [22, 22, 23]
+    assert all(len(hosts) <= 32 for hosts in below.values())
 
 
 def test_the_fanout_names_the_launcher_and_keeps_only_a_config_file_it_has(
@@ -62,17 +67,17 @@ def test_a_lost_inner_node_carries_no_subtree_until_it_is_connected_again() -> N
     from torchherd.spec import ClusterSpec, NodeSpec
     from torchherd.transport.ssh import SshTransport
 
-    cluster = ClusterSpec(nodes=tuple(NodeSpec(host=f"n{k}") for k in range(1, 13)), tree_above=4)
+    cluster = ClusterSpec(nodes=tuple(NodeSpec(host=f"n{k}") for k in range(1, 41)), tree_above=4)
     ssh = SshTransport(cluster, tree=True)
     try:
-        assert ssh.tree is not None and ssh.tree.inner == ["n1", "n2"]
-        ssh._masters |= {"n1", "n2"}  # both inner nodes connected at the launch
-        leaf = cluster.node("n4")  # in n2's subtree
-        assert ssh.tree.inner_for(leaf) == "n2"
-        ssh.lost("n2")
-        assert ssh.tree.inner_for(leaf) == "n1"
-        assert not ssh.connected("n2")
-        ssh.lost("n1")
+        assert ssh.tree is not None and ssh.tree.inner == ["n39", "n40"]
+        ssh._masters |= {"n39", "n40"}  # both inner nodes connected at the launch
+        leaf = cluster.node("n2")  # in n40's subtree
+        assert ssh.tree.inner_for(leaf) == "n40"
+        ssh.lost("n40")
+        assert ssh.tree.inner_for(leaf) == "n39"
+        assert not ssh.connected("n40")
+        ssh.lost("n39")
         assert ssh.tree.inner_for(leaf) is None  # no inner node left: reached directly
     finally:
         asyncio.run(ssh.close())  # its private control directory

@@ -171,8 +171,8 @@ def launch_command(
         None,
         "--tree-above",
         min=1,
-        help="Over ssh, with more nodes than this, connect to a few inner nodes only (one "
-        "per 33 nodes, at least 2) and start the other nodes' agents through them (each "
+        help="Over ssh, with more nodes than this, connect to a few inner nodes only (the "
+        "last, one per 33 nodes) and start the other nodes' agents through them (each "
         "node still links straight back here, over plain TCP; -v says which node went "
         "through which). Default: \\[cluster] tree_above; off unless set.",
     ),

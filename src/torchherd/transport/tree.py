@@ -3,15 +3,19 @@
 Over flat ssh every node costs the launching machine an ssh connection (a key exchange, ~75 ms
 of CPU with OpenSSH's default post-quantum one) and an ssh client per command. Above
 ``[cluster] tree_above`` nodes (``herd launch --tree-above N``) herd opens ssh connections to
-a few inner nodes only (the first ones of the cluster), each with a subtree of at most
-SUBTREE other nodes (in turn), and at least two of them: 2 inner nodes for 32 nodes, 31 for
-1,000. (Not sqrt(N): the launcher's cost is per inner node, and an inner node starts its
-subtree's ssh sessions in parallel, so below ~1,000 nodes fewer, wider inner nodes cost the
-launcher less for the same start.) herd's agent commands on a subtree's nodes, started
-together, become one ssh session to the inner node, running the fan-out (agent/fanout.py),
-which starts over its own ssh the relay (agent/relay.py) on each of them; each relay dials
-straight back to this launcher, as under Slurm (transport/relay.py), says which node it is
-with the launcher's token, receives its command, and leaves the session that started it. So:
+a few inner nodes only, one for every SUBTREE + 1 nodes (1 inner node up to 33 nodes, 31 for
+1,000), each starting a subtree of at most SUBTREE other nodes (in turn). The inner nodes are
+the last ones of the cluster: the first is node rank 0, whose torchrun hosts the rendezvous
+store everyone waits for, so it is not also the one running a subtree's ssh clients. (Not
+sqrt(N), and not a second inner node for safety: the launcher's cost is a key exchange per
+inner node, an inner node starts its subtree's ssh sessions in parallel, and an inner node
+that cannot be reached only sends its subtree back to flat ssh, below.)
+
+herd's agent commands on a subtree's nodes, started together, become one ssh session to the
+inner node, running the fan-out (agent/fanout.py), which starts over its own ssh the relay
+(agent/relay.py) on each of them; each relay dials straight back to this launcher, as under
+Slurm (transport/relay.py), says which node it is with the launcher's token, receives its
+command, and leaves the session that started it. So:
 
 - the launcher holds O(N / SUBTREE) ssh connections and clients, and one TCP link per node;
 - an inner node carries nothing once its subtree has connected: losing it is a node loss for
@@ -70,17 +74,19 @@ _LABEL = re.compile(r"^\s*\d+: ?")
 
 def inner_count(nodes: int) -> int:
     """How many inner nodes a tree of ``nodes`` nodes has: enough for subtrees of at most
-    SUBTREE nodes, and at least 2 (one lost inner node must not leave none)."""
-    return max(2, math.ceil(nodes / (SUBTREE + 1)))
+    SUBTREE nodes. One suffices up to SUBTREE + 1 nodes: a second would cost the launcher a
+    key exchange on every launch to save one (flat ssh's) only when the first is down."""
+    return max(1, math.ceil(nodes / (SUBTREE + 1)))
 
 
 def shape(hosts: list[str]) -> dict[str, str]:
     """host -> the inner node whose subtree it is in (inner nodes map to themselves): the
-    first inner_count(N) hosts are inner, the others go to them in turn."""
+    last inner_count(N) hosts are inner (the first is node rank 0, the rendezvous host), the
+    others go to them in turn."""
     count = inner_count(len(hosts))
-    inner = hosts[:count]
+    inner = hosts[-count:]
     parents = {host: host for host in inner}
-    for index, host in enumerate(hosts[count:]):
+    for index, host in enumerate(hosts[:-count]):
         parents[host] = inner[index % count]
     return parents
 
@@ -241,9 +247,10 @@ class SshTree:
         for host, inner in self.routes.items():
             through.setdefault(inner, []).append(host)
         reached = sum(len(hosts) for hosts in through.values())
+        inner = f"{len(self.inner)} inner node{'s' if len(self.inner) > 1 else ''}"
         lines = [
-            f"a tree of {len(self.inner)} inner nodes: ssh from here to "
-            f"{', '.join(self.inner)}; {reached} nodes reached through them"
+            f"a tree of {inner}: ssh from here to {', '.join(self.inner)}; "
+            f"{reached} nodes reached through {'them' if len(self.inner) > 1 else 'it'}"
         ]
         for inner, hosts in through.items():
             if hosts:
