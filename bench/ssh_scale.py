@@ -10,8 +10,9 @@ Phases (each one run):
              node's link goes down: herd must go on without it and finish the job
 
 Each launch phase runs in two modes: ``flat`` (an ssh connection per node, herd's default: the
-tree is off unless ``tree_above`` is set) and ``tree`` (``--tree-above 1``: ssh to one inner node per 33 nodes only, which start
-the other nodes' relays over their own ssh; transport/tree.py); ``exec`` is flat in both.
+tree is off unless ``tree_above`` is set) and ``tree`` (``--tree-above 1``: ssh to one inner
+node per 33 nodes only, which start the other nodes' relays over their own ssh;
+transport/tree.py); ``exec`` is flat in both.
 
 For each: wall time, and the launcher's CPU per node, as the launcher process alone (/proc) and
 with the ssh clients it started and waited for (wait4's rusage); the ssh masters detach after
