@@ -90,6 +90,35 @@ def test_the_wait_happens_only_where_torch_distributed_was_imported() -> None:
     assert float(distributed.stdout.split()[-1]) >= 0.25, distributed.stderr
 
 
+def test_a_worker_that_imported_torch_leaves_its_heap_frozen_after_finalising_its_garbage(
+    tmp_path: Path,
+) -> None:
+    """The last exit handler collects, then freezes: the shutdown's sweeps skip torch's heap
+    (bench/worker_exit.py measures the CPU), and garbage there is at exit is still
+    finalised (a reference cycle whose __del__ writes a file)."""
+    marker = tmp_path / "finalised"
+    script = (
+        "import atexit, gc, sys\n"
+        "import torchherd.exit_guard as guard\n"
+        "guard.install()\n"
+        "{imports}\n"
+        "class Cycle:\n"
+        "    def __del__(self):\n"
+        f"        open({str(marker)!r}, 'w').write('yes')\n"
+        "cycle = Cycle(); cycle.me = cycle; del cycle\n"
+        "atexit._run_exitfuncs()\n"
+        "print(gc.get_freeze_count())\n"
+    )
+    with_torch = python(script.format(imports="import torch"), HERD_JOB_ID="j", RANK="0")
+    assert int(with_torch.stdout.split()[-1]) > 10_000, with_torch.stderr
+    assert marker.read_text() == "yes"  # collected before the freeze
+    marker.unlink()
+    # No torch, nothing frozen: a small process has no heap worth sparing.
+    plain = python(script.format(imports=""), HERD_JOB_ID="j", RANK="0")
+    assert int(plain.stdout.split()[-1]) == 0, plain.stderr
+    assert marker.read_text() == "yes"
+
+
 def test_a_worker_started_by_herd_launch_has_the_wait(tmp_path: Path) -> None:
     (tmp_path / "probe.py").write_text(
         "import sys, torchherd.exit_guard as guard\n"
