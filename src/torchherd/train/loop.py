@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -337,7 +337,7 @@ class Trainer:
                     )
                 self.epoch += 1  # resumed at the very end of an epoch: nothing left in it
                 continue
-            batches = iter(self.loader)
+            batches = self._batches(self.loader)
             while left > 0 and not self._done():
                 count = min(self.config.grad_accum_steps, left)
                 with self._waits.fetching():
@@ -353,6 +353,17 @@ class Trainer:
                     if not self._heap.freezes:  # not settled by a first step that saved
                         self._heap.settle()
                     self._waits.interrupted()  # the next step's time holds the freeze
+
+    def _batches(self, loader: DataLoader[Any]) -> Iterator[Any]:
+        """An iterator over ``loader``, whose worker processes are forked as it is made: never
+        while a snapshot is being written in the background. A fork while another thread
+        holds a lock (the writer's, inside torch or the allocator) leaves the child waiting
+        for it forever, and the rank for its batch: a job was seen stuck for good right after
+        a snapshot taken at an epoch's end, its loader worker forked just then. Waiting costs
+        only where a save is in flight as an epoch (or an evaluation) begins."""
+        if loader.num_workers > 0:
+            self.snapshotter.wait()
+        return iter(loader)
 
     def _done(self) -> bool:
         cfg = self.config
@@ -567,7 +578,7 @@ class Trainer:
         model = _state.unwrap(self.model) if self.parallel == "ddp" else self.model
         model.eval()
         totals = torch.zeros(2, device=self.ctx.device, dtype=torch.float64)
-        for batch in self.eval_loader:
+        for batch in self._batches(self.eval_loader):
             progress.beat(self.step)  # a long evaluation is progress, not a hang
             count = batch_len(batch)
             with self._autocast():

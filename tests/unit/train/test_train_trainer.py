@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import time
 import weakref
 from pathlib import Path
@@ -307,3 +308,54 @@ def test_the_heap_is_frozen_after_the_first_step_and_after_saving(tmp_path: Path
     finally:
         gc.unfreeze()
     del mine
+
+
+class _Served(TensorDataset):
+    """The dataset as a loader worker serves it: each item writes "pid time" to a file."""
+
+    def __init__(self, log: Path) -> None:
+        super().__init__(*dataset().tensors)
+        self.log = log
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, ...]:
+        with open(self.log, "a") as handle:
+            handle.write(f"{os.getpid()} {time.time()}\n")
+        return super().__getitem__(index)
+
+
+def test_an_epochs_loader_worker_is_never_forked_while_a_snapshot_is_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A snapshot at an epoch's end is written in the background (here it takes 1 s): the
+    next epoch's loader worker is forked once the write is over, not during it (a fork while
+    the writer holds a lock can leave the worker stuck for good)."""
+    written: list[float] = []
+    commit = Snapshotter._commit_in_background
+
+    def slow_commit(self: Snapshotter, *args: Any) -> None:
+        time.sleep(1.0)
+        commit(self, *args)
+        written.append(time.time())
+
+    monkeypatch.setattr(Snapshotter, "_commit_in_background", slow_commit)
+    served = tmp_path / "served"
+    # 96 samples, batches of 8, 2 a step: 6 steps an epoch, a snapshot at each epoch's end.
+    config = TrainerConfig(
+        run_dir=str(tmp_path / "run"),
+        batch_size=8,
+        grad_accum_steps=2,
+        snapshot_every=6,
+        max_steps=12,
+        num_workers=1,
+    )
+    loss = supervised(nn.functional.mse_loss)
+    with Trainer(model(), lambda p: torch.optim.SGD(p, lr=0.1), _Served(served), loss, config) as t:
+        t.fit()
+    first_served: dict[int, float] = {}
+    for line in served.read_text().split("\n"):
+        if line:
+            pid, at = line.split()
+            first_served.setdefault(int(pid), float(at))
+    epoch_starts = sorted(first_served.values())
+    assert len(epoch_starts) == 2, first_served  # a worker process for each epoch
+    assert written and epoch_starts[1] >= written[0], (epoch_starts, written)
