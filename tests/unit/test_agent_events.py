@@ -231,6 +231,42 @@ def test_a_silent_launcher_stops_the_job_even_when_stderr_blocks(
         os.close(read_end)
 
 
+def test_a_silent_launcher_also_ends_the_next_attempts_warm_wrapper(tmp_path: Path) -> None:
+    """The agent that stops its attempt for a silent launcher lingers for it (LINGER), but
+    not with the next attempt's wrapper warm: a real one (torch imported, hundreds of MB, the
+    job's variables) would otherwise stay on a cut-off node for minutes."""
+    import threading
+
+    from torchherd.agent.attempt import Prewarmed
+
+    class Attempt:
+        stop_requested = threading.Event()
+
+        def request_stop(self, why: str = "asked", stacks_first: bool = False) -> None:
+            self.stop_requested.set()
+
+    request = {"job_id": "j", "node": "node2", "heartbeat": 1.0, "silence": 1.0}
+    agent = runner.Agent(request, lambda event: None, runner.Lines(io.BytesIO(b"")))
+    spec = {"python": sys.executable, "workdir": str(tmp_path), "job_id": "j", "node": "node2"}
+    warm = Prewarmed(spec | {"attempt": 1})
+    agent.prewarmed = warm
+    attempt = Attempt()
+    agent.current = attempt  # type: ignore[assignment]
+    agent.last_heard -= 5.0  # five seconds without a word against a limit of one
+    threading.Thread(target=agent.watch_launcher, daemon=True).start()
+    try:
+        assert attempt.stop_requested.wait(10.0)
+        deadline = time.monotonic() + 10.0
+        while warm.process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert warm.process.poll() is not None, "the warm wrapper outlived the stop"
+        assert agent.prewarmed is None
+    finally:
+        agent.leaving.set()
+        if warm.process.poll() is None:
+            warm.discard()
+
+
 def test_every_step_between_two_reports_counts_not_only_the_last_write(
     node_attempt, monkeypatch: pytest.MonkeyPatch
 ) -> None:  # type: ignore[no-untyped-def]

@@ -435,6 +435,10 @@ class Agent:
                 # The stop first: stderr goes to the same dead link, and a write to it may
                 # block once the pipe is full; the line is only for the node's own log.
                 current.request_stop("launcher-silent")
+                # Nor is the next attempt's warm wrapper (torch imported: hundreds of MB)
+                # kept for a launcher that may never come back; one that does restarts
+                # with a wrapper started then.
+                self._discard_prewarmed()
                 with contextlib.suppress(OSError, ValueError):
                     print(
                         f"torchherd agent: no word from the launcher for {silent:.0f} s; "
