@@ -9,12 +9,12 @@ interpreters, alternately
           worker site first on PYTHONPATH, whose sitecustomize registers the exit handler,
           plus the job's HERD_JOB_ID and torchrun's RANK).
 
-and the CPU of each run (user + system, from wait4's rusage) is recorded. The handler's
-collect-and-freeze (exit_guard.spare_the_final_sweeps) spares the interpreter's shutdown
-its sweeps over torch's heap; its 0.25-s wait for Gloo's threads is a sleep and costs no CPU.
-It prints the medians, the ratio herd / plain, and a met/not met line (target <= 0.9; the
-sweeps are about a sixth of this script's CPU on this machine, a third of a bare
-`import torch`'s).
+and the CPU of each run (user + system, from the rusage of reaped children) is recorded. The
+handler's collect-and-freeze (exit_guard.spare_the_final_sweeps) spares the interpreter's
+shutdown its sweeps over torch's heap; its 0.25-s wait for Gloo's threads is a sleep and
+costs no CPU. It prints the medians, the ratio herd / plain, and a met/not met line (target
+<= 0.9; the sweeps are about a sixth of this script's CPU on this machine, a third of a
+bare `import torch`'s).
 
     python bench/worker_exit.py [--runs 10]
 """
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -60,20 +61,16 @@ def environment(herd: bool) -> dict[str, str]:
 
 
 def cpu_of_one_run(script: Path, herd: bool) -> float:
-    """CPU seconds (user + system) of one run, from wait4's rusage."""
-    process = subprocess.Popen(
-        [sys.executable, str(script)],
-        env=environment(herd),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
+    """CPU seconds (user + system) of one run: what this process's reaped children used,
+    before and after it."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    done = subprocess.run(
+        [sys.executable, str(script)], env=environment(herd), capture_output=True, timeout=600
     )
-    out = process.stdout.read() if process.stdout else b""
-    err = process.stderr.read() if process.stderr else b""
-    _, status, usage = os.wait4(process.pid, 0)
-    process.returncode = os.waitstatus_to_exitcode(status)
-    if process.returncode != 0 or b"done" not in out:
-        raise SystemExit(f"a run failed (exit {process.returncode}): {err.decode()[-2000:]}")
-    return usage.ru_utime + usage.ru_stime
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if done.returncode != 0 or b"done" not in done.stdout:
+        raise SystemExit(f"a run failed (exit {done.returncode}): {done.stderr.decode()[-2000:]}")
+    return (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
 
 
 def main() -> int:
