@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from tests.integration.herd_cli import one_worker_cluster as cluster
-from tests.integration.live import LiveHerd
+from tests.integration.live import LiveHerd, job_id, stacks_of
 from tests.integration.procs import cmdline, environ, parent_of, running
 from tests.testbed import Testbed
 from torchherd.agent.workers import process_state
@@ -132,6 +132,33 @@ def test_a_plain_script_saves_when_asked_and_herd_exits_5(testbed: Testbed, tmp_
     record = herd.record()
     assert record["state"] == "saved", record
     assert record["attempts"][-1]["outcome"] == "saved", record
+    herd.assert_clean(["node1", "node2"])
+
+
+def test_a_save_that_never_comes_ends_with_the_workers_stacks(
+    testbed: Testbed, tmp_path: Path
+) -> None:
+    """SIGUSR1 to herd while the script never saves (it ignores the request): once the save
+    window is over (5 s: --time-grace 16 less --grace 1 and herd's 10 s) herd says no snapshot
+    came, takes every worker's stacks, then stops the job: it failed, with the reason and the
+    evidence of where each rank was (steps.py's loop), not a bare stop."""
+    path, home = cluster(testbed, tmp_path, ["node1", "node2"])
+    herd = LiveHerd(
+        ["-c", str(path), "--time-grace", "16", "--grace", "1", "steps.py", "--quiet"],
+        home,
+        testbed,
+    )
+    herd.wait_for(r"STEPPING rank=1", 120)
+    herd.signal(signal.SIGUSR1)
+    code = herd.finish(timeout=120)
+    out = herd.output
+    assert code == 1, out
+    assert "herd: no snapshot came within 5 s of the request" in out, out
+    assert "taking the workers' stacks on 2 node(s) before stopping the job" in out, out
+    assert "the time limit came and no snapshot was reported committed" in out, out
+    stacks = stacks_of(home, job_id(home))
+    for name in ("node1-rank-0.txt", "node2-rank-1.txt"):
+        assert "steps.py" in stacks.get(name, ""), stacks
     herd.assert_clean(["node1", "node2"])
 
 

@@ -90,6 +90,20 @@ def test_the_exit_code_of_an_attempt() -> None:
         stopped_by_agents=False,
     )
     assert failed == EXIT_JOB_FAILED and "no snapshot was reported committed" in reason
+    assert reason.startswith("the time limit came and "), reason
+    # Asked for a slow node's swap: the reason says so, not a time limit.
+    reason = exit_code_of(
+        saved,
+        interrupted=False,
+        stopping=True,
+        saving=True,
+        saved=False,
+        stopped_by_agents=False,
+        saving_for="node2 is still slow: swapping it out",
+    )[1]
+    assert reason.startswith("herd asked for a save (node2 is still slow: swapping it out) and "), (
+        reason
+    )
     # The agents stopped the job for a silent launcher: a failure to restart, not a stop.
     assert code({"a": "stopped", "b": "stopped"}, stopped_by_agents=True) == EXIT_JOB_FAILED
     # The others finished and herd ended a rank that never exited: the job finished (6);

@@ -22,11 +22,18 @@ from ..recovery.evidence import Evidence, judge
 from ..recovery.failures import NodeState, first_named
 from ..results import Failure, RunResult
 
-NO_SNAPSHOT_AFTER_LIMIT = (
-    "the time limit came and no snapshot was reported committed after it (a script saves "
-    "with torchherd.train, or reports its own save with torchherd.progress.saved(step, "
-    "where)); the last snapshot stands"
+NO_SNAPSHOT_AFTER = (
+    "{asked} and no snapshot was reported committed after it (a script saves with "
+    "torchherd.train, or reports its own save with torchherd.progress.saved(step, where)); "
+    "the last snapshot stands"
 )
+
+
+def no_snapshot_after(why: str) -> str:
+    """Why a job asked to save ended failed: ``why`` herd asked (a slow node's swap, nodes
+    back to grow the job), or, when empty, a time limit."""
+    asked = f"herd asked for a save ({why})" if why else "the time limit came"
+    return NO_SNAPSHOT_AFTER.format(asked=asked)
 
 
 @dataclass
@@ -57,12 +64,14 @@ def exit_code_of(
     saved: bool,
     stopped_by_agents: bool,
     never_exited: bool = False,
+    saving_for: str = "",
 ) -> tuple[int, str, bool]:
     """(exit code, the reason when it needs one, whether someone else stopped the job).
 
     Every node stopped on its own agent's request while this launcher stopped nothing:
     `herd stop` did it, from elsewhere (interrupted, nothing to blame). A time limit's save
-    counts only once a snapshot committed after the request was reported. ``never_exited``:
+    counts only once a snapshot committed after the request was reported (``saving_for``: why
+herd asked, when not for a time limit). ``never_exited``:
     the other ranks finished and herd ended a rank that never exited (the job finished)."""
     stopped_elsewhere = (
         not stopping
@@ -80,7 +89,7 @@ def exit_code_of(
         return EXIT_NEVER_EXITED, "", False
     if any(state == NodeState.NOT_STARTED for state in states.values()):
         return EXIT_NODE_NOT_READY, "", False
-    return EXIT_JOB_FAILED, NO_SNAPSHOT_AFTER_LIMIT if saving and not saved else "", False
+    return EXIT_JOB_FAILED, no_snapshot_after(saving_for) if saving and not saved else "", False
 
 
 @dataclass(frozen=True)
@@ -98,6 +107,8 @@ class AttemptState:
     interrupted: bool
     stopping: bool
     saving: bool
+    saving_for: str
+    """Why herd asked for the save (a swap, a growth); empty for a time limit."""
     saved_after_request: bool
     stopped_for_silence: bool
     first_failure: Failure | None
@@ -127,6 +138,7 @@ def result_of(ended: AttemptState, duration: float) -> AttemptResult:
         interrupted=ended.interrupted,
         stopping=ended.stopping,
         saving=ended.saving,
+        saving_for=ended.saving_for,
         saved=ended.saved_after_request,
         stopped_by_agents=stopped_by_agents,
         never_exited=ended.never_exited,

@@ -26,6 +26,10 @@ from .state import LiveState
 
 # Seconds herd waits for every node's stacks before it stops a hung job.
 EVIDENCE_TIMEOUT = 30.0
+# ... and before it stops a job whose asked-for save did not come in time: shorter, since a
+# time limit's stop and requeue must still fit before the scheduler's end (the dumps on
+# every node run at once and take a second or two).
+OVERDUE_EVIDENCE_TIMEOUT = 5.0
 
 
 class AttemptActions:
@@ -96,7 +100,21 @@ class AttemptActions:
             link = self.links.get(node.host)
             if link is not None:
                 link.command("save", attempt=state.number)
-        asyncio.get_running_loop().call_later(within, self.stop_all)
+        asyncio.get_running_loop().call_later(within, self._save_overdue, within)
+
+    def _save_overdue(self, within: float) -> None:
+        """The time given to save is over. Where no snapshot came since the request, the
+        workers are stuck somewhere (a rank waiting for a data-loader worker that never
+        answers, a save that never ends): their stacks are taken before the stop, so the job
+        ends with the evidence of where, not only "no snapshot came"."""
+        state = self.state
+        if state.ending:
+            return
+        if state.saved_after_request:
+            self.stop_all()  # saved; what still runs after the save is only slow to exit
+            return
+        self.output.note(f"herd: no snapshot came within {within:g} s of the request")
+        self.end_with_evidence(gather=True, timeout=OVERDUE_EVIDENCE_TIMEOUT)
 
     # -- stopping ----------------------------------------------------------------------------
 
@@ -134,7 +152,13 @@ class AttemptActions:
             self.output.note(f"herd: {node.host} failed{others}")
             self.end_with_evidence(except_host=node.host)
 
-    def end_with_evidence(self, except_host: str | None = None, *, gather: bool = False) -> None:
+    def end_with_evidence(
+        self,
+        except_host: str | None = None,
+        *,
+        gather: bool = False,
+        timeout: float = EVIDENCE_TIMEOUT,
+    ) -> None:
         """Stop every node after its workers' stacks are taken: each node's own before its
         stop (a failure, a lost node), or every node's before any stop (``gather``: a hang,
         where the stacks must show the job as it hung)."""
@@ -148,11 +172,11 @@ class AttemptActions:
                 self.output.note("herd: taking the workers' stacks as the other nodes stop")
             self.stop_all(except_host, stacks=True)
             return
-        asyncio.get_running_loop().create_task(self._gather_then_stop(except_host))
+        asyncio.get_running_loop().create_task(self._gather_then_stop(except_host, timeout))
 
-    async def _gather_then_stop(self, except_host: str | None) -> None:
+    async def _gather_then_stop(self, except_host: str | None, timeout: float) -> None:
         try:
-            await self.gather_stacks()
+            await self.gather_stacks(timeout)
         finally:
             self.stop_all(except_host)
 

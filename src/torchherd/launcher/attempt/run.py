@@ -216,6 +216,7 @@ class Attempt:
             interrupted=state.interrupted,
             stopping=state.stopping,
             saving=state.saving,
+            saving_for=state.growing,
             saved_after_request=state.saved_after_request,
             stopped_for_silence=state.stopped_for_silence,
             first_failure=state.first_failure(),
