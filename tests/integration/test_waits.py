@@ -1,6 +1,6 @@
 """The hang watch, round two, on the testbed: waits on the world outside the job that are not
-hangs, and hangs that used to hide (inside a phase, after the others finished, on a node cut
-off with a full link).
+hangs, and hangs that used to hide (inside a phase, after the others finished, behind a rank's own
+DataLoader worker, on a node cut off with a full link).
 
 Each test asserts what herd itself reports (which rank, which limit, and what it must never
 say), and, under the process watch, that nothing herd started is left. Seconds belong in
@@ -62,6 +62,39 @@ def test_a_deadlock_inside_a_phase_is_caught_by_the_hang_timeout(
     assert code == 1, out
     assert "set by --hang-timeout" in out and "rank 1 in phase 'saving'" in out, out
     assert re.search(r"node2 rank 1: idle in phase 'saving'", out), out
+    herd.assert_clean(NODES)
+
+
+def test_a_rank_waiting_for_its_stuck_data_loader_worker_is_named(
+    testbed: Testbed, tmp_path: Path
+) -> None:
+    """Rank 1's DataLoader worker blocks for ever on a lock while the rank waits for its batch
+    (and wakes every 5 s to check that the worker lives) and the others wait in an
+    all-reduce. The rank used to count as waiting outside the job (10 minutes) for its own
+    polling; with default settings herd names the hang, the rank and its worker's place, and
+    takes the worker's stacks too."""
+    path, home = cluster(testbed, tmp_path, NODES)
+    herd = LiveHerd(["-c", str(path), "waits.py", "--loader-stuck"], home, testbed)
+    herd.wait_for(r"STEPPING rank=1", 180)
+    stuck = time.monotonic()
+    herd.wait_for(r"the job is hung", 120)
+    assert time.monotonic() - stuck <= 120
+    code = herd.finish(timeout=120)
+    out = herd.output
+    assert code == 1, out
+    assert re.search(
+        r"node2 rank 1 idle \(no CPU, no I/O, the same frames, in its data-loader worker too\) "
+        r"while the others wait in all_reduce",
+        out,
+    ), out
+    assert re.search(
+        r"node2 rank 1: blocked at its data-loader worker \(pid \d+\) at \S*__getitem__ "
+        r"\(waits\.py:\d+\)",
+        out,
+    ), out
+    stacks = stacks_of(home, job_id(home))
+    worker = [text for name, text in stacks.items() if name.startswith("node2-rank-1-child-")]
+    assert any("__getitem__" in text for text in worker), (sorted(stacks), out)
     herd.assert_clean(NODES)
 
 

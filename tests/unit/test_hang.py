@@ -4,11 +4,12 @@ Its verdicts are replayed on real looks recorded from real jobs (tests/unit/look
 by tests/unit/looks/record.py with the agent's own code): a rank stopped before and after the
 first collective, a rank blocked on a lock while the other waits, every rank computing in
 silence, rank 0 saving while the other waits in a barrier, every rank waiting for the other,
-ranks waiting for their DataLoader workers; and waits on the world outside the job while the
-other rank waits in a collective (rank 0 reading from an HTTP server that sends a byte a
-second, rank 1 in a long sleep, rank 1 blocked on a file lock another process holds), a rank
-deadlocked inside ``phase("saving")``, and a rank that never exits (a non-daemon thread) after
-the other finished.
+ranks waiting for their DataLoader workers (computing; one blocked on a lock); and waits on
+the world outside the job while the other rank waits in a collective (rank 0 reading from an
+HTTP server that sends a byte a second, rank 1 in a long sleep, rank 1 blocked on a file lock
+another process holds, rank 1's DataLoader worker in a long sleep), a rank deadlocked inside
+``phase("saving")``, and a rank that never exits (a non-daemon thread) after the other
+finished.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -247,6 +249,57 @@ def test_ranks_waiting_for_their_dataloader_work_through_their_children() -> Non
     assert activity(before[0], after[0]) == "working"  # its DataLoader worker computes
 
 
+def test_a_rank_waiting_for_its_stuck_data_loader_worker_is_a_hang() -> None:
+    """Rank 1's DataLoader worker blocked on a lock, the rank polling for its batch (waking
+    every few seconds), rank 0 in an all-reduce: the rank is idle as its worker is, and the
+    verdict names the worker's place, not the rank's poll."""
+    _, _, verdicts = replay("loader-stuck")
+    index, hang = first_hang(verdicts)
+    looks = recorded("loader-stuck")["looks"]
+    assert looks[index]["t"] - looks[0]["t"] >= CONFIRM - 0.5
+    assert "node1 rank 1 idle" in hang.reason and "all_reduce" in hang.reason, hang.reason
+    assert "in its data-loader worker too" in hang.reason, hang.reason
+    assert re.match(
+        r"node1 rank 1: blocked at its data-loader worker \(pid \d+\) at Held.__getitem__ "
+        r"\(worker.py:\d+\)",
+        hang.behind[0],
+    ), hang.behind
+
+
+def test_a_data_loader_worker_waiting_for_work_leaves_its_rank_idle() -> None:
+    """The rank waits for a batch while its only worker waits for the next batch's indices
+    (a batch lost between them): its poll is on the rank's own queue, not the world."""
+    idle_worker = [
+        "_PollLikeSelector.select (selectors.py:415)",
+        "Queue.get (multiprocessing/queues.py:113)",
+        "_worker_loop (torch/utils/data/_utils/worker.py:330)",
+    ]
+    rank = {
+        "state": "S",
+        "cpu": 0,
+        "io": 0,
+        "frames": [
+            "_MultiProcessingDataLoaderIter._try_get_data (torch/utils/data/dataloader.py:1)"
+        ],
+        "pid": 5,
+        "rank": 1,
+        "main": {"switches": 100},
+        "outside": "a poll (sockets or pipes)",
+    }
+    waiting = {"pid": 6, "state": "S", "outside": "a poll (sockets or pipes)"}
+    first = RankLook.from_event(
+        "n", event(dict(rank, loader=[waiting | {"frames": idle_worker}])), 0
+    )
+    later = dict(rank, main={"switches": 103}, loader=[waiting | {"frames": idle_worker}])
+    assert activity(first[0], RankLook.from_event("n", event(later), 5.0)[0]) == IDLE
+    # The same worker reading from a socket inside the dataset: the world outside the job.
+    reading = ["recv_into (socket.py:706)", "Shards.__getitem__ (data.py:9)", *idle_worker[2:]]
+    later = dict(rank, loader=[waiting | {"frames": reading, "outside": "a read on a socket"}])
+    after = RankLook.from_event("n", event(later), 5.0)[0]
+    assert activity(first[0], after) == OUTSIDE
+    assert after.waits_outside == "a read on a socket, in its data-loader worker (pid 6)"
+
+
 # ---------------------------------------------------------------------------------------------
 # the rules on made-up looks (long limits, the plain limit, phases, stalls)
 
@@ -474,6 +527,7 @@ def test_a_stalled_launcher_does_not_count_its_own_absence_as_silence() -> None:
         ("socket-wait", 0, "a read on a socket"),
         ("backoff-sleep", 1, "a sleep"),
         ("lock-wait", 1, "a file lock"),
+        ("loader-sleep", 1, "a sleep, in its data-loader worker"),
     ],
 )
 def test_a_rank_waiting_on_the_world_is_not_hung_for_minutes(

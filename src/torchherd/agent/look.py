@@ -17,6 +17,9 @@ When a job has gone quiet, the launcher asks every agent to look. For each rank 
     outside    what the main thread waits on outside the job, in words (a socket read, a
                poll, a file lock, a sleep, disk wait), or None
     disk       how many of the rank's threads are in disk wait (state D)
+    loader     only while the main thread waits for a batch from its DataLoader's worker
+               processes: each such child as it is (pid, state, what its main thread waits
+               on outside the job, its frames): the rank is only as alive as they are
 
 With the ranks, a look says how torchrun itself (the node's elastic agent) is: its state, the
 CPU ticks and I/O of that one process, and its main thread's wait (``torchrun``): before it
@@ -28,18 +31,23 @@ Counters are cumulative: the launcher judges the difference between two looks (r
 from __future__ import annotations
 
 import json
+import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from .. import progress
 from . import workers as procs
-from .stacks import py_spy, run_py_spy
+from .stacks import CHILDREN_KEPT, py_spy, run_py_spy
 
 # Seconds one non-blocking dump may take (it reads memory; it never waits for the process).
 LOOK_TIMEOUT = 10.0
 # Frames kept per rank: enough to see the collective and the user's line that called it.
 FRAMES_KEPT = 12
+# Where a rank's main thread waits for a batch from its DataLoader's worker processes (the
+# multi-process iterator's own methods; recovery.hang judges the frames exactly).
+# py-spy names a method with its class: "_MultiProcessingDataLoaderIter._try_get_data (...)".
+LOADER_WAIT = re.compile(r"^(\S+\.)?_(try_)?get_data \(\S*torch/utils/data/dataloader\.py:")
 
 
 def main_frames(dump: list[dict[str, Any]]) -> tuple[list[str], bool | None]:
@@ -105,6 +113,8 @@ def look(
         seen["disk"] = procs.threads_in_disk_wait(worker.pid)
         if with_frames:
             seen |= frames_of(worker.pid, tool)
+            if any(LOADER_WAIT.match(frame) for frame in seen.get("frames") or ()):
+                seen["loader"] = [look_at_child(c, tool) for c in worker.children[:CHILDREN_KEPT]]
         mine = declared.get(worker.rank)
         if mine is not None and mine.phase:
             seen["phase"] = mine.phase
@@ -115,6 +125,18 @@ def look(
 
     with ThreadPoolExecutor(max_workers=min(16, len(found))) as pool:
         return list(pool.map(observe, found))
+
+
+def look_at_child(pid: int, tool: str | None) -> dict[str, Any]:
+    """A rank's child (a DataLoader worker) as a rank is looked at: state, what its main
+    thread waits on outside the job, its frames."""
+    main = procs.thread_wait(pid)
+    return {
+        "pid": pid,
+        "state": procs.process_state(pid),
+        "outside": procs.waiting_outside(pid, main),
+        "frames": frames_of(pid, tool).get("frames"),
+    }
 
 
 def look_at_torchrun(pid: int) -> dict[str, Any]:

@@ -24,6 +24,13 @@ Between two looks each rank is:
     idle      none of these: no CPU, no I/O, the same frames, no wake-up, blocked on something
               of the job's own (a lock between its threads, a queue nobody fills)
 
+A rank whose main thread waits for a batch from its DataLoader's worker processes is as they
+are: its own polling (it wakes every few seconds to check that they live) is no sign of life.
+Where they use no CPU and do no I/O, it waits outside the job if one of them does (a read
+from an object store, a sleep, disk wait), and it is idle otherwise: a worker blocked on a
+lock (one held by another thread at the fork), or every worker waiting for work while the
+rank waits for a batch that will never come.
+
 A rank in a declared phase counts as working, whatever it shows, for the phase's limit
 (``phase(name, limit=S)``; PHASE_LIMIT, 30 minutes, by default), unless it stays idle (no CPU,
 no I/O, no frame change, no wake-up) for the frozen-phase limit (``--hang-timeout`` when set,
@@ -133,6 +140,10 @@ _OUTSIDE_FRAME = re.compile(
     r"_filelock|aiohttp/\S+|httpx/\S+|httpcore/\S+)\.py:"
 )
 _FRAME_NAME = re.compile(r"^(\S+) \(")
+# A DataLoader worker's loop, and the queue it waits on for the next batch's indices.
+# (py-spy names a method with its class: "Queue.get (multiprocessing/queues.py:113)".)
+_WORKER_LOOP = re.compile(r"^_worker_loop \((\S*/)?torch/utils/data/_utils/worker\.py:")
+_INDEX_WAIT = re.compile(r"^(Queue\.)?get \((\S*/)?multiprocessing/queues\.py:")
 
 
 def _name(frame: str) -> str:
@@ -142,6 +153,54 @@ def _name(frame: str) -> str:
 
 def _in_torch_distributed(frame: str) -> bool:
     return "distributed" in frame or "c10d" in frame
+
+
+@dataclass(frozen=True)
+class LoaderLook:
+    """One of a rank's DataLoader worker processes, seen while the rank waited for a batch."""
+
+    pid: int
+    state: str
+    outside: str | None
+    """What its main thread waits on outside the job, in words (agent.workers)."""
+    frames: tuple[str, ...] | None
+
+    @classmethod
+    def from_event(cls, seen: Mapping[str, Any]) -> LoaderLook:
+        frames = seen.get("frames")
+        return cls(
+            pid=int(seen["pid"]),
+            state=str(seen.get("state", "?")),
+            outside=seen.get("outside") or None,
+            frames=None if frames is None else tuple(str(f) for f in frames),
+        )
+
+    @property
+    def waits_for_work(self) -> bool:
+        """It waits for the next batch's indices from the rank: it has nothing to do."""
+        frames = self.frames or ()
+        return any(
+            _WORKER_LOOP.match(frame) and index > 0 and _INDEX_WAIT.match(frames[index - 1])
+            for index, frame in enumerate(frames)
+        )
+
+    @property
+    def waits_outside(self) -> str | None:
+        if self.state == "D":
+            return "disk wait (state D: a slow or hung mount)"
+        if self.waits_for_work:
+            return None  # its poll is on the rank's own queue
+        if self.outside:
+            return self.outside
+        if self.frames and _OUTSIDE_FRAME.search(self.frames[0]):
+            return f"a wait at {self.frames[0]}"
+        return None
+
+    @property
+    def where(self) -> str:
+        at = self.frames[0] if self.frames else "unknown"
+        state = " (stopped: state T)" if self.state in ("T", "t") else ""
+        return f"its data-loader worker (pid {self.pid}){state} at {at}"
 
 
 @dataclass(frozen=True)
@@ -174,6 +233,9 @@ class RankLook:
     """Threads of the rank in disk wait (state D)."""
     phase_limit: float | None = None
     """Seconds the declared phase may last, when the script said."""
+    loader: tuple[LoaderLook, ...] = ()
+    """Its DataLoader's worker processes, when its main thread waited for a batch from them
+    (the agent looks at them only then: agent.look)."""
 
     @classmethod
     def from_event(cls, host: str, event: Mapping[str, Any], at: float) -> list[RankLook]:
@@ -200,6 +262,7 @@ class RankLook:
                         wakes=_int_or_none((seen.get("main") or {}).get("switches")),
                         disk=int(seen.get("disk") or 0),
                         phase_limit=_float_or_none(seen.get("phase_limit")),
+                        loader=tuple(LoaderLook.from_event(c) for c in seen.get("loader") or ()),
                     )
                 )
             except (KeyError, TypeError, ValueError):
@@ -226,12 +289,33 @@ class RankLook:
         return any(_MAYBE_WAITING.match(_name(f)) for f in self.frames or ())
 
     @property
+    def waits_for_loader(self) -> bool:
+        """Its main thread waits for a batch from its DataLoader's worker processes."""
+        return bool(self.loader)
+
+    @property
+    def holding_worker(self) -> LoaderLook | None:
+        """The loader worker it waits for: one that is not waiting for work, else the first."""
+        if not self.waits_for_loader:
+            return None
+        return next((w for w in self.loader if not w.waits_for_work), self.loader[0])
+
+    @property
     def where(self) -> str:
+        worker = self.holding_worker
+        if worker is not None:
+            return worker.where
         return self.frames[0] if self.frames else "unknown"
 
     @property
     def waits_outside(self) -> str | None:
-        """What the rank waits on outside the job, in words, from the kernel or its frames."""
+        """What the rank waits on outside the job, in words, from the kernel or its frames
+        (for a rank waiting for its loader workers: what they wait on)."""
+        if self.waits_for_loader:
+            for worker in self.loader:
+                if (words := worker.waits_outside) is not None:
+                    return f"{words}, in its data-loader worker (pid {worker.pid})"
+            return None
         if self.outside:
             return self.outside
         if self.state == "D" or self.disk:
@@ -276,6 +360,9 @@ def activity(before: RankLook, after: RankLook) -> str:
         return WORKING if busy else WAITING
     if busy:
         return WORKING
+    if after.waits_for_loader:
+        # Its own wake-ups only check that its loader workers live: it is as they are.
+        return OUTSIDE if after.waits_outside is not None else IDLE
     if after.waits_outside is not None or woke(before, after):
         return OUTSIDE
     return IDLE
@@ -544,9 +631,11 @@ def judge(
     ]
     if waiting and idle:
         where = waiting[0][1].collective or waiting[0][1].where
+        signs = "no CPU, no I/O, no wake-up, the same frames"
+        if any(look.waits_for_loader for _, look in idle):  # the rank itself polls
+            signs = "no CPU, no I/O, the same frames, in its data-loader worker too"
         return Hang(
-            f"{_ranks(idle)} idle (no CPU, no I/O, no wake-up, the same frames) while the "
-            f"others wait in {where}",
+            f"{_ranks(idle)} idle ({signs}) while the others wait in {where}",
             tuple(
                 f"{look.host} rank {r}: blocked at {look.where} (no CPU, no I/O) while the "
                 f"others wait in {where}"

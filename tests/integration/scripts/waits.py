@@ -18,6 +18,10 @@ is silent (no output, no beat):
                others wait in a barrier
 --never-exit   rank 1 starts a non-daemon thread that waits for ever, then finishes its script:
                its interpreter never exits
+--loader-stuck every rank reads batches through a DataLoader worker process, all-reducing
+               each; rank 1's worker blocks for ever on a lock at its third batch (as on a
+               lock another thread held when the worker was forked), while its rank waits for
+               the batch and the others wait in the all-reduce
 Rank 0 prints `WAIT <name>` before each of these waits and `WAITED <name>` once every rank
 is past it (for bench/recovery.py to tell which wait a verdict came in). Prints `DONE rank=R`
 at the end.
@@ -45,6 +49,7 @@ parser.add_argument("--together", action="store_true")
 parser.add_argument("--disk-wait", type=int, default=0)
 parser.add_argument("--deadlock-in-phase", action="store_true")
 parser.add_argument("--never-exit", action="store_true")
+parser.add_argument("--loader-stuck", action="store_true")
 args = parser.parse_args()
 
 SLOW_SERVER = r"""
@@ -111,6 +116,25 @@ def wait_on_lock(seconds: float) -> None:
     os.unlink(path)
 
 
+def read_through_a_stuck_loader() -> None:
+    """See --loader-stuck."""
+    from torch.utils.data import DataLoader, Dataset
+
+    class Held(Dataset):
+        def __len__(self) -> int:
+            return 1000
+
+        def __getitem__(self, index: int) -> torch.Tensor:
+            if rank == 1 and index >= 16:
+                lock = threading.Lock()
+                lock.acquire()
+                lock.acquire()
+            return torch.ones(1)
+
+    for batch in DataLoader(Held(), batch_size=8, num_workers=1):
+        dist.all_reduce(batch)
+
+
 def mark(word: str, name: str) -> None:
     if rank == 0:
         print(f"{word} {name}", flush=True)
@@ -149,6 +173,8 @@ if args.disk_wait:
         disk_wait(args.disk_wait)
     dist.barrier()
     mark("WAITED", "disk")
+if args.loader_stuck:
+    read_through_a_stuck_loader()
 if args.deadlock_in_phase:
     if rank == 1:
         with phase("saving"):

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -89,6 +90,21 @@ elif scenario == "dataloader-wait":
             return torch.ones(1)
     for batch in DataLoader(Slow(), batch_size=8, num_workers=1):
         dist.all_reduce(batch)
+elif scenario in ("loader-stuck", "loader-sleep"):
+    from torch.utils.data import DataLoader, Dataset
+    class Held(Dataset):
+        # Rank 1's worker stops at its third batch: blocked for ever on a lock (as on one
+        # another thread held at the fork), or in a long sleep (a slow source's backoff).
+        def __len__(self): return 1000
+        def __getitem__(self, i):
+            if rank == 1 and i >= 16:
+                if scenario == "loader-stuck":
+                    lock = threading.Lock(); lock.acquire(); lock.acquire()
+                time.sleep(600)
+            return torch.ones(1)
+    ready()
+    for batch in DataLoader(Held(), batch_size=8, num_workers=1):
+        dist.all_reduce(batch)
 elif scenario == "socket-wait":
     ready()
     if rank == 0:  # a download from a server that sends a byte a second
@@ -146,6 +162,8 @@ SCENARIOS = {
     "silent-save": (None, None, 4),
     "all-waiting": (None, None, 4),
     "dataloader-wait": (None, None, 4),
+    "loader-stuck": (None, None, 4),
+    "loader-sleep": (None, None, 4),
     "socket-wait": (None, None, 4),
     "backoff-sleep": (None, None, 4),
     "lock-wait": (None, None, 4),
@@ -218,11 +236,11 @@ def record(name: str) -> None:
             pids: dict[int, int] = {}
             assert job.stdout is not None
             for line in job.stdout:
-                if line.startswith("READY"):
-                    fields = dict(item.split("=") for item in line.split()[1:])
-                    pids[int(fields["rank"])] = int(fields["pid"])
-                    if len(pids) == 2:
-                        break
+                # Both ranks' lines can share one (each print is two writes: text, newline).
+                for found in re.finditer(r"READY rank=(\d+) pid=(\d+)", line):
+                    pids[int(found.group(1))] = int(found.group(2))
+                if len(pids) == 2:
+                    break
             if name == "never-exits":  # wait until rank 0 has exited, rank 1 has not
                 for line in job.stdout:
                     if line.startswith("DONE rank=1"):
