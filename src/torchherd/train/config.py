@@ -71,6 +71,11 @@ class TrainerConfig:
     """Drop the incomplete tail of each epoch instead of padding it."""
     num_workers: int = 0
     """DataLoader worker processes per rank."""
+    persistent_workers: bool = False
+    """Keep the DataLoader worker processes from one epoch to the next (with num_workers >
+    0): forked once, not at every epoch's start (short epochs stop paying a fork and the
+    workers' start each time). They then keep their own copy of the dataset: changes the
+    training process makes to it between epochs do not reach them."""
     gc_freeze: bool = True
     """Freeze what the model, optimizer and compiled code hold after the first step, so
     Python's garbage collector stops walking it (its pauses stay short)."""

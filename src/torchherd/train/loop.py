@@ -173,6 +173,8 @@ class Trainer:
         self._pending: list[dict[str, Any]] = []
         self._reducing: list[_Reduction] = []
         self.stopped_for_save = False
+        self._loaders_forked: set[int] = set()
+        """The loaders (by id) whose worker processes were forked (see _batches)."""
         """True when fit() ended early because herd asked for a snapshot (a time limit)."""
         self._completed = False
         self._dropped_at: float | None = None
@@ -280,6 +282,7 @@ class Trainer:
             sampler=sampler,
             collate_fn=collate_fn,
             num_workers=self.config.num_workers,
+            persistent_workers=self.config.persistent_workers and self.config.num_workers > 0,
             pin_memory=self.ctx.device.type == "cuda",
             drop_last=drop_last,
             generator=generator,
@@ -360,9 +363,14 @@ class Trainer:
         holds a lock (the writer's, inside torch or the allocator) leaves the child waiting
         for it forever, and the rank for its batch: a job was seen stuck for good right after
         a snapshot taken at an epoch's end, its loader worker forked just then. Waiting costs
-        only where a save is in flight as an epoch (or an evaluation) begins."""
-        if loader.num_workers > 0:
+        only where a save is in flight as an epoch (or an evaluation) begins, and only when
+        the workers are forked: persistent workers are forked at the first epoch alone."""
+        forks = loader.num_workers > 0 and (
+            not loader.persistent_workers or id(loader) not in self._loaders_forked
+        )
+        if forks:
             self.snapshotter.wait()
+            self._loaders_forked.add(id(loader))
         return iter(loader)
 
     def _done(self) -> bool:

@@ -4,9 +4,9 @@ random data, about a hundred milliseconds of compute per step on one CPU core.
 Default: the Trainer of torchherd.train (which reports each rank's compute per step).
 --plain: the same model in a hand-written loop, DDP, no torchherd at all (herd then looks at
 the ranks instead). Every rank prints `HEAVY rank=R pid=P` once it trains.
---loader-control PATH (Trainer): the batches come through one data-loader worker per rank,
-which reads PATH ({"rank": R, "batch_s": S}, rewritten at any time): rank R's loader then
-takes S seconds a batch, as a slow disk or a slow transform would.
+--loader-control PATH (Trainer): the batches come through one data-loader worker per rank
+(persistent: forked once), which reads PATH ({"rank": R, "batch_s": S}, rewritten at any
+time): rank R's loader then takes S seconds a batch, as a slow disk or a slow transform would.
 """
 
 from __future__ import annotations
@@ -99,7 +99,8 @@ def trainer(argv: list[str], loader_control: str | None) -> int:
 
     defaults = {"max_steps": 100000, "batch_size": 128, "log_every": 50, "snapshot_every": 0}
     if loader_control:
-        defaults["num_workers"] = 1
+        # One worker, kept for the whole run: 8-step epochs would fork one every 1-2 s.
+        defaults |= {"num_workers": 1, "persistent_workers": True}
     (config,) = train.parse_config(train.TrainerConfig, argv=argv, defaults=defaults)
     ctx = train.setup()
     dataset = data()

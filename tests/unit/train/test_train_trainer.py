@@ -359,3 +359,37 @@ def test_an_epochs_loader_worker_is_never_forked_while_a_snapshot_is_written(
     epoch_starts = sorted(first_served.values())
     assert len(epoch_starts) == 2, first_served  # a worker process for each epoch
     assert written and epoch_starts[1] >= written[0], (epoch_starts, written)
+
+
+def test_persistent_loader_workers_are_forked_once_and_never_wait_for_a_save(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """persistent_workers: one worker process serves every epoch, and the second epoch does
+    not wait for the first epoch's snapshot (its worker exists already: nothing is forked)."""
+    written: list[float] = []
+    commit = Snapshotter._commit_in_background
+
+    def slow_commit(self: Snapshotter, *args: Any) -> None:
+        time.sleep(1.0)
+        commit(self, *args)
+        written.append(time.time())
+
+    monkeypatch.setattr(Snapshotter, "_commit_in_background", slow_commit)
+    served = tmp_path / "served"
+    config = TrainerConfig(
+        run_dir=str(tmp_path / "run"),
+        batch_size=8,
+        grad_accum_steps=2,
+        snapshot_every=6,
+        max_steps=12,
+        num_workers=1,
+        persistent_workers=True,
+    )
+    loss = supervised(nn.functional.mse_loss)
+    with Trainer(model(), lambda p: torch.optim.SGD(p, lr=0.1), _Served(served), loss, config) as t:
+        t.fit()
+    lines = [line.split() for line in served.read_text().split("\n") if line]
+    assert len({pid for pid, _ in lines}) == 1, lines  # one worker for both epochs
+    # The second epoch's items (the last 96) were served while the first snapshot was written.
+    second_epoch = sorted(float(at) for _, at in lines)[-96:]
+    assert written and second_epoch[0] < written[0], (second_epoch[0], written)
