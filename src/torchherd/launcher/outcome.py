@@ -68,11 +68,11 @@ def exit_code_of(
 ) -> tuple[int, str, bool]:
     """(exit code, the reason when it needs one, whether someone else stopped the job).
 
-        Every node stopped on its own agent's request while this launcher stopped nothing:
-        `herd stop` did it, from elsewhere (interrupted, nothing to blame). A time limit's save
-        counts only once a snapshot committed after the request was reported (``saving_for``: why
-    herd asked, when not for a time limit). ``never_exited``:
-        the other ranks finished and herd ended a rank that never exited (the job finished)."""
+    Every node stopped on its own agent's request while this launcher stopped nothing:
+    `herd stop` did it, from elsewhere (interrupted, nothing to blame). A save herd asked for
+    counts only once a snapshot committed after the request was reported (``saving_for``: why
+    herd asked, empty for a time limit). ``never_exited``: the other ranks finished and herd
+    ended a rank that never exited (the job finished)."""
     stopped_elsewhere = (
         not stopping
         and not stopped_by_agents
