@@ -7,9 +7,9 @@ silence, rank 0 saving while the other waits in a barrier, every rank waiting fo
 ranks waiting for their DataLoader workers (computing; one blocked on a lock); and waits on
 the world outside the job while the other rank waits in a collective (rank 0 reading from an
 HTTP server that sends a byte a second, rank 1 in a long sleep, rank 1 blocked on a file lock
-another process holds, rank 1's DataLoader worker in a long sleep), a rank deadlocked inside
-``phase("saving")``, and a rank that never exits (a non-daemon thread) after the other
-finished.
+another process holds, rank 1's DataLoader worker in a long sleep or reading from that server
+through a thread pool), a rank deadlocked inside ``phase("saving")``, and a rank that never
+exits (a non-daemon thread) after the other finished.
 """
 
 from __future__ import annotations
@@ -528,6 +528,7 @@ def test_a_stalled_launcher_does_not_count_its_own_absence_as_silence() -> None:
         ("backoff-sleep", 1, "a sleep"),
         ("lock-wait", 1, "a file lock"),
         ("loader-sleep", 1, "a sleep, in its data-loader worker"),
+        ("loader-pool-read", 1, "a read on a socket (thread "),
     ],
 )
 def test_a_rank_waiting_on_the_world_is_not_hung_for_minutes(

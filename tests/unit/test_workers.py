@@ -188,3 +188,44 @@ def test_an_agents_search_below_itself_finds_its_ranks_adopted_helpers_and_no_ot
         assert [w["pid"] for w in stacks.collect(job, "n1", under=second)] == [other_rank]
     finally:
         end_trees(*(agent for agent, _ in agents))
+
+
+# A process whose main thread waits on a lock for its other thread (as a dataset fetching
+# through a thread pool does), which sleeps (--sleep) or waits in an accept (--accept, as
+# multiprocessing's fd-passing listener does in every DataLoader worker that sent a batch).
+POOLED = """
+import socket, sys, threading, time
+def other():
+    if sys.argv[1] == "--sleep":
+        time.sleep(600)
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    listener.accept()
+helper = threading.Thread(target=other, daemon=True)
+helper.start()
+print(helper.native_id, flush=True)
+helper.join()
+"""
+
+
+def test_a_wait_outside_the_job_is_found_in_any_thread_but_an_accept() -> None:
+    started = []
+    try:
+        for kind in ("--sleep", "--accept"):
+            process = subprocess.Popen(
+                [sys.executable, "-c", POOLED, kind], stdout=subprocess.PIPE, text=True
+            )
+            started.append(process)
+            assert process.stdout is not None
+            tid = int(process.stdout.readline())
+            time.sleep(0.5)  # into the sleep, the accept
+            found = workers.any_thread_waiting_outside(process.pid)
+            # The main thread alone waits on a lock: nothing outside.
+            assert workers.waiting_outside(process.pid, workers.thread_wait(process.pid)) is None
+            if kind == "--sleep":
+                assert found == f"a sleep (thread {tid})", found
+            else:
+                assert found is None, found
+    finally:
+        end_trees(*started)

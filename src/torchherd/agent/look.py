@@ -18,8 +18,9 @@ When a job has gone quiet, the launcher asks every agent to look. For each rank 
                poll, a file lock, a sleep, disk wait), or None
     disk       how many of the rank's threads are in disk wait (state D)
     loader     only while the main thread waits for a batch from its DataLoader's worker
-               processes: each such child as it is (pid, state, what its main thread waits
-               on outside the job, its frames): the rank is only as alive as they are
+               processes: each such child as it is (pid, state, what any of its threads
+               waits on outside the job, its main thread's frames): the rank is only as
+               alive as they are
 
 With the ranks, a look says how torchrun itself (the node's elastic agent) is: its state, the
 CPU ticks and I/O of that one process, and its main thread's wait (``torchrun``): before it
@@ -128,13 +129,12 @@ def look(
 
 
 def look_at_child(pid: int, tool: str | None) -> dict[str, Any]:
-    """A rank's child (a DataLoader worker) as a rank is looked at: state, what its main
-    thread waits on outside the job, its frames."""
-    main = procs.thread_wait(pid)
+    """A rank's child (a DataLoader worker) as a rank is looked at: state, what it waits on
+    outside the job (any of its threads: agent.workers), its main thread's frames."""
     return {
         "pid": pid,
         "state": procs.process_state(pid),
-        "outside": procs.waiting_outside(pid, main),
+        "outside": procs.any_thread_waiting_outside(pid),
         "frames": frames_of(pid, tool).get("frames"),
     }
 

@@ -247,6 +247,29 @@ def waiting_outside(pid: int, main: dict[str, object]) -> str | None:
     return _WORDS.get(call)
 
 
+def any_thread_waiting_outside(pid: int, threads_kept: int = 32) -> str | None:
+    """What the process waits on outside the job, from its main thread, else from any of its
+    other threads (a dataset that fetches through a thread pool waits in the pool's threads
+    while its main thread waits on a lock for them). An accept is not counted in the other
+    threads: multiprocessing's fd-passing listener, which every DataLoader worker that has
+    sent a batch keeps, waits in one for good."""
+    words = waiting_outside(pid, thread_wait(pid))
+    if words is not None:
+        return words
+    try:
+        tids = sorted(int(t) for t in os.listdir(f"/proc/{pid}/task") if int(t) != pid)
+    except (OSError, ValueError):
+        return None
+    for tid in tids[:threads_kept]:
+        wait = thread_wait(pid, tid)
+        if wait.get("syscall") in ("accept", "accept4"):
+            continue
+        words = waiting_outside(pid, wait)
+        if words is not None:
+            return f"{words} (thread {tid})"
+    return None
+
+
 def threads_in_disk_wait(pid: int) -> int:
     """How many of the process's threads are in state D (a slow or hung mount)."""
     try:

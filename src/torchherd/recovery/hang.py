@@ -26,8 +26,9 @@ Between two looks each rank is:
 
 A rank whose main thread waits for a batch from its DataLoader's worker processes is as they
 are: its own polling (it wakes every few seconds to check that they live) is no sign of life.
-Where they use no CPU and do no I/O, it waits outside the job if one of them does (a read
-from an object store, a sleep, disk wait), and it is idle otherwise: a worker blocked on a
+Where they use no CPU and do no I/O, it waits outside the job if a thread of one of them
+does (a read from an object store, through a thread pool too; a sleep; disk wait), and it is
+idle otherwise: a worker blocked on a
 lock (one held by another thread at the fork), or every worker waiting for work while the
 rank waits for a batch that will never come.
 

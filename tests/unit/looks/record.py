@@ -90,6 +90,25 @@ elif scenario == "dataloader-wait":
             return torch.ones(1)
     for batch in DataLoader(Slow(), batch_size=8, num_workers=1):
         dist.all_reduce(batch)
+elif scenario == "loader-pool-read":
+    from concurrent.futures import ThreadPoolExecutor
+    from torch.utils.data import DataLoader, Dataset
+    class Fetched(Dataset):
+        # Rank 1's worker fetches its third batch through a thread pool, from a server that
+        # sends a byte a second: its main thread waits on a lock for the pool's thread.
+        def __len__(self): return 1000
+        def __getitem__(self, i):
+            if rank == 1 and i >= 16:
+                import urllib.request
+                def fetch():
+                    with urllib.request.urlopen(os.environ["SLOW_URL"]) as answer:
+                        return answer.read()
+                with ThreadPoolExecutor(2) as pool:
+                    pool.submit(fetch).result()
+            return torch.ones(1)
+    ready()
+    for batch in DataLoader(Fetched(), batch_size=8, num_workers=1):
+        dist.all_reduce(batch)
 elif scenario in ("loader-stuck", "loader-sleep"):
     from torch.utils.data import DataLoader, Dataset
     class Held(Dataset):
@@ -164,6 +183,7 @@ SCENARIOS = {
     "dataloader-wait": (None, None, 4),
     "loader-stuck": (None, None, 4),
     "loader-sleep": (None, None, 4),
+    "loader-pool-read": (None, None, 4),
     "socket-wait": (None, None, 4),
     "backoff-sleep": (None, None, 4),
     "lock-wait": (None, None, 4),
