@@ -3,6 +3,8 @@ nodes, nodes back in the job; and how an attempt's end becomes an exit code (out
 
 from __future__ import annotations
 
+from typing import Any
+
 from torchherd.errors import (
     EXIT_INTERRUPTED,
     EXIT_JOB_FAILED,
@@ -58,11 +60,14 @@ def test_a_spare_and_a_returned_node_together() -> None:
 
 
 def test_the_exit_code_of_an_attempt() -> None:
-    def code(states: dict[str, str], **flags: bool) -> int:
+    def outcome(states: dict[str, str], **flags: Any) -> tuple[int, str, bool]:
         base = dict(
             interrupted=False, stopping=False, saving=False, saved=False, stopped_by_agents=False
         )
-        return exit_code_of(states, **{**base, **flags})[0]
+        return exit_code_of(states, **{**base, **flags})
+
+    def code(states: dict[str, str], **flags: Any) -> int:
+        return outcome(states, **flags)[0]
 
     assert code({"a": "succeeded", "b": "succeeded"}) == EXIT_OK
     assert code({"a": "failed", "b": "stopped"}, stopping=True) == EXIT_JOB_FAILED
@@ -70,40 +75,17 @@ def test_the_exit_code_of_an_attempt() -> None:
         EXIT_INTERRUPTED
     )
     # Stopped by `herd stop` from elsewhere: nothing to blame.
-    assert exit_code_of(
-        {"a": "stopped"},
-        interrupted=False,
-        stopping=False,
-        saving=False,
-        saved=False,
-        stopped_by_agents=False,
-    )[1:] == ("", True)
+    assert outcome({"a": "stopped"})[1:] == ("", True)
     # A time limit: exit 5 only with a snapshot committed after the request.
     saved = {"a": "succeeded", "b": "stopped"}
     assert code(saved, saving=True, saved=True, stopping=True) == EXIT_SAVED
-    failed, reason, _ = exit_code_of(
-        saved,
-        interrupted=False,
-        stopping=True,
-        saving=True,
-        saved=False,
-        stopped_by_agents=False,
-    )
+    failed, reason, _ = outcome(saved, stopping=True, saving=True)
     assert failed == EXIT_JOB_FAILED and "no snapshot was reported committed" in reason
     assert reason.startswith("the time limit came and "), reason
     # Asked for a slow node's swap: the reason says so, not a time limit.
-    reason = exit_code_of(
-        saved,
-        interrupted=False,
-        stopping=True,
-        saving=True,
-        saved=False,
-        stopped_by_agents=False,
-        saving_for="node2 is still slow: swapping it out",
-    )[1]
-    assert reason.startswith("herd asked for a save (node2 is still slow: swapping it out) and "), (
-        reason
-    )
+    swap = "node2 is still slow: swapping it out"
+    reason = outcome(saved, stopping=True, saving=True, saving_for=swap)[1]
+    assert reason.startswith(f"herd asked for a save ({swap}) and "), reason
     # The agents stopped the job for a silent launcher: a failure to restart, not a stop.
     assert code({"a": "stopped", "b": "stopped"}, stopped_by_agents=True) == EXIT_JOB_FAILED
     # The others finished and herd ended a rank that never exited: the job finished (6);

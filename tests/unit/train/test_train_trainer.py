@@ -323,12 +323,12 @@ class _Served(TensorDataset):
         return super().__getitem__(index)
 
 
-def test_an_epochs_loader_worker_is_never_forked_while_a_snapshot_is_written(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A snapshot at an epoch's end is written in the background (here it takes 1 s): the
-    next epoch's loader worker is forked once the write is over, not during it (a fork while
-    the writer holds a lock can leave the worker stuck for good)."""
+def train_two_epochs_with_slow_saves(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **config: Any
+) -> tuple[list[tuple[int, float]], list[float]]:
+    """Two epochs of 6 steps (96 samples, batches of 8, 2 a step) with a loader worker and a
+    snapshot at each epoch's end, each written in the background in 1 s: (worker pid, time)
+    of every item served, and when each snapshot write ended."""
     written: list[float] = []
     commit = Snapshotter._commit_in_background
 
@@ -339,23 +339,34 @@ def test_an_epochs_loader_worker_is_never_forked_while_a_snapshot_is_written(
 
     monkeypatch.setattr(Snapshotter, "_commit_in_background", slow_commit)
     served = tmp_path / "served"
-    # 96 samples, batches of 8, 2 a step: 6 steps an epoch, a snapshot at each epoch's end.
-    config = TrainerConfig(
+    settings = TrainerConfig(
         run_dir=str(tmp_path / "run"),
         batch_size=8,
         grad_accum_steps=2,
         snapshot_every=6,
         max_steps=12,
         num_workers=1,
+        **config,
     )
     loss = supervised(nn.functional.mse_loss)
-    with Trainer(model(), lambda p: torch.optim.SGD(p, lr=0.1), _Served(served), loss, config) as t:
+    with Trainer(
+        model(), lambda p: torch.optim.SGD(p, lr=0.1), _Served(served), loss, settings
+    ) as t:
         t.fit()
+    items = [line.split() for line in served.read_text().split("\n") if line]
+    return [(int(pid), float(at)) for pid, at in items], written
+
+
+def test_an_epochs_loader_worker_is_never_forked_while_a_snapshot_is_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A snapshot at an epoch's end is written in the background (here it takes 1 s): the
+    next epoch's loader worker is forked once the write is over, not during it (a fork while
+    the writer holds a lock can leave the worker stuck for good)."""
+    served, written = train_two_epochs_with_slow_saves(tmp_path, monkeypatch)
     first_served: dict[int, float] = {}
-    for line in served.read_text().split("\n"):
-        if line:
-            pid, at = line.split()
-            first_served.setdefault(int(pid), float(at))
+    for pid, at in served:
+        first_served.setdefault(pid, at)
     epoch_starts = sorted(first_served.values())
     assert len(epoch_starts) == 2, first_served  # a worker process for each epoch
     assert written and epoch_starts[1] >= written[0], (epoch_starts, written)
@@ -366,30 +377,10 @@ def test_persistent_loader_workers_are_forked_once_and_never_wait_for_a_save(
 ) -> None:
     """persistent_workers: one worker process serves every epoch, and the second epoch does
     not wait for the first epoch's snapshot (its worker exists already: nothing is forked)."""
-    written: list[float] = []
-    commit = Snapshotter._commit_in_background
-
-    def slow_commit(self: Snapshotter, *args: Any) -> None:
-        time.sleep(1.0)
-        commit(self, *args)
-        written.append(time.time())
-
-    monkeypatch.setattr(Snapshotter, "_commit_in_background", slow_commit)
-    served = tmp_path / "served"
-    config = TrainerConfig(
-        run_dir=str(tmp_path / "run"),
-        batch_size=8,
-        grad_accum_steps=2,
-        snapshot_every=6,
-        max_steps=12,
-        num_workers=1,
-        persistent_workers=True,
+    served, written = train_two_epochs_with_slow_saves(
+        tmp_path, monkeypatch, persistent_workers=True
     )
-    loss = supervised(nn.functional.mse_loss)
-    with Trainer(model(), lambda p: torch.optim.SGD(p, lr=0.1), _Served(served), loss, config) as t:
-        t.fit()
-    lines = [line.split() for line in served.read_text().split("\n") if line]
-    assert len({pid for pid, _ in lines}) == 1, lines  # one worker for both epochs
+    assert len({pid for pid, _ in served}) == 1, served  # one worker for both epochs
     # The second epoch's items (the last 96) were served while the first snapshot was written.
-    second_epoch = sorted(float(at) for _, at in lines)[-96:]
+    second_epoch = sorted(at for _, at in served)[-96:]
     assert written and second_epoch[0] < written[0], (second_epoch[0], written)
