@@ -298,6 +298,11 @@ def test_a_data_loader_worker_waiting_for_work_leaves_its_rank_idle() -> None:
     after = RankLook.from_event("n", event(later), 5.0)[0]
     assert activity(first[0], after) == OUTSIDE
     assert after.waits_outside == "a read on a socket, in its data-loader worker (pid 6)"
+    # A worker whose frames were not taken (past the agent's cap) and that polls: it may be
+    # waiting for its next indices or on a socket; the watch takes it as outside (no verdict).
+    unframed = {"pid": 7, "state": "S", "outside": "a poll (sockets or pipes)", "frames": None}
+    later = dict(rank, loader=[waiting | {"frames": idle_worker}, unframed])
+    assert activity(first[0], RankLook.from_event("n", event(later), 5.0)[0]) == OUTSIDE
 
 
 # ---------------------------------------------------------------------------------------------

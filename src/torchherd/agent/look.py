@@ -39,7 +39,7 @@ from typing import Any
 
 from .. import progress
 from . import workers as procs
-from .stacks import CHILDREN_KEPT, py_spy, run_py_spy
+from .stacks import py_spy, run_py_spy
 
 # Seconds one non-blocking dump may take (it reads memory; it never waits for the process).
 LOOK_TIMEOUT = 10.0
@@ -49,6 +49,12 @@ FRAMES_KEPT = 12
 # multi-process iterator's own methods; recovery.hang judges the frames exactly).
 # py-spy names a method with its class: "_MultiProcessingDataLoaderIter._try_get_data (...)".
 LOADER_WAIT = re.compile(r"^(\S+\.)?_(try_)?get_data \(\S*torch/utils/data/dataloader\.py:")
+# A waiting rank's children looked at (its loader workers), and how many of them get their
+# frames taken (a py-spy each): the others are read from the kernel alone, and a poll there
+# counts as a wait outside the job, since without frames it cannot be told from a worker's
+# wait for its next indices (the watch then errs towards no verdict, never a false one).
+LOADER_KEPT = 64
+LOADER_FRAMES = 8
 
 
 def main_frames(dump: list[dict[str, Any]]) -> tuple[list[str], bool | None]:
@@ -115,7 +121,10 @@ def look(
         if with_frames:
             seen |= frames_of(worker.pid, tool)
             if any(LOADER_WAIT.match(frame) for frame in seen.get("frames") or ()):
-                seen["loader"] = [look_at_child(c, tool) for c in worker.children[:CHILDREN_KEPT]]
+                seen["loader"] = [
+                    look_at_child(child, tool if n < LOADER_FRAMES else None)
+                    for n, child in enumerate(worker.children[:LOADER_KEPT])
+                ]
         mine = declared.get(worker.rank)
         if mine is not None and mine.phase:
             seen["phase"] = mine.phase
@@ -130,12 +139,13 @@ def look(
 
 def look_at_child(pid: int, tool: str | None) -> dict[str, Any]:
     """A rank's child (a DataLoader worker) as a rank is looked at: state, what it waits on
-    outside the job (any of its threads: agent.workers), its main thread's frames."""
+    outside the job (any of its threads: agent.workers), its main thread's frames (None
+    without ``tool``)."""
     return {
         "pid": pid,
         "state": procs.process_state(pid),
         "outside": procs.any_thread_waiting_outside(pid),
-        "frames": frames_of(pid, tool).get("frames"),
+        "frames": frames_of(pid, tool).get("frames") if tool else None,
     }
 
 
