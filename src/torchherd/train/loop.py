@@ -173,9 +173,9 @@ class Trainer:
         self._pending: list[dict[str, Any]] = []
         self._reducing: list[_Reduction] = []
         self.stopped_for_save = False
+        """True when fit() ended early because herd asked for a snapshot (a time limit)."""
         self._loaders_forked: set[int] = set()
         """The loaders (by id) whose worker processes were forked (see _batches)."""
-        """True when fit() ended early because herd asked for a snapshot (a time limit)."""
         self._completed = False
         self._dropped_at: float | None = None
         """When a replica group's loss dropped a step (till the next one is committed)."""
