@@ -72,9 +72,12 @@ class JobOutput:
         self._first_line.set()  # nothing awaited until until_first_line()
         self._flushed = time.monotonic()
         self._unflushed = False
-        """Something was written since the last flush. An attempt asks for a flush every
-        FLUSH_EVERY s; one with nothing to flush costs nothing (on an idle job of 32 nodes the
-        two writer threads flushing 33 unchanged files were a third of the launcher's CPU)."""
+        """Something was written since the last flush (on an idle job of 32 nodes the two
+        writer threads flushing 33 unchanged files were a third of the launcher's CPU)."""
+        self.flush_later: Callable[[], None] | None = None
+        """How to have ``flush`` called FLUSH_EVERY s from now (set by a running attempt, on
+        the event loop's thread, as every write here is): asked at the first write after a
+        flush, so that an idle job's launcher does not wake up to find nothing to flush."""
 
     def prefix(self, host: str, rank: int | None) -> str:
         label = f"{host}:{rank}" if rank is not None else host
@@ -103,9 +106,17 @@ class JobOutput:
             kept.append((name, f"{label} | {text}\n", text + "\n"))
         self.console.write_lines(shown)
         self.files.write_many(kept)
+        self._written()
+
+    def _written(self) -> None:
+        """Something was written: flushed now if the last flush is FLUSH_EVERY s old (a busy
+        job), else at most FLUSH_EVERY s from now."""
+        first = not self._unflushed
         self._unflushed = True
         if time.monotonic() - self._flushed > FLUSH_EVERY:
             self.flush()
+        elif first and self.flush_later is not None:
+            self.flush_later()
 
     def until_first_line(self, what: str) -> None:
         """On a terminal, a status line ("herd: starting the workers (4 s)") from now until the
@@ -139,7 +150,7 @@ class JobOutput:
         self.console.note(text)
         self.console.flush()
         self.files.write(None, text + "\n", None)
-        self._unflushed = True
+        self._written()
 
     def flush(self) -> None:
         """Ask both writers to flush what was written since the last flush (nothing to ask

@@ -258,12 +258,16 @@ class JobRun:
         coming back (which grows the job at its next snapshot)."""
         self.pool.warm(self.number + 1)
         members = [n.host for n in attempt.plan.nodes]
-        tending = asyncio.create_task(self.pool.tend(self.job, lambda: members))
-        growing = asyncio.create_task(self._grow_when_back(attempt))
+        helpers = []
+        # Only a pool with nodes in it has work while the attempt runs (nodes are left out
+        # between attempts, and only left-out nodes come back): an empty one wakes nobody.
+        if self.pool.idle() or self.pool.left_out:
+            helpers.append(asyncio.create_task(self.pool.tend(self.job, lambda: members)))
+            helpers.append(asyncio.create_task(self._grow_when_back(attempt)))
         try:
             return await attempt.run()
         finally:
-            for task in (tending, growing):
+            for task in helpers:
                 task.cancel()
 
     async def _grow_when_back(self, attempt: Attempt) -> None:

@@ -138,9 +138,14 @@ class Attempt:
         openers = [
             asyncio.create_task(self._start_node(node)) for node in self.state.nodes.values()
         ]
+        loop = asyncio.get_running_loop()
+
+        def flush_later() -> None:
+            loop.call_later(FLUSH_EVERY, self.output.flush)
+
+        self.output.flush_later = flush_later  # no wake-ups to flush while nothing is written
         helpers = [
             asyncio.create_task(self.actions.ping_agents(self.cluster.launcher_silence)),
-            asyncio.create_task(self._flush_output()),
             asyncio.create_task(self.watch.run()),
             asyncio.create_task(self.slow.run()),
         ]
@@ -188,11 +193,6 @@ class Attempt:
             node.stderr.extend(link.stderr)
             node.ended_at = time.monotonic()
             self.events.link_ended(node, link)
-
-    async def _flush_output(self) -> None:
-        while True:
-            await asyncio.sleep(FLUSH_EVERY)
-            self.output.flush()
 
     # -- the result -----------------------------------------------------------------------------
 
