@@ -69,6 +69,14 @@ class Run:
     code: int
     ok: bool
     note: str = ""
+    first_second_cpu: float = 0.0
+    """The launcher's own CPU in its first second (interpreter, imports, parsing, the plan):
+    the same whatever the start's length. The rest grows with the wall time (its event loop
+    while the nodes import torch), which on this machine's shared cores is what varies."""
+
+    @property
+    def later_cpu_per_second(self) -> float:
+        return max(0.0, self.own_cpu - self.first_second_cpu) / max(self.wall - 1.0, 1e-9)
 
 
 class Launcher:
@@ -87,8 +95,10 @@ class Launcher:
         )
         self.lines: list[tuple[float, str]] = []
         self.own_cpu = 0.0
+        self.first_second_cpu: float | None = None
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
+        threading.Thread(target=self._first_second, daemon=True).start()
         self.profiler = None
         if profile is not None:
             self.profiler = subprocess.Popen(
@@ -97,6 +107,16 @@ class Launcher:
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
             )
+
+    def _first_second(self) -> None:
+        """The launcher's own CPU one second after it started (read from /proc)."""
+        time.sleep(max(0.0, self.started + 1.0 - time.monotonic()))
+        try:
+            with open(f"/proc/{self.process.pid}/stat") as handle:
+                fields = handle.read().rsplit(")", 1)[1].split()
+            self.first_second_cpu = (int(fields[11]) + int(fields[12])) / TICKS
+        except (OSError, IndexError, ValueError):
+            pass  # ended within its first second: the split is not given
 
     def _read(self) -> None:
         assert self.process.stdout is not None
@@ -211,7 +231,8 @@ def run_phase(
     if not ok:
         tail = "\n".join(line for _, line in launcher.lines[-25:])
         note += f"\n--- last lines ---\n{tail}"
-    return Run(phase, mode, nodes, wall, own, total, code, ok, note)
+    first = launcher.first_second_cpu if launcher.first_second_cpu is not None else own
+    return Run(phase, mode, nodes, wall, own, total, code, ok, note, first)
 
 
 def print_marginal(runs: list[Run]) -> None:
@@ -305,15 +326,18 @@ def main() -> int:
                         flush=True,
                     )
     print()
+    # The launcher's own CPU split: its first second (fixed) and each second after it (which
+    # a longer start on busier cores multiplies).
     print(
         f"{'phase':10} {'mode':5} {'nodes':>5} {'wall s':>7} {'launcher ms/node':>17} "
-        f"{'+ssh ms/node':>13}"
+        f"{'+ssh ms/node':>13} {'first s ms':>11} {'then ms/s':>10}"
     )
     for run in runs:
         print(
             f"{run.phase:10} {run.mode:5} {run.nodes:>5} {run.wall:>7.1f} "
             f"{run.own_cpu * 1000 / run.nodes:>17.1f} "
-            f"{run.with_children_cpu * 1000 / run.nodes:>13.1f}"
+            f"{run.with_children_cpu * 1000 / run.nodes:>13.1f} "
+            f"{run.first_second_cpu * 1000:>11.0f} {run.later_cpu_per_second * 1000:>10.2f}"
         )
     print()
     for run in runs:
