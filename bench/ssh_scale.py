@@ -79,6 +79,19 @@ class Run:
         return max(0.0, self.own_cpu - self.first_second_cpu) / max(self.wall - 1.0, 1e-9)
 
 
+def own_cpu(pid: int) -> float | None:
+    """A process's own CPU seconds so far, from /proc; None once it is gone or a zombie (the
+    caller keeps its last reading)."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            fields = handle.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    if fields[0] == "Z":
+        return None
+    return (int(fields[11]) + int(fields[12])) / TICKS
+
+
 class Launcher:
     """One herd command: its output lines (with when they came), its own CPU, its rusage."""
 
@@ -109,14 +122,9 @@ class Launcher:
             )
 
     def _first_second(self) -> None:
-        """The launcher's own CPU one second after it started (read from /proc)."""
+        """The launcher's own CPU one second after it started (None if it had ended)."""
         time.sleep(max(0.0, self.started + 1.0 - time.monotonic()))
-        try:
-            with open(f"/proc/{self.process.pid}/stat") as handle:
-                fields = handle.read().rsplit(")", 1)[1].split()
-            self.first_second_cpu = (int(fields[11]) + int(fields[12])) / TICKS
-        except (OSError, IndexError, ValueError):
-            pass  # ended within its first second: the split is not given
+        self.first_second_cpu = own_cpu(self.process.pid)
 
     def _read(self) -> None:
         assert self.process.stdout is not None
@@ -145,13 +153,9 @@ class Launcher:
         deadline = time.monotonic() + timeout
         pid = self.process.pid
         while True:
-            try:
-                with open(f"/proc/{pid}/stat") as handle:
-                    fields = handle.read().rsplit(")", 1)[1].split()
-                if fields[0] != "Z":
-                    self.own_cpu = (int(fields[11]) + int(fields[12])) / TICKS
-            except OSError:
-                pass
+            cpu = own_cpu(pid)
+            if cpu is not None:
+                self.own_cpu = cpu
             # wait4 reaps it and says what it and the children it waited for used.
             found, status, usage = os.wait4(pid, os.WNOHANG)
             if found:

@@ -13,7 +13,7 @@ import threading
 import time
 from collections.abc import Callable, Collection, Iterable
 from pathlib import Path
-from typing import IO, TextIO
+from typing import IO, TYPE_CHECKING, TextIO
 
 from .agent.protocol import readable_failure
 from .console import Console
@@ -23,6 +23,9 @@ from .noise import Chatter
 from .records import herd_home
 from .redact import redact_text
 from .results import RunResult
+
+if TYPE_CHECKING:
+    import asyncio
 
 # Seconds output may sit in buffers: lines reach a pipe, `herd logs` and the files this late at
 # most (a running attempt flushes them every FLUSH_EVERY s), without a syscall per line.
@@ -74,10 +77,8 @@ class JobOutput:
         self._unflushed = False
         """Something was written since the last flush (on an idle job of 32 nodes the two
         writer threads flushing 33 unchanged files were a third of the launcher's CPU)."""
-        self.flush_later: Callable[[], None] | None = None
-        """How to have ``flush`` called FLUSH_EVERY s from now (set by a running attempt, on
-        the event loop's thread, as every write here is): asked at the first write after a
-        flush, so that an idle job's launcher does not wake up to find nothing to flush."""
+        self._loop: asyncio.AbstractEventLoop | None = None
+        """The loop that flushes a write FLUSH_EVERY s after it (``flush_on``)."""
 
     def prefix(self, host: str, rank: int | None) -> str:
         label = f"{host}:{rank}" if rank is not None else host
@@ -108,6 +109,15 @@ class JobOutput:
         self.files.write_many(kept)
         self._written()
 
+    def flush_on(self, loop: asyncio.AbstractEventLoop) -> None:
+        """From now on a write not flushed at once is flushed FLUSH_EVERY s later by ``loop``,
+        on whose thread every write comes (a running attempt's), and so is what was written
+        before. A flush asked at the first write after a flush, not on a timer: an idle job's
+        launcher does not wake up to find nothing to flush."""
+        self._loop = loop
+        if self._unflushed:
+            loop.call_later(FLUSH_EVERY, self.flush)
+
     def _written(self) -> None:
         """Something was written: flushed now if the last flush is FLUSH_EVERY s old (a busy
         job), else at most FLUSH_EVERY s from now."""
@@ -115,8 +125,8 @@ class JobOutput:
         self._unflushed = True
         if time.monotonic() - self._flushed > FLUSH_EVERY:
             self.flush()
-        elif first and self.flush_later is not None:
-            self.flush_later()
+        elif first and self._loop is not None:
+            self._loop.call_later(FLUSH_EVERY, self.flush)
 
     def until_first_line(self, what: str) -> None:
         """On a terminal, a status line ("herd: starting the workers (4 s)") from now until the

@@ -85,9 +85,9 @@ def test_launcher_job_directory_and_files_are_private(herd_home: Path) -> None:
 def test_a_flush_reaches_the_files_and_an_idle_one_asks_the_writers_nothing(
     herd_home: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A running attempt flushes every FLUSH_EVERY s: lines written since the last flush reach
-    the rank's file (without closing it); with nothing written, the writer threads are not
-    woken (33 files flushed five times a second were a third of an idle launcher's CPU)."""
+    """A flush makes the lines written since the last one reach the rank's file (without
+    closing it); with nothing written, the writer threads are not woken (33 files flushed five
+    times a second were a third of an idle launcher's CPU)."""
     output = JobOutput(herd_home / "jobs" / "j", ["gpu1"], 1, stream=io.StringIO())
     asked: list[str] = []
 
@@ -118,6 +118,33 @@ def test_a_flush_reaches_the_files_and_an_idle_one_asks_the_writers_nothing(
     assert len(asked) == 4, asked
     output.close()
     assert rank_log.read_text().splitlines()[-1].endswith("step 2")
+
+
+def test_a_running_attempts_loop_flushes_a_write_soon_after_it_with_nothing_written_next(
+    herd_home: Path,
+) -> None:
+    """Once an attempt's loop flushes (flush_on), a line reaches its file within FLUSH_EVERY
+    s though nothing is written after it; so does a line written before the loop was set."""
+    output = JobOutput(herd_home / "jobs" / "j", ["gpu1"], 1, stream=io.StringIO())
+    rank_log = herd_home / "jobs" / "j" / "rank-0.log"
+    output.flush()
+    output.line("gpu1", 0, "before the attempt")  # within FLUSH_EVERY of the flush: kept
+
+    async def until_kept(line: str) -> None:
+        deadline = time.monotonic() + 10
+        while line not in (rank_log.read_text() if rank_log.exists() else ""):
+            assert time.monotonic() < deadline, f"{line!r} never reached rank-0.log"
+            await asyncio.sleep(0.02)
+
+    async def attempt() -> None:
+        output.flush_on(asyncio.get_running_loop())
+        await until_kept("before the attempt")
+        output.flush()
+        output.line("gpu1", 0, "during the attempt")  # kept too, flushed later
+        await until_kept("during the attempt")
+
+    asyncio.run(attempt())
+    output.close()
 
 
 def test_a_chosen_log_dir_gets_private_files_and_keeps_its_own_mode(tmp_path: Path) -> None:

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ...logs import FLUSH_EVERY, JobOutput
+from ...logs import JobOutput
 from ...plan import LaunchPlan
 from ...recovery import Evidence, HangWatch, NodeLiveness
 from ...recovery.failures import NodeRun, NodeState
@@ -138,12 +138,7 @@ class Attempt:
         openers = [
             asyncio.create_task(self._start_node(node)) for node in self.state.nodes.values()
         ]
-        loop = asyncio.get_running_loop()
-
-        def flush_later() -> None:
-            loop.call_later(FLUSH_EVERY, self.output.flush)
-
-        self.output.flush_later = flush_later  # no wake-ups to flush while nothing is written
+        self.output.flush_on(asyncio.get_running_loop())
         helpers = [
             asyncio.create_task(self.actions.ping_agents(self.cluster.launcher_silence)),
             asyncio.create_task(self.watch.run()),
