@@ -37,8 +37,8 @@ While the control names a frozen node, the other nodes' ranks stop stepping, as 
 a frozen rank wait in their collective.
 
 For the benchmark, this program appends what it did to the events file (one line each,
-``run|silent|exit NODE WALLTIME [CODE]``). Standard library only: started on its own, it runs
-with ``python -S``.
+``warm|run|silent|exit NODE WALLTIME [CODE]``; ``warm``: a prewarmed stand-in started).
+Standard library only: started on its own, it runs with ``python -S``.
 """
 
 from __future__ import annotations
@@ -268,14 +268,8 @@ class StandIn:
             pass
 
     def event(self, *words: object) -> None:
-        if not self.events:
-            return
-        line = " ".join(str(w) for w in words) + f" {time.time():.3f}\n"
-        fd = os.open(self.events, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-        try:
-            os.write(fd, line.encode())
-        finally:
-            os.close(fd)
+        if self.events:
+            append_event(self.events, *words)
 
     def freeze(self, seconds: float) -> None:
         """The whole node stops answering: its agent and this program stop for ``seconds``."""
@@ -374,6 +368,16 @@ class StandIn:
         self.stop_signal = signum
 
 
+def append_event(path: str, *words: object) -> None:
+    """One line of the events file: the words, then the wall time."""
+    line = " ".join(str(w) for w in words) + f" {time.time():.3f}\n"
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    try:
+        os.write(fd, line.encode())
+    finally:
+        os.close(fd)
+
+
 def parent(pid: int) -> int | None:
     """The parent of a live process; None once it has ended (gone, or a zombie)."""
     try:
@@ -385,7 +389,12 @@ def parent(pid: int) -> int | None:
 
 
 def prewarmed() -> int:
-    """As the wrapper's --herd-prewarm: wait for the job on stdin, then run it."""
+    """As the wrapper's --herd-prewarm: wait for the job on stdin, then run it. Says "warm"
+    in the events file first: the node's agent is up from then on (a benchmark counts what
+    the nodes up so far cost the launcher while the others start)."""
+    root = os.environ.get("SIMCLUSTER_ROOT")
+    if root:
+        append_event(os.path.join(root, "events"), "warm", os.environ.get(NODE_INDEX_VAR, "0"))
     line = sys.stdin.readline()
     if not line.strip():
         return 0

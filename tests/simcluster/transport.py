@@ -89,7 +89,10 @@ class SimulatedHosts(Transport):
             process_env, process_cwd = None, None
         else:
             argv = list(command)
-            process_env = {**os.environ, **self.cluster.carry_env, **(env or {})}
+            extra = {**self.cluster.carry_env, **(env or {})}
+            # Nothing to add: the process inherits this one's environment as it is (no copy
+            # of it a node, which the launcher would pay at 1,000 nodes).
+            process_env = {**os.environ, **extra} if extra else None
             process_cwd = os.path.expanduser(cwd) if cwd else None
         process = await asyncio.create_subprocess_exec(
             *argv,
