@@ -496,13 +496,13 @@ def measure(
         result.start_s = started
         result.start_cpu_s = cpu_seconds(run.pid)
         result.start_rss_mb = status_mb(run.pid, "VmHWM")
-        if hold:
-            waiting_phase(run, result)
-            sim.set_control(**STEADY)  # the rendezvous is complete: the ranks step
         if profiler is not None:
             result.profile += [f"start, {nodes} nodes:"]
             result.profile += hot_spots(profiler.stop(), result.start_cpu_s, nodes, "node")
         print(f"  {nodes} nodes running after {result.start_s:.1f} s", flush=True)
+        if hold:
+            waiting_phase(run, result)
+            sim.set_control(**STEADY)  # the rendezvous is complete: the ranks step
         steady_phase(run, result, steady, profile)
         result.full_sent_lines_per_s = lines_sent_per_s(nodes, nproc, FULL_RATE)
         if full:
@@ -528,14 +528,14 @@ def waiting_phase(run: Run, result: Result) -> None:
     one after the other over many seconds (a real cluster's nodes start at once), and every
     node up meanwhile says "alive" and is pinged, which is the waiting's cost, not the start's
     work per node."""
-    before, at = cpu_seconds(run.pid), time.monotonic()
+    before, since = cpu_seconds(run.pid), time.monotonic()
     time.sleep(WAITING_FOR)
-    rate = (cpu_seconds(run.pid) - before) / (time.monotonic() - at)
+    rate = (cpu_seconds(run.pid) - before) / (time.monotonic() - since)
     result.waiting_cpu_per_s = rate
     warm, ran = run.event_times("warm"), run.event_times("run")
     if warm and ran:
         last = max(ran.values())
-        node_seconds = sum(max(0.0, last - at) for at in warm.values())
+        node_seconds = sum(max(0.0, last - up) for up in warm.values())
         result.start_waiting_cpu_s = rate / result.nodes * node_seconds
     print(f"  waiting: {rate * 1000:.1f} ms CPU/s", flush=True)
 

@@ -39,10 +39,11 @@ from torchherd.agent.probe import interfaces
 from torchherd.plan import JobSpec
 from torchherd.spec import ClusterSpec, NodeSpec
 
+# ROOT_VAR: set by every node's shim; what the simulated cluster started carries it.
+from .standin import EVENTS_FILE, ROOT_VAR
+
 STANDIN = Path(__file__).resolve().with_name("standin.py")
 REPO = Path(__file__).resolve().parents[2]
-# Set by every node's shim: what the simulated cluster started carries it.
-ROOT_VAR = "SIMCLUSTER_ROOT"
 
 SHIM = """#!/bin/sh
 # Simulated node {index}: the real python, except for torchrun's wrapper, which is stood in for.
@@ -114,7 +115,7 @@ class SimCluster:
 
     @property
     def events_file(self) -> Path:
-        return self.root / "events"
+        return self.root / EVENTS_FILE
 
     @property
     def home(self) -> Path:

@@ -55,6 +55,10 @@ from typing import Any
 
 PREWARM_FLAG = "--herd-prewarm"
 NODE_INDEX_VAR = "SIMCLUSTER_NODE_INDEX"
+# Set by every node's shim (cluster.py): the simulated cluster's directory, and the events
+# file's name in it.
+ROOT_VAR = "SIMCLUSTER_ROOT"
+EVENTS_FILE = "events"
 # The message torch's elastic agent records for a worker that left no error file.
 NO_ERROR_FILE = "To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html"
 # torchrun's own stop: SIGTERM to the workers, SIGKILL after this many seconds.
@@ -392,9 +396,9 @@ def prewarmed() -> int:
     """As the wrapper's --herd-prewarm: wait for the job on stdin, then run it. Says "warm"
     in the events file first: the node's agent is up from then on (a benchmark counts what
     the nodes up so far cost the launcher while the others start)."""
-    root = os.environ.get("SIMCLUSTER_ROOT")
+    root = os.environ.get(ROOT_VAR)
     if root:
-        append_event(os.path.join(root, "events"), "warm", os.environ.get(NODE_INDEX_VAR, "0"))
+        append_event(os.path.join(root, EVENTS_FILE), "warm", os.environ.get(NODE_INDEX_VAR, "0"))
     line = sys.stdin.readline()
     if not line.strip():
         return 0
