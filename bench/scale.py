@@ -4,7 +4,10 @@ On the simulated cluster (tests/simcluster: herd's real node agents on this mach
 a host of its own, a stand-in only for torchrun and torch), for each N: the launcher (herd's
 own launch, one process: tests/simcluster/launcher.py) starts a job of N nodes x NPROC ranks,
 and the bench measures that process alone (its own CPU time and peak RSS from /proc; the
-agents are its children and are not counted):
+agents are its children and are not counted). Above --tree-above nodes (64) the launcher
+reaches them through herd's tree of agents, as a launch at scale does over ssh and as Slurm's
+and PBS's steps do: a few inner nodes start the others' relays, and every node's agent links
+back to the launcher over TCP (a relay link, not a process, on the launcher's side):
 
   start      command -> every node's torchrun (stand-in) running: wall time, launcher CPU
   waiting    every node running, its ranks still held (as before a rendezvous completes),
@@ -58,7 +61,7 @@ has its interpreter already, and the agents' start is excluded from the judged s
     python bench/scale.py [--nodes 10,100,300,1000] [--nproc 8] [--steady 60] [--full 20]
                           [--full-max-nodes 100] [--steady-lines 1] [--steady-beats 1]
                           [--plain-ranks] [--stop-wait S] [--json FILE] [--profile DIR]
-                          [--ranks-beat-early]
+                          [--ranks-beat-early] [--tree-above N]
 
 With --profile, py-spy samples the launcher during the start, steady and full-speed phases
 (raw stacks in DIR) and the bench prints where its CPU went: the functions with the most
@@ -128,6 +131,11 @@ STOP_WAIT = {"seconds": 600.0}
 # ~40): every look at a waiting node's ranks read the environment of all ~11,000 processes on
 # the machine; an agent now finds its ranks among its own descendants.
 HOLD_UNTIL_ALL_RUN = {"on": True}
+# Above this many nodes (--tree-above) the launcher reaches the nodes through herd's tree of
+# agents (transport/tree.py), as a launch at scale does over ssh (herd launch --tree-above) and
+# as Slurm's and PBS's steps do (a relay link a node): a process a node for the launcher (flat
+# ssh's clients) is what the tree exists to avoid. 0: never.
+TREE_ABOVE = {"nodes": 64}
 # Seconds the ranks stay held once every node runs, to measure what waiting nodes cost.
 WAITING_FOR = 6.0
 SILENT_FOR = 20.0  # longer than herd's 10 s of silence, so the node is called lost
@@ -146,6 +154,8 @@ MISJUDGED = re.compile(
 class Result:
     nodes: int
     nproc: int
+    tree: bool = False
+    """The launcher reached the nodes through herd's tree (a relay link a node)."""
     start_s: float = 0.0
     start_cpu_s: float = 0.0
     start_rss_mb: float = 0.0
@@ -395,8 +405,10 @@ class Run:
         # started before the clock: on a real cluster every node has its interpreter already.
         self.server = sim.start_forkserver()
         self.started = time.time()
+        tree = ["--tree-above", str(TREE_ABOVE["nodes"])] if TREE_ABOVE["nodes"] else []
         self.launcher = subprocess.Popen(
-            [sys.executable, "-m", "tests.simcluster.launcher", str(sim.root), "--grace", "5"],
+            [sys.executable, "-m", "tests.simcluster.launcher", str(sim.root), "--grace", "5"]
+            + tree,
             cwd=REPO,
             env=env,
             stdin=subprocess.DEVNULL,
@@ -470,7 +482,7 @@ def measure(
 ) -> Result:
     """Start, steady running and full speed in one launch; the frozen node in the same one
     when it survived full speed, else in a second launch."""
-    result = Result(nodes, nproc)
+    result = Result(nodes, nproc, tree=0 < TREE_ABOVE["nodes"] < nodes)
     # The nodes' files (beats every second from every rank) on a tmpfs: they are other
     # machines' disks, and must not slow the launcher's own.
     node_home = Path(tempfile.mkdtemp(prefix="herd-scale-nodes-", dir="/dev/shm"))
@@ -691,6 +703,7 @@ def steady_share(result: Result) -> float:
 
 def table(results: list[Result]) -> str:
     rows = [
+        ("nodes reached", lambda r: "tree" if r.tree else "flat"),
         ("start: wall s", lambda r: f"{r.start_s:.1f}"),
         ("start: launcher CPU s", lambda r: f"{r.start_cpu_s:.2f}"),
         ("start: CPU ms / node", lambda r: f"{per_node_ms(r.start_cpu_s, r.nodes):.1f}"),
@@ -881,6 +894,13 @@ def main() -> int:
         default=600.0,
         help="seconds to wait for the launcher to stop every node after the lost one",
     )
+    parser.add_argument(
+        "--tree-above",
+        type=int,
+        default=TREE_ABOVE["nodes"],
+        help="reach more nodes than this through herd's tree of agents, as herd launch "
+        f"--tree-above does over ssh (default {TREE_ABOVE['nodes']}; 0: never)",
+    )
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
     parser.add_argument(
         "--ranks-beat-early",
@@ -894,6 +914,7 @@ def main() -> int:
     args = parser.parse_args()
     STEADY.update(lines_per_second=args.steady_lines, beats_per_second=args.steady_beats)
     STOP_WAIT["seconds"] = args.stop_wait
+    TREE_ABOVE["nodes"] = args.tree_above
     HOLD_UNTIL_ALL_RUN["on"] = not args.ranks_beat_early
     if args.plain_ranks:
         STEADY["compute_seconds"] = None

@@ -109,6 +109,40 @@ def test_a_large_job_shows_rank_0_unless_every_rank_is_asked_for(tmp_path: Path)
         nothing_left(sim)
 
 
+def children_of(pid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            stat = (entry / "stat").read_text()
+        except (OSError, ValueError):
+            continue
+        if entry.name.isdigit() and int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+            found.append(int(entry.name))
+    return found
+
+
+def test_a_tree_reaches_the_nodes_through_relays_and_leaves_nothing(tmp_path: Path) -> None:
+    """With the tree on (bench/scale.py's large runs), the launcher holds a process for its
+    inner node only: the other nodes' agents come through relays its fan-out started, which
+    leave their sessions and are reaped by the fork server when the job ends."""
+    nodes = 12
+    sim = SimCluster(tmp_path / "sim", nodes=nodes, nproc=1).build(lines_per_second=2)
+    process = launch(sim, "--seconds", "6", "--tree-above", "4", "--ranks", "all")
+    try:
+        assert len(sim.wait_events("run", nodes, timeout=90)) == nodes
+        # Its children: the fork server (the launcher started it) and the inner node's agent.
+        held = children_of(process.pid)
+        out = process.communicate(timeout=120)[0]
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 0, out
+    assert len(held) == 2, held
+    spoke = {int(m) for m in re.findall(r"^sim\d+:(\d+) +\| step \d+", out, re.M)}
+    assert spoke == set(range(nodes)), out
+    nothing_left(sim)
+
+
 def test_a_forked_agent_answers_as_the_interpreter_would(tmp_path: Path) -> None:
     """The fork server (forkserver.py) stands in for the node's interpreter: the same output
     and exit code through the shim, and the shim's signals reach the process it forked."""

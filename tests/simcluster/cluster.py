@@ -52,12 +52,14 @@ if [ "${root_var}" != {root} ] || [ "${var}" != {index} ]; then
     # them: what the simulated cluster runs is found by them (SimCluster.processes).
     {var}={index} {root_var}={root} exec /bin/sh "$0" "$@"
 fi
-if [ "$1" = "-m" ] && [ -p {requests} ] && {{ [ "$2" = torchherd.agent ] ||
-    [ "$2" = torchherd.agent.elastic ]; }}; then
-    # herd's agent or torchrun's stand-in, forked by the fork server (forkserver.py): this
-    # shell passes on the signals it gets and ends with the forked process's exit status. The
-    # server takes its streams from descriptors 5-7 (``read`` moves 0 while it waits), its
-    # variables from its environment (the two above are not there: they come with the pid).
+if [ "$1" = "-m" ] && [ -p {requests} ] && case "$2" in
+    torchherd.agent|torchherd.agent.elastic|torchherd.agent.relay|torchherd.agent.fanout) ;;
+    *) false ;; esac; then
+    # herd's agent, torchrun's stand-in, or a tree's relay or fan-out, forked by the fork
+    # server (forkserver.py): this shell passes on the signals it gets and ends with the
+    # forked process's exit status. The server takes its streams from descriptors 5-7
+    # (``read`` moves 0 while it waits), its variables from its environment (the two above
+    # are not there: they come with the pid).
     answer={answers}/$$
     exec 5<&0 6>&1 7>&2
     for sig in TERM INT HUP; do

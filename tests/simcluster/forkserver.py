@@ -31,7 +31,8 @@ its next tick; the ranks' workers are the stand-in's children, as torchrun's are
 
     python -m tests.simcluster.forkserver ROOT     (run by the simulated launcher, launcher.py)
 
-SIGTERM: no new agents (the request FIFO goes); the server exits once its children have.
+SIGTERM: no new agents (the request FIFO goes); the server exits once its children have,
+and the orphans it took in (a tree's relays, which leave their session) too.
 """
 
 from __future__ import annotations
@@ -48,6 +49,10 @@ from pathlib import Path
 
 AGENT_MODULE = "torchherd.agent"
 WRAPPER_MODULE = "torchherd.agent.elastic"  # torchrun's wrapper: the stand-in (standin.py)
+# A tree's (tests/simcluster/transport.py): an inner node's fan-out, a subtree node's relay.
+FANOUT_MODULE = "torchherd.agent.fanout"
+RELAY_MODULE = "torchherd.agent.relay"
+FORKED_MODULES = (AGENT_MODULE, WRAPPER_MODULE, FANOUT_MODULE, RELAY_MODULE)
 # The shim's copies of its standard streams (0, 1, 2 at 5, 6, 7): fixed while it waits.
 SHIM_STREAMS = 5
 
@@ -66,11 +71,11 @@ def read_proc(pid: int, name: str) -> list[bytes]:
 
 
 def module_arguments(cmdline: list[bytes]) -> tuple[str, list[str]] | None:
-    """(module, what follows it) for ``-m torchherd.agent`` or ``-m torchherd.agent.elastic``
-    on the shim's command line; None for anything else."""
+    """(module, what follows it) for ``-m MODULE`` on the shim's command line, MODULE one of
+    FORKED_MODULES; None for anything else."""
     words = [w.decode(errors="surrogateescape") for w in cmdline if w]
     for index in range(len(words) - 1):
-        if words[index] == "-m" and words[index + 1] in (AGENT_MODULE, WRAPPER_MODULE):
+        if words[index] == "-m" and words[index + 1] in FORKED_MODULES:
             return words[index + 1], words[index + 2 :]
     return None
 
@@ -80,10 +85,21 @@ def preload() -> None:
     fork."""
     import torchherd.agent.__main__
     import torchherd.agent.control
+    import torchherd.agent.fanout
     import torchherd.agent.probe
+    import torchherd.agent.relay
     import torchherd.agent.runner  # noqa: F401
 
     from . import standin  # noqa: F401
+
+
+def become_subreaper() -> None:
+    """Orphans of this process's descendants become its children (Linux's
+    PR_SET_CHILD_SUBREAPER)."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
 
 
 def reopen(path: str, mode: int) -> int:
@@ -140,6 +156,13 @@ def become(shim: int, node: str, root: Path, module: str, arguments: list[str]) 
             standin.SHIM = shim
             sys.argv = [standin.__file__, *arguments]
             code = standin.main(arguments)
+        elif module in (FANOUT_MODULE, RELAY_MODULE):
+            import torchherd.agent.fanout
+            import torchherd.agent.relay
+
+            tool = torchherd.agent.relay if module == RELAY_MODULE else torchherd.agent.fanout
+            sys.argv = [str(tool.__file__), *arguments]
+            code = tool.main()
         else:
             if not json.loads((root / "cluster.json").read_text()).get("py_spy", True):
                 without_py_spy()
@@ -175,7 +198,13 @@ class Server:
         resource.setrlimit(resource.RLIMIT_NOFILE, (most, most))
         wake_read, wake_write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         signal.set_wakeup_fd(wake_write)
-        signal.signal(signal.SIGTERM, lambda *_: None)  # the wake-up pipe says it
+        # The wake-up pipe says which (one byte a signal).
+        signal.signal(signal.SIGTERM, lambda *_: None)
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+        # A tree's relays leave the session that started them (agent/relay.py's detach): their
+        # parent exits and they end as orphans, which this server reaps (the machine's first
+        # process may not, and a thousand zombies would fill the process table).
+        become_subreaper()
         self.selector.register(wake_read, selectors.EVENT_READ, "signal")
         fifo = requests_fifo(root)
         fifo.parent.mkdir(exist_ok=True)
@@ -189,11 +218,14 @@ class Server:
     def serve(self) -> None:
         gc.collect()
         gc.freeze()  # the imported modules stay in pages every agent shares
-        while not (self.stopping and not self.children):
+        while not (self.stopping and not self.descendants()):
             for key, _ in self.selector.select():
                 if key.data == "signal":
-                    os.read(key.fd, 512)
-                    self.stop()
+                    said = os.read(key.fd, 512)
+                    if signal.SIGCHLD in said:
+                        self.reap_orphans()
+                    if any(sig != signal.SIGCHLD for sig in said):
+                        self.stop()
                 elif key.data == "request":
                     self.take_requests()
                 else:
@@ -235,12 +267,38 @@ class Server:
         self.answer(shim, str(pid), last=False)  # the shim passes its signals on to it
 
     def reap(self, pid: int) -> None:
+        if pid not in self.children:
+            return  # reaped already, with the orphans (its pidfd said so in the same select)
         pidfd, shim = self.children.pop(pid)
         self.selector.unregister(pidfd)
         os.close(pidfd)
         _, status = os.waitpid(pid, 0)
         code = os.waitstatus_to_exitcode(status)
         self.answer(shim, str(128 - code if code < 0 else code))
+
+    def descendants(self) -> bool:
+        """Whether a process this server forked, or an orphan it took in, is left."""
+        if self.children:
+            return True
+        try:
+            os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            return False
+        return True
+
+    def reap_orphans(self) -> None:
+        """Every child that has ended: this server's own (its shim is told) and orphans."""
+        while True:
+            try:
+                ended = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            except ChildProcessError:
+                return
+            if ended is None:
+                return
+            if ended.si_pid in self.children:
+                self.reap(ended.si_pid)
+            else:
+                os.waitpid(ended.si_pid, 0)
 
     def answer(self, shim: int, words: str, last: bool = True) -> None:
         """Tell the shim its process's pid, then (``last``) its exit status."""

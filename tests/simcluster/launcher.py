@@ -2,10 +2,13 @@
 
     python -m tests.simcluster.launcher ROOT [--seconds S] [--hang-timeout S] [--max-restarts N]
                                              [--min-nodes M] [--grace S] [--ranks R]
+                                             [--tree-above N]
 
 It runs herd's own launch (torchherd.launcher.launch.launch: connect, probe, preflight, plan,
 supervise, teardown, the console and the job's logs) on the cluster built under ROOT
-(cluster.py), through the SimulatedHosts transport; the exit code is herd launch's.
+(cluster.py), through the SimulatedHosts transport (with --tree-above, through herd's tree
+of agents above N nodes, as ``herd launch --tree-above N`` over ssh); the exit code is herd
+launch's.
 A benchmark measures this process alone: the node agents are its children, not part of it.
 """
 
@@ -34,9 +37,10 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--min-nodes", type=int, default=None)
     parser.add_argument("--grace", type=float, default=10.0)
     parser.add_argument("--ranks", default=None, help="herd launch's --ranks")
+    parser.add_argument("--tree-above", type=int, default=None, help="herd launch's")
     args = parser.parse_args(argv)
     sim = SimCluster.open(args.root)
-    cluster = sim.spec()
+    cluster = sim.spec().model_copy(update={"tree_above": args.tree_above})
     job = sim.job(
         args.seconds, max_restarts=args.max_restarts, min_nodes=args.min_nodes, grace=args.grace
     )
@@ -50,7 +54,7 @@ def main(argv: list[str]) -> int:
     # clock starts), else this launcher's own.
     server = None if requests_fifo(sim.root).is_fifo() else sim.start_forkserver()
     try:
-        result = launch(cluster, job, options, transport=SimulatedHosts(cluster))
+        result = launch(cluster, job, options, transport=SimulatedHosts(cluster, tree=True))
     except HerdError as exc:
         print(f"error: {exc.message}\n  fix: {exc.remedy}", file=sys.stderr)
         return exc.exit_code

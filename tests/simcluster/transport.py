@@ -6,6 +6,12 @@ in between. What a node's link is, is kept: the launcher holds a Link per comman
 ``kill()`` on it cuts the link as killing an ssh client does (the launcher's ends of the pipes
 close, the command on the node sees its stdin close and its writes fail, and ends its job
 there), instead of killing the command, which lives on the node, not in the launcher.
+
+With ``tree`` (and more nodes than the cluster's ``tree_above``) the agents' commands go
+through herd's own tree (transport/tree.py) as over ssh: the launcher starts the fan-out on a
+few inner nodes, which start their subtree's relays (a shell on the node, where ssh would run
+one), and every relay dials the launcher over TCP (this machine's loopback), so the launcher
+holds a relay link a node, as it does over ssh and under Slurm at scale, not a process.
 """
 
 from __future__ import annotations
@@ -14,8 +20,9 @@ import asyncio
 import os
 from collections.abc import Mapping
 
-from torchherd.spec import NodeSpec
+from torchherd.spec import ClusterSpec, NodeSpec
 from torchherd.transport.base import Command, Transport, Unreachable, shell_for
+from torchherd.transport.tree import NodeTree, classify_relay_failure
 
 # The exit code a cut link reports, as ssh reports a lost connection.
 LINK_CUT = 255
@@ -71,8 +78,30 @@ class Link(asyncio.subprocess.Process):
 class SimulatedHosts(Transport):
     """Each node a separate host on this machine; its commands are local processes."""
 
+    # A tree's relays dial the launcher on this machine.
+    relay_address = "127.0.0.1"
+
+    def __init__(self, cluster: ClusterSpec, *, tree: bool = False) -> None:
+        super().__init__(cluster)
+        self.tree: NodeTree | None = None
+        if tree and cluster.tree_above is not None and len(cluster.nodes) > cluster.tree_above:
+            self.tree = NodeTree(self)
+
     async def connect(self, node: NodeSpec) -> Unreachable | None:
         return None  # no link to open: a command is a local process
+
+    async def connect_direct(self, node: NodeSpec) -> Unreachable | None:
+        return None
+
+    def connected(self, host: str) -> bool:
+        return True  # a local process always starts
+
+    def lost(self, host: str) -> None:
+        if self.tree is not None:
+            self.tree.down.add(host)  # as over ssh: no more subtrees through it
+
+    def onward_argv(self, node: NodeSpec, line: str) -> list[str]:
+        return ["/bin/sh", "-c", line]  # what an inner node's ssh would run on ``node``
 
     async def start(
         self,
@@ -82,6 +111,21 @@ class SimulatedHosts(Transport):
         cwd: str | None = None,
         env: Mapping[str, str] | None = None,
     ) -> asyncio.subprocess.Process:
+        if self.tree is not None:
+            relayed = await self.tree.start(node, command, cwd, env)
+            if relayed is not None:
+                return relayed
+        return await self.start_flat(node, command, cwd=cwd, env=env)
+
+    async def start_flat(
+        self,
+        node: NodeSpec,
+        command: Command,
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> asyncio.subprocess.Process:
+        """A command as a local process of the node, held by this launcher."""
         setup = self.cluster.setup_for(node)
         if isinstance(command, str) or setup:
             # What a node's shell would run: prelude, workdir, variables, command.
@@ -107,4 +151,9 @@ class SimulatedHosts(Transport):
         return Link(process)
 
     def classify_failure(self, node: NodeSpec, returncode: int, stderr: str) -> Unreachable | None:
+        if self.tree is not None and not self.tree.is_inner(node):
+            return classify_relay_failure(node.host, returncode, stderr)
         return None  # a local process always starts; only the launcher cuts a link
+
+    def route_lines(self) -> list[str]:
+        return self.tree.lines() if self.tree is not None else []

@@ -15,14 +15,15 @@ import tempfile
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
+from ..agent.relay import SSH_CLIENT_ADDR
 from ..agent.workers import process_state
 from ..errors import ConfigError
 from ..spec import ClusterSpec, NodeSpec
-from .base import Command, Transport, Unreachable, agent_verb
+from .base import Command, Transport, Unreachable
 from .host_keys import HostKeyPolicy
 
 if TYPE_CHECKING:
-    from .tree import SshTree
+    from .tree import NodeTree
 
 # ssh's words for each way a connection fails, checked in this order; first match wins.
 _FAILURES: tuple[tuple[str, tuple[str, ...], str], ...] = (
@@ -136,7 +137,14 @@ def _remove_orphaned_control_dirs() -> None:
             continue  # not empty, or not ours
 
 
+# ssh options that belong to the launcher's own connections, not to an inner node's.
+_LAUNCHER_ONLY = ("ControlPath=", "ControlMaster=", "ControlPersist=")
+
+
 class SshTransport(Transport):
+    # A tree's relays dial the launcher where their inner node's ssh session came from.
+    relay_address = SSH_CLIENT_ADDR
+
     def __init__(self, cluster: ClusterSpec, fanout: int = 64, *, tree: bool = False) -> None:
         """``tree``: above ``cluster.tree_above`` nodes, start herd's agents through a tree of
         inner nodes (transport/tree.py) instead of a connection per node."""
@@ -162,11 +170,11 @@ class SshTransport(Transport):
         self._masters: set[str] = set()
         config = ["-F", os.path.expanduser(cluster.ssh_config)] if cluster.ssh_config else []
         self._host_keys = HostKeyPolicy([self._ssh, *config])
-        self.tree: SshTree | None = None
+        self.tree: NodeTree | None = None
         if tree and cluster.tree_above is not None and len(cluster.nodes) > cluster.tree_above:
-            from .tree import SshTree
+            from .tree import NodeTree
 
-            self.tree = SshTree(self)
+            self.tree = NodeTree(self)
 
     def base_argv(self, node: NodeSpec, *, master: bool = False) -> list[str]:
         assert self._ssh is not None
@@ -192,6 +200,21 @@ class SshTransport(Transport):
         for key, value in options.items():
             argv += ["-o", f"{key}={value}"]
         return argv
+
+    def onward_argv(self, node: NodeSpec, line: str) -> list[str]:
+        """The ssh an inner node of a tree runs to run ``line`` on ``node``: the launcher's
+        options for it, less its private connection sharing, with the inner node's own
+        ``ssh``."""
+        out = ["ssh"]
+        words = iter(self.base_argv(node)[1:])
+        for word in words:
+            if word == "-o":
+                option = next(words)
+                if not option.startswith(_LAUNCHER_ONLY):
+                    out += ["-o", option]
+            else:
+                out.append(word)
+        return [*out, "-T", node.host, "--", line]
 
     def connected(self, host: str) -> bool:
         """Whether this node's master connection was opened."""
@@ -280,10 +303,9 @@ class SshTransport(Transport):
         env: Mapping[str, str] | None = None,
     ) -> asyncio.subprocess.Process:
         if self.tree is not None and not self.tree.is_inner(node):
-            if agent_verb(command):
-                process = await self.tree.start(node, [str(w) for w in command], cwd, env)
-                if process is not None:
-                    return process
+            process = await self.tree.start(node, command, cwd, env)
+            if process is not None:
+                return process
             # Directly: over a master opened on first use (a failure there, ssh says again).
             await self.connect_direct(node)
         return await self.start_flat(node, command, cwd=cwd, env=env)

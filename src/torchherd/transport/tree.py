@@ -1,4 +1,4 @@
-"""A tree of nodes over ssh: the launcher connects to a few inner nodes, they start the rest.
+"""A tree of nodes: the launcher connects to a few inner nodes, they start the rest.
 
 Over flat ssh every node costs the launching machine an ssh connection (a key exchange, ~75 ms
 of CPU with OpenSSH's default post-quantum one) and an ssh client per command. Above
@@ -28,6 +28,11 @@ there, or that node cannot dial the launcher at the address the inner node saw),
 inner node itself is unreachable, that node is reached directly instead, as flat ssh would,
 and ``herd launch -v`` says so with ssh's reason. Other commands (``herd exec``'s) run over
 flat ssh, with a connection opened on first use.
+
+The tree asks of its transport only what TreeHost names (how to reach an inner node, what an
+inner node runs to reach another, the address a relay dials): over ssh that is SshTransport;
+the simulated cluster of the tests and benchmarks (tests/simcluster) runs the same tree with
+local processes where ssh would run, so a 1,000-node simulated launch goes through it.
 """
 
 from __future__ import annotations
@@ -37,7 +42,7 @@ import json
 import math
 import re
 from collections.abc import Coroutine, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from ..agent.relay import (
     BATCH_VAR,
@@ -46,10 +51,9 @@ from ..agent.relay import (
     HOST_VAR,
     NODE_VAR,
     PORT_VAR,
-    SSH_CLIENT_ADDR,
 )
-from ..spec import NodeSpec
-from .base import Unreachable
+from ..spec import ClusterSpec, NodeSpec
+from .base import Command, Unreachable, agent_verb
 from .relay import (
     RelayedProcess,
     RelayServer,
@@ -58,17 +62,12 @@ from .relay import (
     relay_link_failure,
 )
 
-if TYPE_CHECKING:
-    from .ssh import SshTransport
-
 RELAY_MODULE = "torchherd.agent.relay"
 FANOUT_MODULE = "torchherd.agent.fanout"
 # Nodes an inner node starts (its fan-out runs their ssh clients in parallel).
 SUBTREE = 32
 # ssh's exit code for its own failures.
 SSH_ERROR = 255
-# ssh options that belong to the launcher's own connections, not to an inner node's.
-_LAUNCHER_ONLY = ("ControlPath=", "ControlMaster=", "ControlPersist=")
 _LABEL = re.compile(r"^\s*\d+: ?")
 
 
@@ -91,12 +90,49 @@ def shape(hosts: list[str]) -> dict[str, str]:
     return parents
 
 
-class SshTree:
-    """The tree of one ssh transport: which node is reached through which inner node."""
+class TreeHost(Protocol):
+    """What a tree needs of the transport that reaches its inner nodes (over ssh:
+    SshTransport; on the simulated cluster of the tests and benchmarks, its own)."""
 
-    def __init__(self, ssh: SshTransport) -> None:
-        self.ssh = ssh
-        self.parent = shape([node.host for node in ssh.cluster.nodes])
+    cluster: ClusterSpec
+    relay_address: str
+    """How a subtree's relay names the launcher's address (HERD_RELAY_HOST's value)."""
+
+    def connected(self, host: str) -> bool:
+        """Whether this launcher holds a link to ``host`` now."""
+
+    def shell_line(
+        self,
+        node: NodeSpec,
+        command: Command,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> str: ...
+
+    def onward_argv(self, node: NodeSpec, line: str) -> list[str]:
+        """What an inner node runs to run ``line`` on ``node`` (its own ssh to it); the line
+        comes last (the fan-out puts the launcher's address in it)."""
+
+    async def start_flat(
+        self,
+        node: NodeSpec,
+        command: Command,
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> asyncio.subprocess.Process:
+        """A command over this launcher's own link to the node."""
+
+    async def connect_direct(self, node: NodeSpec) -> Unreachable | None:
+        """Open this launcher's own link to the node; None when it is up, else why not."""
+
+
+class NodeTree:
+    """The tree of one transport: which node is reached through which inner node."""
+
+    def __init__(self, transport: TreeHost) -> None:
+        self.transport = transport
+        self.parent = shape([node.host for node in transport.cluster.nodes])
         self.inner = [host for host, parent in self.parent.items() if host == parent]
         self.down: set[str] = set()
         """Inner nodes that could not be reached, or could not run the fan-out."""
@@ -117,7 +153,8 @@ class SshTree:
         mine = self.parent.get(node.host)
         if mine is None or mine == node.host:
             return None
-        up = [host for host in self.inner if host not in self.down and self.ssh.connected(host)]
+        reach = self.transport
+        up = [host for host in self.inner if host not in self.down and reach.connected(host)]
         if not up:
             return None
         return mine if mine in up else up[self.inner.index(mine) % len(up)]
@@ -125,67 +162,58 @@ class SshTree:
     async def start(
         self,
         node: NodeSpec,
-        argv: list[str],
+        command: Command,
         cwd: str | None,
         env: Mapping[str, str] | None,
     ) -> RelayedProcess | None:
-        """An agent command on a subtree node, through its inner node; None when no inner
-        node can take it (the caller starts it directly)."""
+        """An agent command on a subtree node, through its inner node; None for another
+        command, or when no inner node can take it (the caller starts it directly)."""
+        if not agent_verb(command):
+            return None  # only herd's agent verbs travel a relay link
         inner = self.inner_for(node)
         if inner is None:
             return None
-        key = (inner, argv[0], cwd, tuple(sorted((env or {}).items())))
+        argv = [str(word) for word in command]
+        # Each node's relay runs on the interpreter of its own command (nodes may name
+        # different ones): what one fan-out's nodes share is their inner node, cwd and env.
+        key = (inner, cwd, tuple(sorted((env or {}).items())))
         return await self._steps.start(key, node.name, node.host, argv)
 
-    def _relay_line(self, node: NodeSpec, key: tuple, batch: str) -> str:
+    def _relay_line(self, node: NodeSpec, process: RelayedProcess, key: tuple, batch: str) -> str:
         """The shell line that runs the relay on ``node`` for a batch, detached once it has
-        its command, dialling the launcher where ``node``'s ssh session came from."""
-        _, python, cwd, env = key
+        its command, dialling the launcher where ``node``'s ssh session came from; on the
+        interpreter its command runs on."""
+        _, cwd, env = key
+        python = process.argv[0]
         variables = dict(env) | {
             PORT_VAR: str(self._steps.server.port),
             BATCH_VAR: batch,
             NODE_VAR: node.name,
-            HOST_VAR: SSH_CLIENT_ADDR,
+            HOST_VAR: self.transport.relay_address,
             DETACH_VAR: "1",
         }
-        return self.ssh.shell_line(node, [python, "-m", RELAY_MODULE], cwd, variables)
-
-    def _onward_argv(self, node: NodeSpec) -> list[str]:
-        """The ssh an inner node runs to reach ``node``: the launcher's options for it, less
-        its private connection sharing, with the inner node's own ``ssh``."""
-        argv = self.ssh.base_argv(node)
-        out = ["ssh"]
-        words = iter(argv[1:])
-        for word in words:
-            if word == "-o":
-                option = next(words)
-                if not option.startswith(_LAUNCHER_ONLY):
-                    out += ["-o", option]
-            else:
-                out.append(word)
-        return out
+        return self.transport.shell_line(node, [python, "-m", RELAY_MODULE], cwd, variables)
 
     async def _start_fanout(self, batch: StepBatch, hosts: list[str]) -> asyncio.subprocess.Process:
-        inner = self.ssh.cluster.node(batch.key[0])
+        inner = self.transport.cluster.node(batch.key[0])
         nodes = []
-        for name in batch.processes:
-            node = self.ssh.cluster.node(name)
-            line = self._relay_line(node, batch.key, batch.batch)
-            argv = [*self._onward_argv(node), "-T", node.host, "--", line]
-            nodes.append({"name": name, "argv": argv})
+        for name, process in batch.processes.items():
+            node = self.transport.cluster.node(name)
+            line = self._relay_line(node, process, batch.key, batch.batch)
+            nodes.append({"name": name, "argv": self.transport.onward_argv(node, line)})
             self.routes[node.host] = inner.host
             self.direct.pop(node.host, None)
-        python = self.ssh.cluster.python_for(inner)
-        process = await self.ssh.start_flat(inner, [python, "-m", FANOUT_MODULE])
-        assert process.stdin is not None
+        python = self.transport.cluster.python_for(inner)
+        fanout = await self.transport.start_flat(inner, [python, "-m", FANOUT_MODULE])
+        assert fanout.stdin is not None
         request = json.dumps({"nodes": nodes})
-        process.stdin.write(f"{self._steps.server.token}\n{request}\n".encode())
+        fanout.stdin.write(f"{self._steps.server.token}\n{request}\n".encode())
         try:
-            await process.stdin.drain()
+            await fanout.stdin.drain()
         except (ConnectionError, OSError):
             pass  # the session ended at once: its output says why
-        process.stdin.close()
-        return process
+        fanout.stdin.close()
+        return fanout
 
     async def _settle(self, batch: StepBatch) -> None:
         """Once the fan-out's session ends: a node whose relay never connected is reached
@@ -208,7 +236,7 @@ class SshTree:
             else:
                 process.finish(result, err)
                 continue
-            node = self.ssh.cluster.node(name)
+            node = self.transport.cluster.node(name)
             self.routes.pop(node.host, None)
             self.direct[node.host] = why
             self._spawn(self._start_directly(node, process, batch.key))
@@ -220,15 +248,16 @@ class SshTree:
 
     async def _start_directly(self, node: NodeSpec, process: RelayedProcess, key: tuple) -> None:
         """The relay on ``node`` over the launcher's own ssh: the same command, the same link."""
-        failure = await self.ssh.connect_direct(node)
+        failure = await self.transport.connect_direct(node)
         if failure is not None:
             process.finish(SSH_ERROR, f"{failure.detail}\n".encode())
             return
         self._count += 1
         batch = f"d{self._count}"
         self._steps.server.expect(batch, node.name, process)
+        line = self._relay_line(node, process, key, batch)
         try:
-            session = await self.ssh.start_flat(node, self._relay_line(node, key, batch))
+            session = await self.transport.start_flat(node, line)
             out, err = await session.communicate(f"{self._steps.server.token}\n".encode())
         except OSError as exc:
             process.finish(SSH_ERROR, f"cannot run ssh: {exc}\n".encode())
