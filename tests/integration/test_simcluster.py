@@ -124,7 +124,9 @@ def children_of(pid: int) -> list[int]:
 def test_a_tree_reaches_the_nodes_through_relays_and_leaves_nothing(tmp_path: Path) -> None:
     """With the tree on (bench/scale.py's large runs), the launcher holds a process for its
     inner node only: the other nodes' agents come through relays its fan-out started, which
-    leave their sessions and are reaped by the fork server when the job ends."""
+    leave their sessions and are reaped by the fork server when the job ends. Every simulated
+    node names its own interpreter, and they still share a fan-out (they got one each when
+    the tree grouped the nodes by interpreter)."""
     nodes = 12
     sim = SimCluster(tmp_path / "sim", nodes=nodes, nproc=1).build(lines_per_second=2)
     process = launch(sim, "--seconds", "6", "--tree-above", "4", "--ranks", "all")
@@ -138,6 +140,8 @@ def test_a_tree_reaches_the_nodes_through_relays_and_leaves_nothing(tmp_path: Pa
             process.kill()
     assert process.returncode == 0, out
     assert len(held) == 2, held
+    fanouts = [event for event in sim.events() if event[0] == "fanout"]
+    assert 1 <= len(fanouts) <= 2, fanouts  # the starts gathered together, not one a node
     spoke = {int(m) for m in re.findall(r"^sim\d+:(\d+) +\| step \d+", out, re.M)}
     assert spoke == set(range(nodes)), out
     nothing_left(sim)

@@ -14,7 +14,8 @@ A simulated cluster is a directory:
     node-home/         the nodes' HERD_HOME: node directories, beat files (or elsewhere: a
                        tmpfs keeps the nodes' writes off the launcher's disk)
     control.json       what the ranks do now (see standin.py); change it while the job runs
-    events             what the stand-ins did: ``run|silent|exit NODE [CODE] WALLTIME``
+    events             what the stand-ins did: ``warm|run|silent|exit NODE [CODE] WALLTIME``,
+                       and ``fanout NODE WALLTIME``: a tree's fan-out started on NODE
     cluster.json       how it was built, for the launcher (launcher.py)
 
 Every node is planned and checked as a node of a cluster reached over the network (rendezvous

@@ -161,6 +161,8 @@ def become(shim: int, node: str, root: Path, module: str, arguments: list[str]) 
             import torchherd.agent.relay
 
             tool = torchherd.agent.relay if module == RELAY_MODULE else torchherd.agent.fanout
+            if module == FANOUT_MODULE:  # how many fan-outs a tree took (a test counts them)
+                standin.append_event(str(root / standin.EVENTS_FILE), "fanout", node)
             sys.argv = [str(tool.__file__), *arguments]
             code = tool.main()
         else:
