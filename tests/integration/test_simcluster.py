@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.simcluster import SimCluster
+from tests.simcluster.standin import parent
 
 # Runs alone (scripts/test): a frozen node must be named within 25 s on two loaded cores.
 pytestmark = pytest.mark.serial
@@ -110,15 +111,7 @@ def test_a_large_job_shows_rank_0_unless_every_rank_is_asked_for(tmp_path: Path)
 
 
 def children_of(pid: int) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        try:
-            stat = (entry / "stat").read_text()
-        except (OSError, ValueError):
-            continue
-        if entry.name.isdigit() and int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-            found.append(int(entry.name))
-    return found
+    return [int(e) for e in os.listdir("/proc") if e.isdigit() and parent(int(e)) == pid]
 
 
 def test_a_tree_reaches_the_nodes_through_relays_and_leaves_nothing(tmp_path: Path) -> None:

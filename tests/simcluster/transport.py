@@ -21,7 +21,7 @@ import os
 from collections.abc import Mapping
 
 from torchherd.spec import ClusterSpec, NodeSpec
-from torchherd.transport.base import Command, Transport, Unreachable, shell_for
+from torchherd.transport.base import Command, Transport, Unreachable, shell_for, wants_tree
 from torchherd.transport.tree import NodeTree, classify_relay_failure
 
 # The exit code a cut link reports, as ssh reports a lost connection.
@@ -84,7 +84,7 @@ class SimulatedHosts(Transport):
     def __init__(self, cluster: ClusterSpec, *, tree: bool = False) -> None:
         super().__init__(cluster)
         self.tree: NodeTree | None = None
-        if tree and cluster.tree_above is not None and len(cluster.nodes) > cluster.tree_above:
+        if wants_tree(cluster, tree):
             self.tree = NodeTree(self)
 
     async def connect(self, node: NodeSpec) -> Unreachable | None:

@@ -96,6 +96,12 @@ def agent_verb(command: Command) -> bool:
     return not isinstance(command, str) and list(command[1:3]) == ["-m", "torchherd.agent"]
 
 
+def wants_tree(cluster: ClusterSpec, tree: bool) -> bool:
+    """Whether a transport asked for a tree (a launch's) starts the agents through one: more
+    nodes than ``[cluster] tree_above`` (transport/tree.py)."""
+    return tree and cluster.tree_above is not None and len(cluster.nodes) > cluster.tree_above
+
+
 def as_shell(command: Command) -> str:
     """An argv as one shell line; its program may start with ``~/`` (expanded on the node)."""
     if isinstance(command, str):

@@ -19,7 +19,7 @@ from ..agent.relay import SSH_CLIENT_ADDR
 from ..agent.workers import process_state
 from ..errors import ConfigError
 from ..spec import ClusterSpec, NodeSpec
-from .base import Command, Transport, Unreachable
+from .base import Command, Transport, Unreachable, wants_tree
 from .host_keys import HostKeyPolicy
 
 if TYPE_CHECKING:
@@ -171,7 +171,7 @@ class SshTransport(Transport):
         config = ["-F", os.path.expanduser(cluster.ssh_config)] if cluster.ssh_config else []
         self._host_keys = HostKeyPolicy([self._ssh, *config])
         self.tree: NodeTree | None = None
-        if tree and cluster.tree_above is not None and len(cluster.nodes) > cluster.tree_above:
+        if wants_tree(cluster, tree):
             from .tree import NodeTree
 
             self.tree = NodeTree(self)
