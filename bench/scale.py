@@ -912,6 +912,8 @@ def main() -> int:
         "--profile", type=Path, default=None, help="sample the launcher with py-spy, stacks here"
     )
     args = parser.parse_args()
+    if args.tree_above < 0:
+        parser.error(f"--tree-above {args.tree_above}: give a node count, or 0 for never")
     STEADY.update(lines_per_second=args.steady_lines, beats_per_second=args.steady_beats)
     STOP_WAIT["seconds"] = args.stop_wait
     TREE_ABOVE["nodes"] = args.tree_above
