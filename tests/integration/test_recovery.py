@@ -19,6 +19,7 @@ import sys
 import time
 from pathlib import Path
 
+from tests.integration.herd_cli import SCRIPTS
 from tests.integration.herd_cli import one_worker_cluster as cluster
 from tests.integration.live import LiveHerd, job_id, pids, resume, stacks_of
 from tests.testbed import Testbed
@@ -183,6 +184,39 @@ def test_killed_agents_idle_workers_are_swept(testbed: Testbed, tmp_path: Path) 
     assert re.search(r"ended \d+ process\(es\) of the attempt left on node2", out), out
     assert not Path(f"/proc/{idle_worker}").exists(), "node2's idle worker was not swept"
     herd.assert_clean(["node1", "node2", "node3"])
+
+
+def test_a_dead_rank_stops_the_other_nodes_before_its_torchrun_has_ended(
+    testbed: Testbed, tmp_path: Path
+) -> None:
+    """Rank 0 dies while its sibling on node1 takes 6 s to answer torchrun's SIGTERM: node1's
+    torchrun ends only after it, but herd hears of the death from node1's wrapper at once and
+    stops node2 then (its ranks wait in a collective that can never complete), not 6 s later;
+    the failure is still reported from torchrun's own record: node1, rank 0, exit code 3."""
+    home = tmp_path / "home"
+    path = testbed.write_cluster_file(
+        tmp_path / "herd.toml",
+        nodes=[{"host": "node1", "nproc": 2}, {"host": "node2", "nproc": 1}],
+        workdir=str(SCRIPTS),
+        env={"HERD_HOME": str(home)},
+    )
+    run = ["stuck_sibling.py", "--run-dir", str(tmp_path)]
+    herd = LiveHerd(["-c", str(path), "--grace", "10", *run], home, testbed)
+    herd.wait_for(r"SIBLING leaving", 120)
+    code = herd.finish()
+    assert code == 1, herd.output
+    lines = [line for _, line in herd.lines]
+
+    def first(pattern: str) -> int:
+        return next(i for i, line in enumerate(lines) if re.search(pattern, line))
+
+    told, node2_stopped = first(r"node1 failed; stopping"), first(r"node2 .*stopped by SIGTERM")
+    assert told < first(r"SIBLING leaving") and node2_stopped < first(r"SIBLING leaving"), (
+        herd.output
+    )
+    failure = herd.record()["first_failure"]
+    assert (failure["host"], failure["rank"], failure["exitcode"]) == ("node1", 0, 3), failure
+    herd.assert_clean(["node1", "node2"])
 
 
 def test_rendezvous_host_lost_job_goes_on_with_fewer_nodes(

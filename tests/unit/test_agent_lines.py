@@ -187,3 +187,25 @@ def test_herd_logs_of_a_large_jobs_rank_asks_the_nodes_for_its_kept_lines(tmp_pa
         assert "no node kept lines from rank 6" in str(error), error
     else:
         raise AssertionError("a rank without lines was not refused")
+
+
+def test_the_wrappers_notice_of_a_bad_worker_end_is_an_event_of_its_own(tmp_path: Path) -> None:
+    """The wrapper's notice (agent/worker_exits.py) reaches the launcher as a "worker-exit"
+    event before the attempt's exit, once, and never as a line of the job's output."""
+    from torchherd.agent.worker_exits import NOTICE
+
+    told = NOTICE + '{"pid": 4321, "code": 3}'
+    wrapper_like = (
+        "import sys\n"
+        f"print({told!r}, file=sys.stderr, flush=True)\n"
+        f"print({told!r}, file=sys.stderr, flush=True)\n"  # told once all the same
+        "print('[herd 0 0] the worker said something', flush=True)\n"
+        "sys.exit(1)\n"
+    )
+    events = run_agent(tmp_path, argv=[sys.executable, "-c", wrapper_like])
+    kinds = [e["e"] for e in events]
+    assert kinds.count("worker-exit") == 1 and kinds.index("worker-exit") < kinds.index("exit")
+    ended = next(e for e in events if e["e"] == "worker-exit")
+    assert (ended["host"], ended["pid"], ended["code"]) == ("n1", 4321, 3), ended
+    said = json.dumps([e for e in events if e["e"] in ("line", "lines")])
+    assert "worker exit" not in said and "the worker said something" in said

@@ -32,7 +32,7 @@ from typing import IO, Any
 
 from .. import progress
 from ..files import private_dir, write_private
-from . import processes, stacks
+from . import processes, stacks, worker_exits
 from .control import write_agent_record
 from .elastic import FAILURE_FILE_VAR, NODE_DIR_VAR, PREWARM_FLAG
 from .protocol import ATTEMPT_VAR, JOB_ID_VAR, LINE_PREFIX_TEMPLATE, NODE_VAR, RankLines
@@ -187,6 +187,7 @@ class NodeAttempt:
         """Why the attempt was stopped: "asked" (the launcher), "signal" (herd stop),
         "launcher-silent" (no ping for too long), "launcher-gone" (its link closed)."""
         self._stacks_before_stop = False
+        self._worker_exit_told = False  # the launcher heard of a bad worker end (once)
         self._kill_now = threading.Event()
         self.stderr_tails: dict[int | None, collections.deque[str]] = collections.defaultdict(
             lambda: collections.deque(maxlen=STDERR_TAIL)
@@ -346,6 +347,9 @@ class NodeAttempt:
             self._line(name, rank, local_rank, text)
 
     def _line(self, name: str, rank: int | None, local_rank: int | None, text: str) -> None:
+        if name == "e" and rank is None and (told := worker_exits.notice(text)) is not None:
+            self._worker_ended_badly(told)
+            return
         if name == "e":
             self.stderr_tails[rank].append(text[:MAX_LINE])
         if rank is not None and local_rank is not None and rank not in self.local_ranks:
@@ -361,6 +365,15 @@ class NodeAttempt:
         for start in range(0, max(len(text), 1), MAX_LINE):
             piece = text[start : start + MAX_LINE]
             self.emit({"e": "line", "r": rank, "l": local_rank, "s": name, "t": piece})
+
+    def _worker_ended_badly(self, told: dict[str, Any]) -> None:
+        """torchrun's wrapper saw a worker end badly (agent/worker_exits.py): the launcher
+        hears it now, to stop the other nodes while torchrun is still ending this one's; not
+        once this attempt was asked to stop (its workers' ends are the stop's)."""
+        if self.stop_requested.is_set() or self._worker_exit_told:
+            return
+        self._worker_exit_told = True
+        self.emit({"e": "worker-exit", "a": self.attempt, "host": self.node, **told})
 
     def _sends(self, stream: str, rank: int | None) -> bool:
         """Whether a worker line goes to the launcher: every line unless the request chose

@@ -22,6 +22,7 @@ from typing import Any
 from ..exit_guard import for_workers
 from ..files import write_private
 from .protocol import readable_failure
+from .worker_exits import watch_in_background
 
 FAILURE_FILE_VAR = "HERD_FAILURE_FILE"
 NODE_DIR_VAR = "HERD_NODE_DIR"
@@ -96,6 +97,7 @@ def main(argv: list[str]) -> int:
     from .. import progress
 
     progress.mark("ready", wrapper=True)  # torch imported: torchrun's rendezvous begins
+    watch_in_background()  # a worker's bad end told at once, not at torchrun's exit
     try:
         store = store_to_wait_for(args)
         if store is not None:

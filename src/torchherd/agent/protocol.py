@@ -47,6 +47,9 @@ in them. "a" is the attempt, "r" a global rank, "host" the node:
     {"e": "why-slow", "a", "r", "causes": [...]}  the answer to why-slow
     {"e": "stacks", "a", "host", "reason", "at", "workers": [...]}  every worker's stacks
     {"e": "port", "port": int}                    the answer to port
+    {"e": "worker-exit", "a", "host", "pid", "code" | "signal"}
+                                                  a worker ended badly, told at once (before
+                                                  torchrun's exit; agent/worker_exits.py)
     {"e": "exit", "a", "host", "code", "signal", "failures": [...], "stopped", ...}
                                                   the attempt ended on this node
     {"e": "error", "message", "remedy"}           the agent could not do what it was asked

@@ -24,6 +24,7 @@ with the env_file secrets included) without encryption, as srun's own I/O does.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import json
 import re
@@ -56,6 +57,8 @@ LINK_LOST_MARK = "herd: lost the relay link to"
 # How long start() calls may keep gathering into one step: a quiet moment, or at most this.
 GATHER_QUIET = 0.02
 GATHER_MAX = 0.25
+# Seconds a closing relay server waits for its links to be closed by their ends.
+CLOSE_WAIT_S = 2.0
 
 
 class _StdinProtocol(asyncio.BaseProtocol):
@@ -306,9 +309,12 @@ class RelayServer:
         return process
 
     async def close(self) -> None:
+        """Stop listening. Links still open are their processes' to end: Python 3.12's
+        wait_closed waits for every connection, so the wait is bounded."""
         if self._server is not None:
             self._server.close()
-            await self._server.wait_closed()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._server.wait_closed(), CLOSE_WAIT_S)
             self._server = None
 
 

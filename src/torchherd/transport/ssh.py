@@ -369,6 +369,8 @@ class SshTransport(Transport):
         """End every master (SIGTERM: it closes its connection and its socket), wait until
         they are gone (SIGKILL after 2 s), then remove the private control directory, so
         nothing herd started outlives herd."""
+        if self.tree is not None:
+            await self.tree.close()  # its fan-outs and its relay server's socket
         masters = self.master_pids() if self._masters else []
         for pid in masters:
             _signal(pid, signal.SIGTERM)

@@ -68,6 +68,8 @@ FANOUT_MODULE = "torchherd.agent.fanout"
 SUBTREE = 32
 # ssh's exit code for its own failures.
 SSH_ERROR = 255
+# Seconds a fan-out left at the launcher's end gets to end by itself before its ssh is ended.
+FANOUT_END_GRACE = 1.0
 _LABEL = re.compile(r"^\s*\d+: ?")
 
 
@@ -289,9 +291,11 @@ class NodeTree:
         return lines
 
     async def close(self) -> None:
+        """At the launcher's end: a fan-out whose relays have all ended gets a moment to end by
+        itself (it does once its subtree's agents are gone), then its ssh is ended."""
         for task in list(self._tasks):
             task.cancel()
-        await self._steps.close()
+        await self._steps.close(grace=FANOUT_END_GRACE)
 
 
 def classify_relay_failure(host: str, returncode: int, stderr: str) -> Unreachable | None:

@@ -5,8 +5,9 @@ progress beats, phases, snapshots saved, looks and stacks, start marks, "started
 "exit"; and the link itself may end. Each event updates the attempt's ``LiveState`` and feeds
 the watches' judges (liveness, hang, slow ranks, evidence); an event that ends a node's share
 of the attempt ends the others through the actions (actions.py):
-  - a node fails (its workers failed), its agent cannot start, or its link ends before the
-    agent reported the attempt's end: the others are stopped, their stacks taken first;
+  - a node fails (a worker ended badly: told at once, before torchrun's exit; its workers
+    failed; its agent cannot start; its link ends before the agent reported the attempt's
+    end): the others are stopped, their stacks taken first;
   - a node's agent stopped because it heard nothing from this launcher: the others too.
 A word about another attempt (a late event of the last one) is never acted on.
 """
@@ -107,6 +108,8 @@ class AgentEvents:
             node.state = NodeState.NOT_STARTED
             self.actions.done(node)
             self.actions.node_failed(node)
+        elif kind == "worker-exit":
+            self.worker_ended_badly(node)
         elif kind == "exit":
             self.exited(node, event)
 
@@ -170,6 +173,13 @@ class AgentEvents:
                 f"herd: a snapshot of step {event.get('step')} was committed"
                 + (f" ({event['where']})" if event.get("where") else "")
             )
+
+    def worker_ended_badly(self, node: NodeRun) -> None:
+        """A worker on the node ended badly, told the moment it did (agent/worker_exits.py):
+        the node has failed, and the others are stopped now, while its torchrun still ends
+        its other workers. Which rank failed, and how, comes with the node's exit."""
+        if node.state == NodeState.RUNNING and not node.done:
+            self.actions.node_failed(node)
 
     def exited(self, node: NodeRun, event: dict[str, Any]) -> None:
         """The node's agent reported the attempt's end there: succeeded, stopped or failed."""
