@@ -303,9 +303,15 @@ def test_every_group_killed_resumes_from_herds_last_snapshot(groups_run: GroupsR
     out = groups_run.herd.output
     assert groups_run.code == 0, out[-6000:]
     assert "every replica group is down" in out, out[-6000:]
+    resumed_at = {}
     for node in [*NODES[:2], SPARE]:  # group 2 runs on the spare by then
         resumed = re.findall(rf"{node}:0\b.*\bresumed from \S*step-(\d+)", out)
-        assert resumed and int(resumed[-1]) == groups_run.last_snapshot, (node, resumed)
+        assert resumed and int(resumed[-1]) >= groups_run.last_snapshot, (node, resumed)
+        resumed_at[node] = int(resumed[-1])
+    # The groups restart each on its own: the first back resume from the snapshot of the
+    # kill; one that comes back later (a loaded node's start) finds the run's newer snapshot,
+    # written meanwhile by those that came back first.
+    assert min(resumed_at.values()) == groups_run.last_snapshot, resumed_at
     weights = [json.loads((groups_run.run_dir / f"weights-{g}.json").read_text()) for g in range(3)]
     assert [w["step"] for w in weights] == [STEPS] * 3
 
