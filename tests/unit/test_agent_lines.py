@@ -190,15 +190,15 @@ def test_herd_logs_of_a_large_jobs_rank_asks_the_nodes_for_its_kept_lines(tmp_pa
 
 
 def test_the_wrappers_notice_of_a_bad_worker_end_is_an_event_of_its_own(tmp_path: Path) -> None:
-    """The wrapper's notice (agent/worker_exits.py) reaches the launcher as a "worker-exit"
-    event before the attempt's exit, once, and never as a line of the job's output."""
-    from torchherd.agent.worker_exits import NOTICE
-
-    told = NOTICE + '{"pid": 4321, "code": 3}'
+    """The wrapper's notice (agent/worker_exits.py), written to the pipe the agent gave it,
+    reaches the launcher as a "worker-exit" event before the attempt's exit, once, even after
+    a rank's unfinished line (a progress bar's) on the wrapper's stderr."""
     wrapper_like = (
-        "import sys\n"
-        f"print({told!r}, file=sys.stderr, flush=True)\n"
-        f"print({told!r}, file=sys.stderr, flush=True)\n"  # told once all the same
+        "import os, sys\n"
+        "print('[herd 0 0]  50%|#####     | 5/10', end='', file=sys.stderr, flush=True)\n"
+        "pipe = os.fdopen(int(os.environ['HERD_NOTICE_FD']), 'w')\n"
+        'pipe.write(\'{"pid": 4321, "code": 3}\\n\'); pipe.flush()\n'
+        'pipe.write(\'{"pid": 4322, "code": 3}\\n\'); pipe.flush()\n'  # told once all the same
         "print('[herd 0 0] the worker said something', flush=True)\n"
         "sys.exit(1)\n"
     )
@@ -208,4 +208,4 @@ def test_the_wrappers_notice_of_a_bad_worker_end_is_an_event_of_its_own(tmp_path
     ended = next(e for e in events if e["e"] == "worker-exit")
     assert (ended["host"], ended["pid"], ended["code"]) == ("n1", 4321, 3), ended
     said = json.dumps([e for e in events if e["e"] in ("line", "lines")])
-    assert "worker exit" not in said and "the worker said something" in said
+    assert "the worker said something" in said and "5/10" in said

@@ -134,15 +134,22 @@ class Prewarmed:
         env.update({k: str(v) for k, v in dict(spec.get("env") or {}).items()})
         env.setdefault("PYTHONUNBUFFERED", "1")
         processes.become_subreaper()
-        self.process = subprocess.Popen(
-            [os.path.expanduser(self.python), "-m", ELASTIC_MODULE, PREWARM_FLAG],
-            env=env,
-            cwd=cwd if cwd and os.path.isdir(cwd) else None,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
-        )
+        self.notices = worker_exits.Notices()
+        try:
+            self.process = subprocess.Popen(
+                [os.path.expanduser(self.python), "-m", ELASTIC_MODULE, PREWARM_FLAG],
+                env=env | self.notices.env,
+                cwd=cwd if cwd and os.path.isdir(cwd) else None,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+                pass_fds=self.notices.pass_fds,
+            )
+        except BaseException:
+            self.notices.discard()
+            raise
+        self.notices.close_theirs()
 
     def fits(self, request: dict[str, Any]) -> bool:
         argv = list(request.get("argv", []))
@@ -166,6 +173,7 @@ class Prewarmed:
     def discard(self) -> None:
         signal_group(self.process.pid, signal.SIGKILL)
         self.process.wait()
+        self.notices.discard()
 
 
 class NodeAttempt:
@@ -188,6 +196,7 @@ class NodeAttempt:
         "launcher-silent" (no ping for too long), "launcher-gone" (its link closed)."""
         self._stacks_before_stop = False
         self._worker_exit_told = False  # the launcher heard of a bad worker end (once)
+        self.notices: worker_exits.Notices | None = None  # the wrapper's notice pipe
         self._kill_now = threading.Event()
         self.stderr_tails: dict[int | None, collections.deque[str]] = collections.defaultdict(
             lambda: collections.deque(maxlen=STDERR_TAIL)
@@ -271,6 +280,9 @@ class NodeAttempt:
         ]
         for pump in pumps:
             pump.start()
+        if self.notices is not None:
+            notices = self.notices.read
+            threading.Thread(target=notices, args=(self._worker_ended_badly,), daemon=True).start()
         threading.Thread(target=self._stop_when_asked, daemon=True).start()
         threading.Thread(target=self._report_progress, daemon=True).start()
         threading.Thread(target=self._reap_orphans, daemon=True).start()
@@ -295,20 +307,30 @@ class NodeAttempt:
         if self.prewarmed is not None:
             prewarmed, self.prewarmed = self.prewarmed, None
             if prewarmed.fits(self.request):
+                self.notices = prewarmed.notices
                 return prewarmed.hand_over(list(self.request["argv"]), env)
             prewarmed.discard()
         argv = list(self.request["argv"])
         # A home-relative interpreter (python = "~/venv/bin/python") means this node's home:
         # no shell runs the command to expand it.
         argv[0] = os.path.expanduser(argv[0])
-        return subprocess.Popen(
-            argv,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
-        )
+        notices = worker_exits.Notices()
+        try:
+            process = subprocess.Popen(
+                argv,
+                env=env | notices.env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+                pass_fds=notices.pass_fds,
+            )
+        except BaseException:
+            notices.discard()
+            raise
+        notices.close_theirs()
+        self.notices = notices
+        return process
 
     def _environment(self) -> dict[str, str]:
         env = dict(os.environ)
@@ -347,9 +369,6 @@ class NodeAttempt:
             self._line(name, rank, local_rank, text)
 
     def _line(self, name: str, rank: int | None, local_rank: int | None, text: str) -> None:
-        if name == "e" and rank is None and (told := worker_exits.notice(text)) is not None:
-            self._worker_ended_badly(told)
-            return
         if name == "e":
             self.stderr_tails[rank].append(text[:MAX_LINE])
         if rank is not None and local_rank is not None and rank not in self.local_ranks:

@@ -97,7 +97,7 @@ def main(argv: list[str]) -> int:
     from .. import progress
 
     progress.mark("ready", wrapper=True)  # torch imported: torchrun's rendezvous begins
-    watch_in_background()  # a worker's bad end told at once, not at torchrun's exit
+    watch_in_background()  # a worker's bad end told to the agent at once (worker_exits)
     try:
         store = store_to_wait_for(args)
         if store is not None:

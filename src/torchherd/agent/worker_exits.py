@@ -10,25 +10,29 @@ So herd's torchrun wrapper (agent/elastic.py) watches its children itself: torch
 are its only children (orphans go to the agent, a subreaper, not to the wrapper), and
 ``os.waitid(..., WNOWAIT)`` wakes the moment one of them ends, without reaping it: torchrun still
 reaps it and reports the failure exactly as before. The first worker that ends with an exit code
-other than 0, or by a signal that is not a request to stop, is written as one line on the
-wrapper's stderr (``notice``); the node's agent takes that line off the stream and tells the
-launcher at once (the "worker-exit" event), which stops the other nodes then instead of after
-torchrun's exit. A worker stopped by SIGTERM, SIGINT or SIGHUP was asked to stop (by torchrun,
-herd or the scheduler): torchrun's own report covers it.
+other than 0, or by a signal that is not a request to stop, is written as one JSON line to a
+pipe of its own that the node's agent gave the wrapper (``Notices``: its write end's number in
+HERD_NOTICE_FD). Not the wrapper's stderr: torchrun copies the workers' output there, and a
+progress bar's line (tqdm's, the Trainer's) is unfinished most of the time, so a notice written
+after it would be glued to a rank's line. The agent tells the launcher at once (the
+"worker-exit" event), which stops the other nodes then instead of after torchrun's exit. A
+worker stopped by SIGTERM, SIGINT or SIGHUP was asked to stop (by torchrun, herd or the
+scheduler): torchrun's own report covers it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
-import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any, TextIO
 
-NOTICE = "torchherd: worker exit "
-"""The start of the wrapper's line for the agent (followed by JSON: pid, code or signal)."""
+NOTICE_FD_VAR = "HERD_NOTICE_FD"
+"""The wrapper's environment: the descriptor it writes its notice to (inherited from the agent)."""
 
 # Signals that ask a process to stop: a worker that ends by one of them was stopped, not failed.
 STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT, signal.SIGHUP})
@@ -38,15 +42,52 @@ NO_CHILD_YET_S = 0.05
 UNREAPED_S = 0.02
 
 
-def watch_in_background(stream: TextIO | None = None) -> None:
-    """Watch this process's children from a daemon thread; the first bad end goes to
-    ``stream`` (stderr) as one ``NOTICE`` line."""
-    threading.Thread(
-        target=_watch, args=(stream or sys.stderr,), name="herd-worker-exits", daemon=True
-    ).start()
+class Notices:
+    """The agent's end of a wrapper's notice pipe: ``pass_fds`` and ``env`` for the wrapper's
+    Popen, then ``close_theirs()`` once it started, and ``read`` for the notices."""
+
+    def __init__(self) -> None:
+        self._read, self._write = os.pipe()  # neither is inherited but through pass_fds
+        self.pass_fds = (self._write,)
+        self.env = {NOTICE_FD_VAR: str(self._write)}
+
+    def close_theirs(self) -> None:
+        """The wrapper holds the write end now: the read ends when the wrapper has gone."""
+        with contextlib.suppress(OSError):
+            os.close(self._write)
+
+    def read(self, told: Callable[[dict[str, Any]], None]) -> None:
+        """Call ``told`` for each notice, until the wrapper (and any copy of the write end) has
+        gone; closes the read end."""
+        with os.fdopen(self._read, "rb") as pipe:
+            for line in pipe:
+                found = notice(line)
+                if found is not None:
+                    told(found)
+
+    def discard(self) -> None:
+        """A wrapper never started or thrown away: both ends closed."""
+        self.close_theirs()
+        with contextlib.suppress(OSError):
+            os.close(self._read)
 
 
-def _watch(stream: TextIO) -> None:
+def watch_in_background() -> None:
+    """The wrapper's side: watch this process's children from a daemon thread; the first bad
+    end goes to the agent's pipe. Nothing without one (a wrapper run by hand)."""
+    number = os.environ.pop(NOTICE_FD_VAR, "")  # popped: the workers never see it
+    if not number.isdigit():
+        return
+    try:
+        fd = int(number)
+        os.set_inheritable(fd, False)
+        pipe = os.fdopen(fd, "w")
+    except OSError:
+        return
+    threading.Thread(target=_watch, args=(pipe,), name="herd-worker-exits", daemon=True).start()
+
+
+def _watch(pipe: TextIO) -> None:
     while True:
         try:
             info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOWAIT)
@@ -59,9 +100,9 @@ def _watch(stream: TextIO) -> None:
             continue
         told = bad_end(info.si_pid, info.si_code, info.si_status)
         if told is not None:
-            # One write of the whole line: torchrun's log tailers write to the same stream.
-            stream.write(NOTICE + json.dumps(told) + "\n")
-            stream.flush()
+            with contextlib.suppress(OSError):
+                pipe.write(json.dumps(told) + "\n")
+                pipe.flush()
             return
         _until_reaped(info.si_pid)
 
@@ -94,12 +135,10 @@ def _until_reaped(pid: int) -> None:
         time.sleep(UNREAPED_S)
 
 
-def notice(text: str) -> dict[str, Any] | None:
-    """The agent's side: the wrapper's notice in a line of its stderr, else None."""
-    if not text.startswith(NOTICE):
-        return None
+def notice(line: bytes) -> dict[str, Any] | None:
+    """One line of the notice pipe, read: the notice, or None for anything else."""
     try:
-        told = json.loads(text[len(NOTICE) :])
+        told = json.loads(line)
     except ValueError:
         return None
     return told if isinstance(told, dict) and isinstance(told.get("pid"), int) else None
