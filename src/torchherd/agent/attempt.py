@@ -113,6 +113,29 @@ def attempt_of(request: dict[str, Any]) -> str:
     return str(dict(request.get("env", {})).get(ATTEMPT_VAR, "0"))
 
 
+def start_wrapper(
+    argv: list[str], env: dict[str, str], **popen: Any
+) -> tuple[subprocess.Popen[bytes], worker_exits.Notices]:
+    """torchrun's wrapper in a session of its own, its output piped, with the pipe its word of
+    a worker's bad end comes back on (agent/worker_exits.py)."""
+    notices = worker_exits.Notices()
+    try:
+        process = subprocess.Popen(
+            argv,
+            env=env | notices.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+            pass_fds=notices.pass_fds,
+            **popen,
+        )
+    except BaseException:
+        notices.discard()
+        raise
+    notices.close_theirs()
+    return process, notices
+
+
 class Prewarmed:
     """torchrun's wrapper, started before its attempt's request arrives so that its torch
     import overlaps the launcher's work (a first launch's probe and plan, or the teardown of
@@ -134,22 +157,12 @@ class Prewarmed:
         env.update({k: str(v) for k, v in dict(spec.get("env") or {}).items()})
         env.setdefault("PYTHONUNBUFFERED", "1")
         processes.become_subreaper()
-        self.notices = worker_exits.Notices()
-        try:
-            self.process = subprocess.Popen(
-                [os.path.expanduser(self.python), "-m", ELASTIC_MODULE, PREWARM_FLAG],
-                env=env | self.notices.env,
-                cwd=cwd if cwd and os.path.isdir(cwd) else None,
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                start_new_session=True,
-                pass_fds=self.notices.pass_fds,
-            )
-        except BaseException:
-            self.notices.discard()
-            raise
-        self.notices.close_theirs()
+        self.process, self.notices = start_wrapper(
+            [os.path.expanduser(self.python), "-m", ELASTIC_MODULE, PREWARM_FLAG],
+            env,
+            cwd=cwd if cwd and os.path.isdir(cwd) else None,
+            stdin=subprocess.PIPE,
+        )
 
     def fits(self, request: dict[str, Any]) -> bool:
         argv = list(request.get("argv", []))
@@ -314,22 +327,7 @@ class NodeAttempt:
         # A home-relative interpreter (python = "~/venv/bin/python") means this node's home:
         # no shell runs the command to expand it.
         argv[0] = os.path.expanduser(argv[0])
-        notices = worker_exits.Notices()
-        try:
-            process = subprocess.Popen(
-                argv,
-                env=env | notices.env,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                start_new_session=True,
-                pass_fds=notices.pass_fds,
-            )
-        except BaseException:
-            notices.discard()
-            raise
-        notices.close_theirs()
-        self.notices = notices
+        process, self.notices = start_wrapper(argv, env, stdin=subprocess.DEVNULL)
         return process
 
     def _environment(self) -> dict[str, str]:

@@ -124,14 +124,9 @@ def bad_end(pid: int, how: int, status: int) -> dict[str, Any] | None:
 def _until_reaped(pid: int) -> None:
     """Wait until torchrun has reaped a child that ended well (WNOWAIT leaves it a zombie, and
     the next waitid would report it again)."""
-    while True:
-        try:
-            with open(f"/proc/{pid}/stat") as handle:
-                state = handle.read().rsplit(")", 1)[-1].split()[0]
-        except (OSError, IndexError):
-            return
-        if state != "Z":
-            return  # reaped, and the pid already taken again
+    from .workers import process_state  # here: the wrapper's start need not load it
+
+    while process_state(pid) == "Z":  # "?" once reaped; another letter: the pid taken again
         time.sleep(UNREAPED_S)
 
 
